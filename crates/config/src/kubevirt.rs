@@ -1,0 +1,273 @@
+//! KubeVirt `VirtualMachineInstance` / `VirtualMachine` YAML → [`RawSpec`].
+//!
+//! The fields that govern resources map onto the same spec as the TOML form. A field that
+//! changes resources and that vmhost does not model is an error naming it; every other field is
+//! ignored and listed once in a warning.
+
+use serde_yaml_ng::{Mapping, Value};
+
+use crate::spec::{
+    RawCpu, RawHugepages, RawNuma, RawReservedOverhead, RawResourceList, RawSpec,
+};
+use crate::{ConfigError, Quantity};
+
+/// A manifest mapped onto a raw spec, with the domain path and the ignored fields.
+#[derive(Debug)]
+pub struct Mapped {
+    /// The spec.
+    pub spec: RawSpec,
+    /// `spec.domain.` or `spec.template.spec.domain.`.
+    pub domain_prefix: String,
+    /// Fields present in the manifest that vmhost ignores.
+    pub ignored: Vec<String>,
+}
+
+/// Fields that change a VM's resources and that vmhost does not support, with why.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    ("cpu.maxSockets", "CPU hotplug"),
+    ("cpu.realtime", "realtime vCPUs"),
+    ("memory.maxGuest", "memory hotplug"),
+    ("ioThreadsPolicy", "IOThreads"),
+    ("ioThreads", "IOThreads"),
+    ("launchSecurity", "SEV/TDX memory encryption (256Mi overhead term)"),
+    ("devices.gpus", "GPU passthrough (VFIO, 1Gi overhead term)"),
+    ("devices.hostDevices", "host device passthrough (VFIO, 1Gi overhead term)"),
+    ("devices.tpm", "a TPM device (53Mi overhead term)"),
+    ("devices.downwardMetrics", "downward metrics"),
+    ("resources.overcommitGuestOverhead", "overcommitted guest overhead"),
+];
+
+struct Walker {
+    ignored: Vec<String>,
+    prefix: String,
+}
+
+impl Walker {
+    fn err(&self, path: &str, why: String) -> ConfigError {
+        ConfigError::Manifest { field: format!("{}{path}", self.prefix), why }
+    }
+
+    /// Takes the known keys out of `map` (calling `f` for each), records the rest as ignored.
+    fn take<'v>(&mut self, map: &'v Mapping, path: &str, known: &[&str]) -> Vec<(&'v str, &'v Value)> {
+        let mut out = Vec::new();
+        for (k, v) in map {
+            let key = k.as_str().unwrap_or("?");
+            if known.contains(&key) {
+                out.push((key, v));
+            } else {
+                self.ignored.push(format!("{}{path}{key}", self.prefix));
+            }
+        }
+        out
+    }
+
+    fn mapping<'v>(&self, v: &'v Value, path: &str) -> Result<&'v Mapping, ConfigError> {
+        v.as_mapping().ok_or_else(|| self.err(path, "must be a mapping".to_string()))
+    }
+
+    fn u32(&self, v: &Value, path: &str) -> Result<u32, ConfigError> {
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| self.err(path, format!("must be a non-negative integer, found {v:?}")))
+    }
+
+    fn bool(&self, v: &Value, path: &str) -> Result<bool, ConfigError> {
+        v.as_bool().ok_or_else(|| self.err(path, format!("must be true or false, found {v:?}")))
+    }
+
+    fn quantity(&self, v: &Value, path: &str) -> Result<Quantity, ConfigError> {
+        let text = match v {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            _ => return Err(self.err(path, format!("must be a quantity, found {v:?}"))),
+        };
+        text.parse().map_err(|e: crate::QuantityError| self.err(path, e.to_string()))
+    }
+}
+
+/// Maps a KubeVirt manifest (already parsed YAML) onto a raw spec.
+pub fn map_manifest(doc: &Value) -> Result<Mapped, ConfigError> {
+    let top = doc.as_mapping().ok_or_else(|| ConfigError::Manifest {
+        field: "(document)".into(),
+        why: "a KubeVirt manifest must be a YAML mapping".into(),
+    })?;
+    let kind = top.get("kind").and_then(Value::as_str).unwrap_or("");
+    let api = top.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    if !api.starts_with("kubevirt.io/") {
+        return Err(ConfigError::Manifest {
+            field: "apiVersion".into(),
+            why: format!("is {api:?}; vmhost reads kubevirt.io/v1 manifests"),
+        });
+    }
+    let domain_prefix = match kind {
+        "VirtualMachineInstance" => "spec.domain.",
+        "VirtualMachine" => "spec.template.spec.domain.",
+        other => {
+            return Err(ConfigError::Manifest {
+                field: "kind".into(),
+                why: format!("is {other:?}; use VirtualMachineInstance or VirtualMachine"),
+            })
+        }
+    };
+    let mut w = Walker { ignored: Vec::new(), prefix: String::new() };
+    let mut spec = RawSpec {
+        name: top
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        ..RawSpec::default()
+    };
+    for (k, _) in top {
+        let key = k.as_str().unwrap_or("?");
+        if !["apiVersion", "kind", "metadata", "spec"].contains(&key) {
+            w.ignored.push(key.to_string());
+        }
+    }
+    let domain = find_domain(&mut w, top, kind)?;
+    w.prefix = domain_prefix.to_string();
+    if let Some(domain) = domain {
+        map_domain(&mut w, domain, &mut spec)?;
+    }
+    Ok(Mapped { spec, domain_prefix: domain_prefix.to_string(), ignored: w.ignored })
+}
+
+fn find_domain<'v>(w: &mut Walker, top: &'v Mapping, kind: &str) -> Result<Option<&'v Mapping>, ConfigError> {
+    let Some(spec) = top.get("spec") else { return Ok(None) };
+    let mut spec = w.mapping(spec, "spec")?;
+    if kind == "VirtualMachine" {
+        w.prefix = "spec.".into();
+        let t = w.take(spec, "", &["template"]);
+        let Some((_, template)) = t.first() else { return Ok(None) };
+        w.prefix = "spec.template.".into();
+        let tm = w.mapping(template, "")?;
+        let t = w.take(tm, "", &["spec"]);
+        let Some((_, s)) = t.first() else { return Ok(None) };
+        spec = w.mapping(s, "spec")?;
+        w.prefix = "spec.template.spec.".into();
+    } else {
+        w.prefix = "spec.".into();
+    }
+    let d = w.take(spec, "", &["domain"]);
+    match d.first() {
+        Some((_, domain)) => Ok(Some(w.mapping(domain, "domain")?)),
+        None => Ok(None),
+    }
+}
+
+fn map_domain(w: &mut Walker, domain: &Mapping, spec: &mut RawSpec) -> Result<(), ConfigError> {
+    // Unsupported resource-changing fields first: they are errors, not warnings.
+    for (path, what) in UNSUPPORTED {
+        if lookup(domain, path).is_some() {
+            return Err(w.err(
+                path,
+                format!("changes the VM's resources ({what}) and vmhost does not support it; remove it"),
+            ));
+        }
+    }
+    for (key, v) in w.take(domain, "", &["cpu", "memory", "resources", "devices"]) {
+        let m = w.mapping(v, key)?;
+        match key {
+            "cpu" => spec.cpu = Some(map_cpu(w, m)?),
+            "memory" => map_memory(w, m, spec)?,
+            "resources" => map_resources(w, m, spec)?,
+            _ => {
+                for (_, v) in w.take(m, "devices.", &["autoattachGraphicsDevice"]) {
+                    spec.devices.autoattach_graphics_device =
+                        Some(w.bool(v, "devices.autoattachGraphicsDevice")?);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn lookup<'v>(map: &'v Mapping, dotted: &str) -> Option<&'v Value> {
+    let mut cur = map;
+    let mut parts = dotted.split('.').peekable();
+    while let Some(p) = parts.next() {
+        let v = cur.get(p)?;
+        if parts.peek().is_none() {
+            return Some(v);
+        }
+        cur = v.as_mapping()?;
+    }
+    None
+}
+
+fn map_cpu(w: &mut Walker, m: &Mapping) -> Result<RawCpu, ConfigError> {
+    let mut cpu = RawCpu::default();
+    let known = ["sockets", "cores", "threads", "dedicatedCpuPlacement", "isolateEmulatorThread", "numa", "model"];
+    for (key, v) in w.take(m, "cpu.", &known) {
+        let path = format!("cpu.{key}");
+        match key {
+            "sockets" => cpu.sockets = Some(w.u32(v, &path)?),
+            "cores" => cpu.cores = Some(w.u32(v, &path)?),
+            "threads" => cpu.threads = Some(w.u32(v, &path)?),
+            "dedicatedCpuPlacement" => cpu.dedicated_cpu_placement = w.bool(v, &path)?,
+            "isolateEmulatorThread" => cpu.isolate_emulator_thread = w.bool(v, &path)?,
+            "model" => cpu.model = v.as_str().map(str::to_string),
+            _ => {
+                let numa = w.mapping(v, &path)?;
+                // KubeVirt writes `guestMappingPassthrough: {}`: presence enables it.
+                let on = !w.take(numa, "cpu.numa.", &["guestMappingPassthrough"]).is_empty();
+                cpu.numa = Some(RawNuma { guest_mapping_passthrough: on });
+            }
+        }
+    }
+    Ok(cpu)
+}
+
+fn map_memory(w: &mut Walker, m: &Mapping, spec: &mut RawSpec) -> Result<(), ConfigError> {
+    for (key, v) in w.take(m, "memory.", &["guest", "hugepages", "reservedOverhead"]) {
+        match key {
+            "guest" => spec.memory.guest = Some(w.quantity(v, "memory.guest")?),
+            "hugepages" => {
+                let h = w.mapping(v, "memory.hugepages")?;
+                let mut size = None;
+                for (_, v) in w.take(h, "memory.hugepages.", &["pageSize"]) {
+                    size = Some(w.quantity(v, "memory.hugepages.pageSize")?);
+                }
+                let page_size = size.ok_or_else(|| {
+                    w.err("memory.hugepages.pageSize", "is required with hugepages; use \"2Mi\" or \"1Gi\"".into())
+                })?;
+                spec.memory.hugepages = Some(RawHugepages { page_size, hugetlbfs: None });
+            }
+            _ => {
+                let r = w.mapping(v, "memory.reservedOverhead")?;
+                for (_, v) in w.take(r, "memory.reservedOverhead.", &["addedOverhead"]) {
+                    let added_overhead = w.quantity(v, "memory.reservedOverhead.addedOverhead")?;
+                    spec.memory.reserved_overhead = Some(RawReservedOverhead { added_overhead });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn map_resources(w: &mut Walker, m: &Mapping, spec: &mut RawSpec) -> Result<(), ConfigError> {
+    for (key, v) in w.take(m, "resources.", &["requests", "limits"]) {
+        let list = w.mapping(v, &format!("resources.{key}"))?;
+        let mut out = RawResourceList::default();
+        for (name, q) in list {
+            let name = name.as_str().unwrap_or("?");
+            let path = format!("resources.{key}.{name}");
+            match name {
+                "cpu" => out.cpu = Some(w.quantity(q, &path)?),
+                "memory" => out.memory = Some(w.quantity(q, &path)?),
+                _ => {
+                    return Err(w.err(
+                        &path,
+                        "is a resource vmhost does not manage; remove it (hugepages come from memory.hugepages.pageSize)".into(),
+                    ))
+                }
+            }
+        }
+        if key == "requests" {
+            spec.resources.requests = out;
+        } else {
+            spec.resources.limits = out;
+        }
+    }
+    Ok(())
+}

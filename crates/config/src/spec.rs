@@ -1,0 +1,138 @@
+//! What the user wrote: the serde structs of a vmhost TOML spec.
+//!
+//! Field names mirror KubeVirt's `VirtualMachineInstance.spec.domain` in snake_case. Unknown
+//! keys are rejected (`deny_unknown_fields`). Nothing here is validated; see
+//! [`crate::validate`] for the resolved [`crate::VmSpec`].
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Quantity;
+
+/// The whole spec file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSpec {
+    /// VM name (a DNS label: lowercase letters, digits, '-'; at most 63 characters).
+    pub name: Option<String>,
+    /// CPU topology and placement (`spec.domain.cpu`).
+    pub cpu: Option<RawCpu>,
+    /// Guest memory (`spec.domain.memory`).
+    #[serde(default)]
+    pub memory: RawMemory,
+    /// Resource requests and limits (`spec.domain.resources`).
+    #[serde(default)]
+    pub resources: RawResources,
+    /// Devices that change resources (`spec.domain.devices`).
+    #[serde(default)]
+    pub devices: RawDevices,
+    /// What the VM boots.
+    #[serde(default)]
+    pub boot: RawBoot,
+}
+
+/// `cpu` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCpu {
+    /// Guest sockets (0 or absent: 1).
+    pub sockets: Option<u32>,
+    /// Cores per socket (0 or absent: 1).
+    pub cores: Option<u32>,
+    /// Threads per core (0 or absent: 1).
+    pub threads: Option<u32>,
+    /// Pin each vCPU to a host PU of its own.
+    #[serde(default)]
+    pub dedicated_cpu_placement: bool,
+    /// Give the emulator thread a host PU of its own (needs dedicated placement).
+    #[serde(default)]
+    pub isolate_emulator_thread: bool,
+    /// Guest NUMA settings.
+    pub numa: Option<RawNuma>,
+    /// CPU model (`host-passthrough`, `host-model`); informational for now.
+    pub model: Option<String>,
+}
+
+/// `cpu.numa` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNuma {
+    /// Mirror the host NUMA nodes that hold the vCPUs as guest cells.
+    #[serde(default)]
+    pub guest_mapping_passthrough: bool,
+}
+
+/// `memory` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMemory {
+    /// Memory the guest sees (default: limits.memory, else requests.memory).
+    pub guest: Option<Quantity>,
+    /// Back guest RAM with hugepages.
+    pub hugepages: Option<RawHugepages>,
+    /// Overhead to reserve on top of the computed one.
+    pub reserved_overhead: Option<RawReservedOverhead>,
+}
+
+/// `memory.hugepages` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHugepages {
+    /// Page size: `2Mi` or `1Gi` on x86_64.
+    pub page_size: Quantity,
+    /// A hugetlbfs mount to create the backing files in (default: memfd, nothing to mount).
+    pub hugetlbfs: Option<PathBuf>,
+}
+
+/// `memory.reserved_overhead` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReservedOverhead {
+    /// Memory added to the computed overhead.
+    pub added_overhead: Quantity,
+}
+
+/// `resources` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawResources {
+    /// Requests.
+    #[serde(default)]
+    pub requests: RawResourceList,
+    /// Limits.
+    #[serde(default)]
+    pub limits: RawResourceList,
+}
+
+/// `resources.requests` / `resources.limits`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawResourceList {
+    /// CPUs (`4`, `"500m"`).
+    pub cpu: Option<Quantity>,
+    /// Memory (`"16Gi"`).
+    pub memory: Option<Quantity>,
+}
+
+/// `devices` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDevices {
+    /// KubeVirt attaches a graphics device (32Mi of video RAM) unless this is false.
+    pub autoattach_graphics_device: Option<bool>,
+}
+
+/// `boot` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBoot {
+    /// Built-in guest payload (`touch`, `numa-bench`, `halt`, `idle`).
+    pub payload: Option<String>,
+    /// Linux kernel image (vmlinux or bzImage).
+    pub kernel: Option<PathBuf>,
+    /// Initial ramdisk.
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line.
+    pub cmdline: Option<String>,
+}

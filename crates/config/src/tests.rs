@@ -1,0 +1,263 @@
+use super::*;
+
+fn toml_err(text: &str) -> Vec<SpecError> {
+    match from_toml_str(text, "t.toml") {
+        Err(ConfigError::Invalid(e)) => e,
+        other => panic!("expected validation errors, got {other:?}"),
+    }
+}
+
+#[test]
+fn full_toml_resolves() {
+    let text = r#"
+name = "db-1"
+[cpu]
+sockets = 2
+cores = 4
+threads = 2
+dedicated_cpu_placement = true
+isolate_emulator_thread = true
+numa = { guest_mapping_passthrough = true }
+model = "host-passthrough"
+[memory]
+guest = "16Gi"
+hugepages = { page_size = "1Gi" }
+reserved_overhead = { added_overhead = "64Mi" }
+[resources.requests]
+memory = "16Gi"
+[boot]
+payload = "numa-bench"
+"#;
+    let s = from_toml_str(text, "t.toml").unwrap().spec;
+    assert_eq!(s.name, "db-1");
+    assert_eq!(s.cpu.topology, CpuTopology { sockets: 2, cores: 4, threads: 2 });
+    assert_eq!(s.vcpus(), 16);
+    assert!(s.cpu.dedicated_cpu_placement && s.cpu.isolate_emulator_thread && s.cpu.numa_passthrough);
+    assert_eq!(s.memory.guest_bytes, 16 << 30);
+    assert_eq!(s.memory.hugepages.as_ref().unwrap().page_size_bytes, 1 << 30);
+    assert_eq!(s.memory.added_overhead_bytes, 64 << 20);
+    assert_eq!(s.resources.requests.memory_bytes, Some(16 << 30));
+    assert_eq!(s.boot, BootSpec::Payload { payload: Payload::NumaBench });
+    assert!(s.autoattach_graphics_device);
+}
+
+#[test]
+fn vcpus_from_cpu_resources_when_no_topology() {
+    let s = from_toml_str("[memory]\nguest=\"1Gi\"\n[resources.limits]\ncpu=\"2500m\"\nmemory=\"1Gi\"\n", "t")
+        .unwrap()
+        .spec;
+    assert_eq!(s.cpu.topology, CpuTopology { sockets: 3, cores: 1, threads: 1 });
+    assert!(!s.cpu.topology_given);
+    let s = from_toml_str("[memory]\nguest=\"1Gi\"\n[resources.requests]\ncpu=\"100m\"\n", "t").unwrap().spec;
+    assert_eq!(s.vcpus(), 1);
+}
+
+#[test]
+fn guest_memory_falls_back_to_limits_then_requests() {
+    let s = from_toml_str("[resources.requests]\nmemory=\"512Mi\"\n", "t").unwrap().spec;
+    assert_eq!(s.memory.guest_bytes, 512 << 20);
+    let s = from_toml_str("[resources.requests]\nmemory=\"512Mi\"\n[resources.limits]\nmemory=\"1Gi\"\n", "t")
+        .unwrap()
+        .spec;
+    assert_eq!(s.memory.guest_bytes, 1 << 30);
+}
+
+#[test]
+fn unknown_key_names_line_and_column() {
+    let e = from_toml_str("[memory]\nguest = \"1Gi\"\nguets = 3\n", "vm.toml").unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("vm.toml"), "{msg}");
+    assert!(msg.contains("guets"), "{msg}");
+    assert!(msg.contains("line 3"), "{msg}");
+    assert!(msg.contains("column 1"), "{msg}");
+}
+
+#[test]
+fn memory_not_multiple_of_page_size() {
+    let e = toml_err("[memory]\nguest = \"1500Mi\"\nhugepages = { page_size = \"1Gi\" }\n");
+    assert_eq!(e.len(), 1);
+    assert_eq!(e[0].field, "memory.guest");
+    assert_eq!(e[0].value, "1500Mi");
+    assert!(e[0].rule.contains("multiple of the hugepage size 1Gi"), "{}", e[0]);
+    assert!(e[0].fix.contains("2Gi"), "{}", e[0]);
+}
+
+#[test]
+fn page_size_must_exist_on_x86_64() {
+    let e = toml_err("[memory]\nguest = \"1Gi\"\nhugepages = { page_size = \"4Mi\" }\n");
+    assert_eq!(e[0].field, "memory.hugepages.page_size");
+    assert_eq!(e[0].value, "4Mi");
+    assert!(e[0].fix.contains("\"2Mi\" or \"1Gi\""));
+}
+
+#[test]
+fn passthrough_needs_dedicated_and_hugepages() {
+    let e = toml_err("[memory]\nguest = \"1Gi\"\n[cpu.numa]\nguest_mapping_passthrough = true\n");
+    let fields: Vec<_> = e.iter().map(|e| e.rule.as_str()).collect();
+    assert!(fields.contains(&"NUMA passthrough needs dedicated CPU placement"), "{fields:?}");
+    assert!(fields.contains(&"NUMA passthrough needs hugepage-backed memory"), "{fields:?}");
+}
+
+#[test]
+fn isolate_emulator_needs_dedicated() {
+    let e = toml_err("[memory]\nguest = \"1Gi\"\n[cpu]\nisolate_emulator_thread = true\n");
+    assert_eq!(e[0].field, "cpu.isolate_emulator_thread");
+}
+
+#[test]
+fn zero_topology_is_rejected() {
+    let e = toml_err("[memory]\nguest = \"1Gi\"\n[cpu]\nsockets = 0\ncores = 0\nthreads = 0\n");
+    assert!(e[0].rule.contains("at least 1"), "{}", e[0]);
+}
+
+#[test]
+fn too_many_vcpus() {
+    let e = toml_err("[memory]\nguest = \"1Gi\"\n[cpu]\nsockets = 64\ncores = 32\n");
+    assert!(e[0].value.contains("2048"), "{}", e[0]);
+}
+
+#[test]
+fn missing_memory() {
+    let e = toml_err("name = \"x\"\n");
+    assert_eq!(e[0].field, "memory.guest");
+    assert_eq!(e[0].value, "(absent)");
+}
+
+#[test]
+fn bad_name_and_bad_payload_reported_together() {
+    let e = toml_err("name = \"Bad_Name\"\n[memory]\nguest = \"1Gi\"\n[boot]\npayload = \"doom\"\n");
+    assert_eq!(e.len(), 2);
+    assert_eq!(e[0].field, "name");
+    assert_eq!(e[1].field, "boot.payload");
+    assert!(e[1].fix.contains("touch, numa-bench, halt, idle"));
+}
+
+#[test]
+fn request_above_limit() {
+    let e = toml_err("[resources.requests]\nmemory=\"2Gi\"\n[resources.limits]\nmemory=\"1Gi\"\n");
+    assert_eq!(e[0].field, "resources.requests.memory");
+}
+
+#[test]
+fn bad_quantity_is_a_toml_error_with_position() {
+    let e = from_toml_str("[memory]\nguest = \"16GB\"\n", "vm.toml").unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("\"16GB\" is not a Kubernetes quantity"), "{msg}");
+    assert!(msg.contains("line 2"), "{msg}");
+}
+
+const VMI: &str = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata:
+  name: numa-vm
+  labels: {app: db}
+spec:
+  terminationGracePeriodSeconds: 0
+  domain:
+    cpu:
+      sockets: 1
+      cores: 4
+      threads: 1
+      dedicatedCpuPlacement: true
+      isolateEmulatorThread: true
+      numa:
+        guestMappingPassthrough: {}
+    memory:
+      guest: 4Gi
+      hugepages:
+        pageSize: 1Gi
+    resources:
+      requests:
+        memory: 4Gi
+    devices:
+      autoattachGraphicsDevice: false
+      disks:
+        - name: containerdisk
+          disk: {bus: virtio}
+  volumes:
+    - name: containerdisk
+      containerDisk: {image: quay.io/containerdisks/fedora:latest}
+"#;
+
+#[test]
+fn kubevirt_vmi_maps_onto_the_spec() {
+    let l = from_yaml_str(VMI, "vmi.yaml").unwrap();
+    let s = l.spec;
+    assert_eq!(s.name, "numa-vm");
+    assert_eq!(s.vcpus(), 4);
+    assert!(s.cpu.numa_passthrough && s.cpu.isolate_emulator_thread);
+    assert_eq!(s.memory.hugepages.unwrap().page_size_bytes, 1 << 30);
+    assert!(!s.autoattach_graphics_device);
+    assert_eq!(l.warnings.len(), 1);
+    let w = &l.warnings[0];
+    for f in ["spec.terminationGracePeriodSeconds", "spec.domain.devices.disks", "spec.volumes"] {
+        assert!(w.contains(f), "{w}");
+    }
+    assert!(!w.contains("metadata"), "{w}");
+}
+
+#[test]
+fn kubevirt_vm_template_is_read() {
+    let vm = VMI
+        .replace("kind: VirtualMachineInstance", "kind: VirtualMachine")
+        .replace("\nspec:\n", "\nspec:\n  running: true\n  template:\n    spec:\n");
+    // Re-indent the VMI spec body under template.spec.
+    let mut out = String::new();
+    let mut inside = false;
+    for line in vm.lines() {
+        if line.starts_with("    spec:") {
+            inside = true;
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        if inside && line.starts_with("  ") && !line.starts_with("  running") && !line.starts_with("  template") {
+            out.push_str("    ");
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    let l = from_yaml_str(&out, "vm.yaml").unwrap();
+    assert_eq!(l.spec.vcpus(), 4);
+    assert!(l.warnings[0].contains("spec.running"), "{}", l.warnings[0]);
+    assert!(l.warnings[0].contains("spec.template.spec.volumes"), "{}", l.warnings[0]);
+}
+
+#[test]
+fn kubevirt_errors_use_yaml_paths() {
+    let bad = VMI.replace("guest: 4Gi", "guest: 3500Mi");
+    match from_yaml_str(&bad, "vmi.yaml").unwrap_err() {
+        ConfigError::Invalid(e) => {
+            assert_eq!(e[0].field, "spec.domain.memory.guest");
+            assert!(e[0].rule.contains("memory.hugepages.page_size") || e[0].rule.contains("1Gi"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let bad = VMI.replace("dedicatedCpuPlacement: true", "dedicatedCpuPlacement: false");
+    match from_yaml_str(&bad, "vmi.yaml").unwrap_err() {
+        ConfigError::Invalid(e) => {
+            assert!(e.iter().any(|e| e.field == "spec.domain.cpu.isolateEmulatorThread"), "{e:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn kubevirt_unsupported_resource_fields_are_errors() {
+    let bad = VMI.replace("      disks:\n", "      gpus:\n        - name: g\n          deviceName: nvidia.com/A100\n      disks:\n");
+    let e = from_yaml_str(&bad, "vmi.yaml").unwrap_err().to_string();
+    assert!(e.contains("spec.domain.devices.gpus"), "{e}");
+    assert!(e.contains("does not support"), "{e}");
+    let bad = VMI.replace("      requests:\n        memory: 4Gi", "      requests:\n        memory: 4Gi\n        hugepages-1Gi: 4Gi");
+    let e = from_yaml_str(&bad, "vmi.yaml").unwrap_err().to_string();
+    assert!(e.contains("spec.domain.resources.requests.hugepages-1Gi"), "{e}");
+}
+
+#[test]
+fn kubevirt_wrong_kind_or_api() {
+    let e = from_yaml_str("apiVersion: v1\nkind: Pod\n", "p.yaml").unwrap_err().to_string();
+    assert!(e.contains("apiVersion"), "{e}");
+    let e = from_yaml_str("apiVersion: kubevirt.io/v1\nkind: DataVolume\n", "p.yaml").unwrap_err().to_string();
+    assert!(e.contains("VirtualMachineInstance or VirtualMachine"), "{e}");
+}

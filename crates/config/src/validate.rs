@@ -1,0 +1,531 @@
+//! Parse, then resolve: [`RawSpec`] → [`VmSpec`] with KubeVirt's admission rules.
+//!
+//! Every rule that fails yields one [`SpecError`] naming the field (in the dialect the user
+//! wrote: TOML snake_case or the KubeVirt YAML path), the value, the rule and the fix. All
+//! failing rules are reported at once.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::quantity::format_bytes;
+use crate::spec::RawSpec;
+use crate::Quantity;
+
+/// Page sizes the host architecture has (x86_64: 2 MiB and 1 GiB).
+pub const ARCH_PAGE_SIZES: [u64; 2] = [2 << 20, 1 << 30];
+
+/// The most vCPUs a KVM VM may have here (`KVM_CAP_MAX_VCPUS` on current kernels).
+pub const MAX_VCPUS: u32 = 1024;
+
+/// One broken validation rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SpecError {
+    /// The field, as the user wrote it (`memory.guest` or `spec.domain.memory.guest`).
+    pub field: String,
+    /// The value found (or `(absent)`).
+    pub value: String,
+    /// The rule it breaks.
+    pub rule: String,
+    /// How to fix it.
+    pub fix: String,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} = {}: {}; fix: {}", self.field, self.value, self.rule, self.fix)
+    }
+}
+
+/// How field names are spelled in messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dialect {
+    /// vmhost TOML (`memory.hugepages.page_size`).
+    Toml,
+    /// KubeVirt YAML, with the path prefix to the domain (`spec.domain.` or
+    /// `spec.template.spec.domain.`).
+    KubeVirt(String),
+}
+
+impl Dialect {
+    /// The name of a TOML field path in this dialect.
+    pub fn field(&self, toml_path: &str) -> String {
+        match self {
+            Dialect::Toml => toml_path.to_string(),
+            Dialect::KubeVirt(prefix) => {
+                if toml_path == "name" {
+                    return "metadata.name".to_string();
+                }
+                let mut out = prefix.clone();
+                let mut upper = false;
+                for c in toml_path.chars() {
+                    match c {
+                        '_' => upper = true,
+                        c if upper => {
+                            out.push(c.to_ascii_uppercase());
+                            upper = false;
+                        }
+                        c => out.push(c),
+                    }
+                }
+                out
+            }
+        }
+    }
+}
+
+/// The guest CPU topology.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CpuTopology {
+    /// Sockets.
+    pub sockets: u32,
+    /// Cores per socket.
+    pub cores: u32,
+    /// Threads per core.
+    pub threads: u32,
+}
+
+impl CpuTopology {
+    /// sockets × cores × threads.
+    pub fn vcpus(&self) -> u32 {
+        self.sockets * self.cores * self.threads
+    }
+}
+
+/// Resolved CPU settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CpuSpec {
+    /// Guest topology.
+    pub topology: CpuTopology,
+    /// True when the topology came from `cpu.{sockets,cores,threads}` (KubeVirt then ignores
+    /// CPU resources for the vCPU count).
+    pub topology_given: bool,
+    /// Pin each vCPU to a PU of its own.
+    pub dedicated_cpu_placement: bool,
+    /// Give the emulator thread a PU of its own.
+    pub isolate_emulator_thread: bool,
+    /// Mirror host NUMA nodes as guest cells.
+    pub numa_passthrough: bool,
+    /// CPU model, if given.
+    pub model: Option<String>,
+}
+
+/// Resolved hugepage backing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HugepageSpec {
+    /// Page size in bytes.
+    pub page_size_bytes: u64,
+    /// hugetlbfs mount to use instead of memfd.
+    pub hugetlbfs: Option<PathBuf>,
+}
+
+/// Resolved memory settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MemorySpec {
+    /// Memory the guest sees.
+    pub guest_bytes: u64,
+    /// Hugepage backing, if any.
+    pub hugepages: Option<HugepageSpec>,
+    /// `reserved_overhead.added_overhead` (0 when absent).
+    pub added_overhead_bytes: u64,
+}
+
+/// Resolved requests or limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ResourceList {
+    /// CPU in milli-CPUs.
+    pub cpu_millis: Option<u64>,
+    /// Memory in bytes.
+    pub memory_bytes: Option<u64>,
+}
+
+/// Resolved requests and limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Resources {
+    /// `resources.requests`.
+    pub requests: ResourceList,
+    /// `resources.limits`.
+    pub limits: ResourceList,
+}
+
+/// A built-in guest payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Payload {
+    /// Every vCPU writes every page of its guest cell.
+    Touch,
+    /// NUMA locality benchmark kernels.
+    NumaBench,
+    /// Start, report, halt.
+    Halt,
+    /// vCPUs wait halted until told to stop.
+    Idle,
+}
+
+impl Payload {
+    /// All payload names, for messages.
+    pub const NAMES: [&'static str; 4] = ["touch", "numa-bench", "halt", "idle"];
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "touch" => Some(Payload::Touch),
+            "numa-bench" => Some(Payload::NumaBench),
+            "halt" => Some(Payload::Halt),
+            "idle" => Some(Payload::Idle),
+            _ => None,
+        }
+    }
+}
+
+/// What the VM boots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum BootSpec {
+    /// A built-in payload.
+    Payload {
+        /// Which one.
+        payload: Payload,
+    },
+    /// A Linux kernel.
+    Kernel {
+        /// Kernel image.
+        kernel: PathBuf,
+        /// Initial ramdisk.
+        initrd: Option<PathBuf>,
+        /// Command line.
+        cmdline: String,
+    },
+}
+
+/// A validated, resolved VM spec: what the planner consumes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VmSpec {
+    /// VM name.
+    pub name: String,
+    /// CPU.
+    pub cpu: CpuSpec,
+    /// Memory.
+    pub memory: MemorySpec,
+    /// Requests and limits as written.
+    pub resources: Resources,
+    /// KubeVirt's graphics device (video RAM overhead) is attached.
+    pub autoattach_graphics_device: bool,
+    /// Boot payload.
+    pub boot: BootSpec,
+}
+
+impl VmSpec {
+    /// Number of vCPUs.
+    pub fn vcpus(&self) -> u32 {
+        self.cpu.topology.vcpus()
+    }
+}
+
+struct Checker<'a> {
+    dialect: &'a Dialect,
+    errors: Vec<SpecError>,
+}
+
+impl Checker<'_> {
+    fn fail(&mut self, field: &str, value: impl fmt::Display, rule: &str, fix: impl Into<String>) {
+        self.errors.push(SpecError {
+            field: self.dialect.field(field),
+            value: value.to_string(),
+            rule: rule.to_string(),
+            fix: fix.into(),
+        });
+    }
+
+    fn bytes(&mut self, field: &str, q: Option<&Quantity>) -> Option<u64> {
+        let q = q?;
+        match q.to_bytes() {
+            Some(b) => Some(b),
+            None => {
+                self.fail(field, q, "must be a non-negative byte count", "write e.g. \"4Gi\"");
+                None
+            }
+        }
+    }
+
+    fn millis(&mut self, field: &str, q: Option<&Quantity>) -> Option<u64> {
+        let q = q?;
+        match u64::try_from(q.to_millis()) {
+            Ok(m) => Some(m),
+            Err(_) => {
+                self.fail(field, q, "must be a non-negative CPU quantity", "write e.g. 4 or \"500m\"");
+                None
+            }
+        }
+    }
+}
+
+/// Validates and resolves a raw spec.
+///
+/// ```
+/// use vmhost_config::{validate, Dialect, RawSpec};
+/// let raw: RawSpec = toml::from_str("[memory]\nguest = \"1Gi\"\n[cpu]\ncores = 2\n").unwrap();
+/// let spec = validate(&raw, &Dialect::Toml).unwrap();
+/// assert_eq!(spec.vcpus(), 2);
+/// assert_eq!(spec.memory.guest_bytes, 1 << 30);
+/// ```
+pub fn validate(raw: &RawSpec, dialect: &Dialect) -> Result<VmSpec, Vec<SpecError>> {
+    let mut c = Checker { dialect, errors: Vec::new() };
+    let name = check_name(&mut c, raw.name.as_deref());
+    let resources = check_resources(&mut c, raw);
+    let cpu = check_cpu(&mut c, raw, &resources);
+    let memory = check_memory(&mut c, raw, &resources);
+    let boot = check_boot(&mut c, raw);
+    if let Some(memory) = &memory {
+        if cpu.numa_passthrough && memory.hugepages.is_none() {
+            c.fail(
+                "cpu.numa.guest_mapping_passthrough",
+                true,
+                "NUMA passthrough needs hugepage-backed memory",
+                "add memory.hugepages.page_size (\"2Mi\" or \"1Gi\")",
+            );
+        }
+    }
+    match (memory, boot, c.errors.is_empty()) {
+        (Some(memory), Some(boot), true) => Ok(VmSpec {
+            name,
+            cpu,
+            memory,
+            resources,
+            autoattach_graphics_device: raw.devices.autoattach_graphics_device.unwrap_or(true),
+            boot,
+        }),
+        _ => Err(c.errors),
+    }
+}
+
+fn check_name(c: &mut Checker<'_>, name: Option<&str>) -> String {
+    let Some(name) = name else { return "vm".to_string() };
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.chars().all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if !ok {
+        c.fail(
+            "name",
+            format!("{name:?}"),
+            "must be a DNS label: 1-63 lowercase letters, digits or '-', not starting or ending with '-'",
+            "rename the VM, e.g. \"db-1\"",
+        );
+    }
+    name.to_string()
+}
+
+fn check_resources(c: &mut Checker<'_>, raw: &RawSpec) -> Resources {
+    let r = &raw.resources;
+    let res = Resources {
+        requests: ResourceList {
+            cpu_millis: c.millis("resources.requests.cpu", r.requests.cpu.as_ref()),
+            memory_bytes: c.bytes("resources.requests.memory", r.requests.memory.as_ref()),
+        },
+        limits: ResourceList {
+            cpu_millis: c.millis("resources.limits.cpu", r.limits.cpu.as_ref()),
+            memory_bytes: c.bytes("resources.limits.memory", r.limits.memory.as_ref()),
+        },
+    };
+    if let (Some(req), Some(lim)) = (res.requests.memory_bytes, res.limits.memory_bytes) {
+        if req > lim {
+            c.fail(
+                "resources.requests.memory",
+                format_bytes(req),
+                &format!("must not exceed resources.limits.memory ({})", format_bytes(lim)),
+                "lower the request or raise the limit",
+            );
+        }
+    }
+    if let (Some(req), Some(lim)) = (res.requests.cpu_millis, res.limits.cpu_millis) {
+        if req > lim {
+            c.fail(
+                "resources.requests.cpu",
+                format!("{req}m"),
+                &format!("must not exceed resources.limits.cpu ({lim}m)"),
+                "lower the request or raise the limit",
+            );
+        }
+    }
+    res
+}
+
+fn check_cpu(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> CpuSpec {
+    let default = Default::default();
+    let cpu = raw.cpu.as_ref().unwrap_or(&default);
+    let factors = [cpu.sockets, cpu.cores, cpu.threads].map(|f| f.unwrap_or(0));
+    let topology_given = factors.iter().any(|&f| f > 0);
+    let topology = if topology_given {
+        let [s, co, t] = factors.map(|f| f.max(1));
+        CpuTopology { sockets: s, cores: co, threads: t }
+    } else {
+        if raw.cpu.is_some() && [cpu.sockets, cpu.cores, cpu.threads].iter().any(Option::is_some) {
+            c.fail(
+                "cpu.sockets",
+                0,
+                "sockets × cores × threads must be at least 1",
+                "set cpu.sockets, cpu.cores and cpu.threads to 1 or more",
+            );
+        }
+        // KubeVirt: the CPU limit, else the request, rounded up; at least 1; as sockets.
+        let millis = res.limits.cpu_millis.or(res.requests.cpu_millis).unwrap_or(1000);
+        let n = u32::try_from(millis.div_ceil(1000)).unwrap_or(u32::MAX).max(1);
+        CpuTopology { sockets: n, cores: 1, threads: 1 }
+    };
+    let vcpus = u64::from(topology.sockets) * u64::from(topology.cores) * u64::from(topology.threads);
+    let mut topology = topology;
+    if vcpus > u64::from(MAX_VCPUS) {
+        c.fail(
+            if topology_given { "cpu.sockets" } else { "resources.limits.cpu" },
+            format!("{vcpus} vCPUs"),
+            &format!("a KVM VM holds at most {MAX_VCPUS} vCPUs"),
+            "lower cpu.sockets, cpu.cores or cpu.threads",
+        );
+        topology = CpuTopology { sockets: 1, cores: 1, threads: 1 };
+    }
+    let numa_passthrough = cpu.numa.as_ref().is_some_and(|n| n.guest_mapping_passthrough);
+    if cpu.isolate_emulator_thread && !cpu.dedicated_cpu_placement {
+        c.fail(
+            "cpu.isolate_emulator_thread",
+            true,
+            "an isolated emulator thread needs dedicated CPU placement",
+            "set cpu.dedicated_cpu_placement = true, or drop isolate_emulator_thread",
+        );
+    }
+    if numa_passthrough && !cpu.dedicated_cpu_placement {
+        c.fail(
+            "cpu.numa.guest_mapping_passthrough",
+            true,
+            "NUMA passthrough needs dedicated CPU placement",
+            "set cpu.dedicated_cpu_placement = true",
+        );
+    }
+    if cpu.dedicated_cpu_placement {
+        if let Some(m) = res.limits.cpu_millis.or(res.requests.cpu_millis) {
+            if m % 1000 != 0 {
+                c.fail(
+                    "resources.requests.cpu",
+                    format!("{m}m"),
+                    "dedicated CPU placement needs whole CPUs",
+                    "use a whole number of CPUs or drop the CPU request",
+                );
+            }
+        }
+    }
+    CpuSpec {
+        topology,
+        topology_given,
+        dedicated_cpu_placement: cpu.dedicated_cpu_placement,
+        isolate_emulator_thread: cpu.isolate_emulator_thread,
+        numa_passthrough,
+        model: cpu.model.clone(),
+    }
+}
+
+fn check_memory(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> Option<MemorySpec> {
+    let m = &raw.memory;
+    let explicit = c.bytes("memory.guest", m.guest.as_ref());
+    let guest = explicit.or(res.limits.memory_bytes).or(res.requests.memory_bytes);
+    let added = m
+        .reserved_overhead
+        .as_ref()
+        .and_then(|r| c.bytes("memory.reserved_overhead.added_overhead", Some(&r.added_overhead)))
+        .unwrap_or(0);
+    let hugepages = m.hugepages.as_ref().and_then(|h| {
+        let size = h.page_size.to_bytes().filter(|s| ARCH_PAGE_SIZES.contains(s));
+        if size.is_none() {
+            c.fail(
+                "memory.hugepages.page_size",
+                &h.page_size,
+                "is not a hugepage size of x86_64",
+                "use \"2Mi\" or \"1Gi\"",
+            );
+        }
+        size.map(|page_size_bytes| HugepageSpec { page_size_bytes, hugetlbfs: h.hugetlbfs.clone() })
+    });
+    let Some(guest) = guest else {
+        c.fail(
+            "memory.guest",
+            "(absent)",
+            "the guest needs memory: memory.guest, resources.limits.memory or resources.requests.memory",
+            "add memory.guest, e.g. \"1Gi\"",
+        );
+        return None;
+    };
+    let field = if explicit.is_some() { "memory.guest" } else { "resources.requests.memory" };
+    if guest == 0 {
+        c.fail(field, 0, "guest memory must be positive", "give the guest e.g. \"1Gi\"");
+    }
+    if let (Some(lim), Some(_)) = (res.limits.memory_bytes, explicit) {
+        if guest > lim {
+            c.fail(
+                "memory.guest",
+                format_bytes(guest),
+                &format!("must not exceed resources.limits.memory ({})", format_bytes(lim)),
+                "lower memory.guest or raise the limit",
+            );
+        }
+    }
+    if let Some(h) = &hugepages {
+        if guest % h.page_size_bytes != 0 {
+            let up = guest.div_ceil(h.page_size_bytes) * h.page_size_bytes;
+            c.fail(
+                field,
+                format_bytes(guest),
+                &format!(
+                    "must be a multiple of the hugepage size {} (memory.hugepages.page_size)",
+                    format_bytes(h.page_size_bytes)
+                ),
+                format!("use {} or a smaller page size", format_bytes(up)),
+            );
+        }
+    } else if guest % 4096 != 0 {
+        c.fail(field, guest, "must be a multiple of 4Ki", "round it to whole 4Ki pages");
+    }
+    Some(MemorySpec { guest_bytes: guest, hugepages, added_overhead_bytes: added })
+}
+
+fn check_boot(c: &mut Checker<'_>, raw: &RawSpec) -> Option<BootSpec> {
+    let b = &raw.boot;
+    match (&b.kernel, &b.payload) {
+        (Some(_), Some(p)) => {
+            c.fail(
+                "boot.payload",
+                format!("{p:?}"),
+                "boot.payload and boot.kernel exclude each other",
+                "keep one of them",
+            );
+            None
+        }
+        (Some(kernel), None) => Some(BootSpec::Kernel {
+            kernel: kernel.clone(),
+            initrd: b.initrd.clone(),
+            cmdline: b.cmdline.clone().unwrap_or_else(|| "console=ttyS0".to_string()),
+        }),
+        (None, p) => {
+            if b.initrd.is_some() || b.cmdline.is_some() {
+                c.fail(
+                    if b.initrd.is_some() { "boot.initrd" } else { "boot.cmdline" },
+                    "(set)",
+                    "an initrd or command line needs boot.kernel",
+                    "add boot.kernel or remove them",
+                );
+            }
+            let name = p.as_deref().unwrap_or("touch");
+            match Payload::parse(name) {
+                Some(payload) => Some(BootSpec::Payload { payload }),
+                None => {
+                    c.fail(
+                        "boot.payload",
+                        format!("{name:?}"),
+                        "is not a built-in payload",
+                        format!("use one of {}", Payload::NAMES.join(", ")),
+                    );
+                    None
+                }
+            }
+        }
+    }
+}
