@@ -6,9 +6,7 @@
 
 use serde_yaml_ng::{Mapping, Value};
 
-use crate::spec::{
-    RawCpu, RawHugepages, RawNuma, RawReservedOverhead, RawResourceList, RawSpec,
-};
+use crate::spec::{RawCpu, RawHugepages, RawNuma, RawReservedOverhead, RawResourceList, RawSpec};
 use crate::{ConfigError, Quantity};
 
 /// A manifest mapped onto a raw spec, with the domain path and the ignored fields.
@@ -29,12 +27,21 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("memory.maxGuest", "memory hotplug"),
     ("ioThreadsPolicy", "IOThreads"),
     ("ioThreads", "IOThreads"),
-    ("launchSecurity", "SEV/TDX memory encryption (256Mi overhead term)"),
+    (
+        "launchSecurity",
+        "SEV/TDX memory encryption (256Mi overhead term)",
+    ),
     ("devices.gpus", "GPU passthrough (VFIO, 1Gi overhead term)"),
-    ("devices.hostDevices", "host device passthrough (VFIO, 1Gi overhead term)"),
+    (
+        "devices.hostDevices",
+        "host device passthrough (VFIO, 1Gi overhead term)",
+    ),
     ("devices.tpm", "a TPM device (53Mi overhead term)"),
     ("devices.downwardMetrics", "downward metrics"),
-    ("resources.overcommitGuestOverhead", "overcommitted guest overhead"),
+    (
+        "resources.overcommitGuestOverhead",
+        "overcommitted guest overhead",
+    ),
 ];
 
 struct Walker {
@@ -44,11 +51,19 @@ struct Walker {
 
 impl Walker {
     fn err(&self, path: &str, why: String) -> ConfigError {
-        ConfigError::Manifest { field: format!("{}{path}", self.prefix), why }
+        ConfigError::Manifest {
+            field: format!("{}{path}", self.prefix),
+            why,
+        }
     }
 
     /// Takes the known keys out of `map` (calling `f` for each), records the rest as ignored.
-    fn take<'v>(&mut self, map: &'v Mapping, path: &str, known: &[&str]) -> Vec<(&'v str, &'v Value)> {
+    fn take<'v>(
+        &mut self,
+        map: &'v Mapping,
+        path: &str,
+        known: &[&str],
+    ) -> Vec<(&'v str, &'v Value)> {
         let mut out = Vec::new();
         for (k, v) in map {
             let key = k.as_str().unwrap_or("?");
@@ -62,7 +77,8 @@ impl Walker {
     }
 
     fn mapping<'v>(&self, v: &'v Value, path: &str) -> Result<&'v Mapping, ConfigError> {
-        v.as_mapping().ok_or_else(|| self.err(path, "must be a mapping".to_string()))
+        v.as_mapping()
+            .ok_or_else(|| self.err(path, "must be a mapping".to_string()))
     }
 
     fn u32(&self, v: &Value, path: &str) -> Result<u32, ConfigError> {
@@ -72,7 +88,8 @@ impl Walker {
     }
 
     fn bool(&self, v: &Value, path: &str) -> Result<bool, ConfigError> {
-        v.as_bool().ok_or_else(|| self.err(path, format!("must be true or false, found {v:?}")))
+        v.as_bool()
+            .ok_or_else(|| self.err(path, format!("must be true or false, found {v:?}")))
     }
 
     fn quantity(&self, v: &Value, path: &str) -> Result<Quantity, ConfigError> {
@@ -81,7 +98,8 @@ impl Walker {
             Value::Number(n) => n.to_string(),
             _ => return Err(self.err(path, format!("must be a quantity, found {v:?}"))),
         };
-        text.parse().map_err(|e: crate::QuantityError| self.err(path, e.to_string()))
+        text.parse()
+            .map_err(|e: crate::QuantityError| self.err(path, e.to_string()))
     }
 }
 
@@ -109,7 +127,10 @@ pub fn map_manifest(doc: &Value) -> Result<Mapped, ConfigError> {
             })
         }
     };
-    let mut w = Walker { ignored: Vec::new(), prefix: String::new() };
+    let mut w = Walker {
+        ignored: Vec::new(),
+        prefix: String::new(),
+    };
     let mut spec = RawSpec {
         name: top
             .get("metadata")
@@ -129,20 +150,34 @@ pub fn map_manifest(doc: &Value) -> Result<Mapped, ConfigError> {
     if let Some(domain) = domain {
         map_domain(&mut w, domain, &mut spec)?;
     }
-    Ok(Mapped { spec, domain_prefix: domain_prefix.to_string(), ignored: w.ignored })
+    Ok(Mapped {
+        spec,
+        domain_prefix: domain_prefix.to_string(),
+        ignored: w.ignored,
+    })
 }
 
-fn find_domain<'v>(w: &mut Walker, top: &'v Mapping, kind: &str) -> Result<Option<&'v Mapping>, ConfigError> {
-    let Some(spec) = top.get("spec") else { return Ok(None) };
+fn find_domain<'v>(
+    w: &mut Walker,
+    top: &'v Mapping,
+    kind: &str,
+) -> Result<Option<&'v Mapping>, ConfigError> {
+    let Some(spec) = top.get("spec") else {
+        return Ok(None);
+    };
     let mut spec = w.mapping(spec, "spec")?;
     if kind == "VirtualMachine" {
         w.prefix = "spec.".into();
         let t = w.take(spec, "", &["template"]);
-        let Some((_, template)) = t.first() else { return Ok(None) };
+        let Some((_, template)) = t.first() else {
+            return Ok(None);
+        };
         w.prefix = "spec.template.".into();
         let tm = w.mapping(template, "")?;
         let t = w.take(tm, "", &["spec"]);
-        let Some((_, s)) = t.first() else { return Ok(None) };
+        let Some((_, s)) = t.first() else {
+            return Ok(None);
+        };
         spec = w.mapping(s, "spec")?;
         w.prefix = "spec.template.spec.".into();
     } else {
@@ -161,7 +196,9 @@ fn map_domain(w: &mut Walker, domain: &Mapping, spec: &mut RawSpec) -> Result<()
         if lookup(domain, path).is_some() {
             return Err(w.err(
                 path,
-                format!("changes the VM's resources ({what}) and vmhost does not support it; remove it"),
+                format!(
+                    "changes the VM's resources ({what}) and vmhost does not support it; remove it"
+                ),
             ));
         }
     }
@@ -197,7 +234,15 @@ fn lookup<'v>(map: &'v Mapping, dotted: &str) -> Option<&'v Value> {
 
 fn map_cpu(w: &mut Walker, m: &Mapping) -> Result<RawCpu, ConfigError> {
     let mut cpu = RawCpu::default();
-    let known = ["sockets", "cores", "threads", "dedicatedCpuPlacement", "isolateEmulatorThread", "numa", "model"];
+    let known = [
+        "sockets",
+        "cores",
+        "threads",
+        "dedicatedCpuPlacement",
+        "isolateEmulatorThread",
+        "numa",
+        "model",
+    ];
     for (key, v) in w.take(m, "cpu.", &known) {
         let path = format!("cpu.{key}");
         match key {
@@ -210,8 +255,12 @@ fn map_cpu(w: &mut Walker, m: &Mapping) -> Result<RawCpu, ConfigError> {
             _ => {
                 let numa = w.mapping(v, &path)?;
                 // KubeVirt writes `guestMappingPassthrough: {}`: presence enables it.
-                let on = !w.take(numa, "cpu.numa.", &["guestMappingPassthrough"]).is_empty();
-                cpu.numa = Some(RawNuma { guest_mapping_passthrough: on });
+                let on = !w
+                    .take(numa, "cpu.numa.", &["guestMappingPassthrough"])
+                    .is_empty();
+                cpu.numa = Some(RawNuma {
+                    guest_mapping_passthrough: on,
+                });
             }
         }
     }
@@ -229,9 +278,15 @@ fn map_memory(w: &mut Walker, m: &Mapping, spec: &mut RawSpec) -> Result<(), Con
                     size = Some(w.quantity(v, "memory.hugepages.pageSize")?);
                 }
                 let page_size = size.ok_or_else(|| {
-                    w.err("memory.hugepages.pageSize", "is required with hugepages; use \"2Mi\" or \"1Gi\"".into())
+                    w.err(
+                        "memory.hugepages.pageSize",
+                        "is required with hugepages; use \"2Mi\" or \"1Gi\"".into(),
+                    )
                 })?;
-                spec.memory.hugepages = Some(RawHugepages { page_size, hugetlbfs: None });
+                spec.memory.hugepages = Some(RawHugepages {
+                    page_size,
+                    hugetlbfs: None,
+                });
             }
             _ => {
                 let r = w.mapping(v, "memory.reservedOverhead")?;

@@ -79,16 +79,24 @@ pub enum ConfigError {
 
 /// Parses and validates a TOML spec. `origin` names the source in messages.
 pub fn from_toml_str(text: &str, origin: &str) -> Result<LoadedSpec, ConfigError> {
-    let raw: RawSpec = toml::from_str(text)
-        .map_err(|e| ConfigError::Toml { path: origin.to_string(), message: e.to_string() })?;
+    let raw: RawSpec = toml::from_str(text).map_err(|e| ConfigError::Toml {
+        path: origin.to_string(),
+        message: e.to_string(),
+    })?;
     let spec = validate(&raw, &Dialect::Toml).map_err(ConfigError::Invalid)?;
-    Ok(LoadedSpec { spec, warnings: Vec::new() })
+    Ok(LoadedSpec {
+        spec,
+        warnings: Vec::new(),
+    })
 }
 
 /// Parses, maps and validates a KubeVirt `VirtualMachineInstance` or `VirtualMachine` manifest.
 pub fn from_yaml_str(text: &str, origin: &str) -> Result<LoadedSpec, ConfigError> {
-    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text)
-        .map_err(|e| ConfigError::Yaml { path: origin.to_string(), message: e.to_string() })?;
+    let doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Yaml {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })?;
     let mapped = kubevirt::map_manifest(&doc)?;
     let spec = validate(&mapped.spec, &Dialect::KubeVirt(mapped.domain_prefix))
         .map_err(ConfigError::Invalid)?;
@@ -104,8 +112,10 @@ pub fn from_yaml_str(text: &str, origin: &str) -> Result<LoadedSpec, ConfigError
 
 /// Loads a spec file: `.yaml`/`.yml` as a KubeVirt manifest, anything else as TOML.
 pub fn load(path: &Path) -> Result<LoadedSpec, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let origin = path.display().to_string();
     match path.extension().and_then(|e| e.to_str()) {
         Some("yaml" | "yml") => from_yaml_str(&text, &origin),

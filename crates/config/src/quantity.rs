@@ -71,14 +71,22 @@ impl Quantity {
 
     /// A quantity of exactly `bytes`, written in the largest binary unit that divides it.
     pub fn from_bytes(bytes: u64) -> Self {
-        Quantity { nanos: i128::from(bytes) * NANO, text: format_bytes(bytes) }
+        Quantity {
+            nanos: i128::from(bytes) * NANO,
+            text: format_bytes(bytes),
+        }
     }
 }
 
 /// Formats a byte count with the largest binary suffix that divides it exactly (`2Mi`, `1536Mi`).
 pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 5] =
-        [("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)];
+    const UNITS: [(&str, u64); 5] = [
+        ("Pi", 1 << 50),
+        ("Ti", 1 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ];
     if bytes == 0 {
         return "0".to_string();
     }
@@ -115,7 +123,10 @@ impl FromStr for Quantity {
     type Err = QuantityError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |why| QuantityError { text: s.to_string(), why };
+        let err = |why| QuantityError {
+            text: s.to_string(),
+            why,
+        };
         let t = s.trim();
         if t.is_empty() {
             return Err(err("it is empty"));
@@ -125,7 +136,9 @@ impl FromStr for Quantity {
             b'+' => (false, &t[1..]),
             _ => (false, t),
         };
-        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
         let (number, suffix) = rest.split_at(num_end);
         let (int_part, frac_part) = match number.split_once('.') {
             Some((i, f)) => (i, f),
@@ -155,16 +168,23 @@ impl FromStr for Quantity {
         let mut num = mantissa.checked_mul(1i128 << pow2).ok_or_else(too_big)?;
         let mut den: i128 = 1;
         if exp10 >= 0 {
-            let p = 10i128.checked_pow(exp10.unsigned_abs()).ok_or_else(too_big)?;
+            let p = 10i128
+                .checked_pow(exp10.unsigned_abs())
+                .ok_or_else(too_big)?;
             num = num.checked_mul(p).ok_or_else(too_big)?;
         } else {
-            den = 10i128.checked_pow(exp10.unsigned_abs()).ok_or_else(|| err("it is too precise"))?;
+            den = 10i128
+                .checked_pow(exp10.unsigned_abs())
+                .ok_or_else(|| err("it is too precise"))?;
         }
         let nanos = ceil_div(num, den);
         if nanos > i128::from(u64::MAX) * NANO {
             return Err(too_big());
         }
-        Ok(Quantity { nanos: if negative { -nanos } else { nanos }, text: t.to_string() })
+        Ok(Quantity {
+            nanos: if negative { -nanos } else { nanos },
+            text: t.to_string(),
+        })
     }
 }
 
@@ -273,7 +293,16 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        for bad in ["", "Gi", "1GB", "1.2.3", "abc", "1 Gi", "1e99", "99999999999999999999Ei"] {
+        for bad in [
+            "",
+            "Gi",
+            "1GB",
+            "1.2.3",
+            "abc",
+            "1 Gi",
+            "1e99",
+            "99999999999999999999Ei",
+        ] {
             let e = bad.parse::<Quantity>().unwrap_err();
             assert_eq!(e.text, bad);
             assert!(e.to_string().contains("Kubernetes quantity"), "{e}");
@@ -293,7 +322,7 @@ mod tests {
         #[test]
         fn binary_suffix_roundtrip(v in 0u64..1_000_000, unit in 0usize..4) {
             let suffix = ["Ki", "Mi", "Gi", "Ti"][unit];
-            let bytes = v << (10 * (unit as u32 + 1));
+            let bytes = v << (10 * (u32::try_from(unit).unwrap() + 1));
             prop_assert_eq!(q(&format!("{v}{suffix}")).to_bytes(), Some(bytes));
             prop_assert_eq!(q(&format_bytes(bytes)).to_bytes(), Some(bytes));
         }

@@ -30,35 +30,72 @@ payload = "numa-bench"
 "#;
     let s = from_toml_str(text, "t.toml").unwrap().spec;
     assert_eq!(s.name, "db-1");
-    assert_eq!(s.cpu.topology, CpuTopology { sockets: 2, cores: 4, threads: 2 });
+    assert_eq!(
+        s.cpu.topology,
+        CpuTopology {
+            sockets: 2,
+            cores: 4,
+            threads: 2
+        }
+    );
     assert_eq!(s.vcpus(), 16);
-    assert!(s.cpu.dedicated_cpu_placement && s.cpu.isolate_emulator_thread && s.cpu.numa_passthrough);
+    assert!(
+        s.cpu.dedicated_cpu_placement && s.cpu.isolate_emulator_thread && s.cpu.numa_passthrough
+    );
     assert_eq!(s.memory.guest_bytes, 16 << 30);
-    assert_eq!(s.memory.hugepages.as_ref().unwrap().page_size_bytes, 1 << 30);
+    assert_eq!(
+        s.memory.hugepages.as_ref().unwrap().page_size_bytes,
+        1 << 30
+    );
     assert_eq!(s.memory.added_overhead_bytes, 64 << 20);
     assert_eq!(s.resources.requests.memory_bytes, Some(16 << 30));
-    assert_eq!(s.boot, BootSpec::Payload { payload: Payload::NumaBench });
+    assert_eq!(
+        s.boot,
+        BootSpec::Payload {
+            payload: Payload::NumaBench
+        }
+    );
     assert!(s.autoattach_graphics_device);
 }
 
 #[test]
 fn vcpus_from_cpu_resources_when_no_topology() {
-    let s = from_toml_str("[memory]\nguest=\"1Gi\"\n[resources.limits]\ncpu=\"2500m\"\nmemory=\"1Gi\"\n", "t")
-        .unwrap()
-        .spec;
-    assert_eq!(s.cpu.topology, CpuTopology { sockets: 3, cores: 1, threads: 1 });
+    let s = from_toml_str(
+        "[memory]\nguest=\"1Gi\"\n[resources.limits]\ncpu=\"2500m\"\nmemory=\"1Gi\"\n",
+        "t",
+    )
+    .unwrap()
+    .spec;
+    assert_eq!(
+        s.cpu.topology,
+        CpuTopology {
+            sockets: 3,
+            cores: 1,
+            threads: 1
+        }
+    );
     assert!(!s.cpu.topology_given);
-    let s = from_toml_str("[memory]\nguest=\"1Gi\"\n[resources.requests]\ncpu=\"100m\"\n", "t").unwrap().spec;
+    let s = from_toml_str(
+        "[memory]\nguest=\"1Gi\"\n[resources.requests]\ncpu=\"100m\"\n",
+        "t",
+    )
+    .unwrap()
+    .spec;
     assert_eq!(s.vcpus(), 1);
 }
 
 #[test]
 fn guest_memory_falls_back_to_limits_then_requests() {
-    let s = from_toml_str("[resources.requests]\nmemory=\"512Mi\"\n", "t").unwrap().spec;
-    assert_eq!(s.memory.guest_bytes, 512 << 20);
-    let s = from_toml_str("[resources.requests]\nmemory=\"512Mi\"\n[resources.limits]\nmemory=\"1Gi\"\n", "t")
+    let s = from_toml_str("[resources.requests]\nmemory=\"512Mi\"\n", "t")
         .unwrap()
         .spec;
+    assert_eq!(s.memory.guest_bytes, 512 << 20);
+    let s = from_toml_str(
+        "[resources.requests]\nmemory=\"512Mi\"\n[resources.limits]\nmemory=\"1Gi\"\n",
+        "t",
+    )
+    .unwrap()
+    .spec;
     assert_eq!(s.memory.guest_bytes, 1 << 30);
 }
 
@@ -78,7 +115,11 @@ fn memory_not_multiple_of_page_size() {
     assert_eq!(e.len(), 1);
     assert_eq!(e[0].field, "memory.guest");
     assert_eq!(e[0].value, "1500Mi");
-    assert!(e[0].rule.contains("multiple of the hugepage size 1Gi"), "{}", e[0]);
+    assert!(
+        e[0].rule.contains("multiple of the hugepage size 1Gi"),
+        "{}",
+        e[0]
+    );
     assert!(e[0].fix.contains("2Gi"), "{}", e[0]);
 }
 
@@ -94,8 +135,14 @@ fn page_size_must_exist_on_x86_64() {
 fn passthrough_needs_dedicated_and_hugepages() {
     let e = toml_err("[memory]\nguest = \"1Gi\"\n[cpu.numa]\nguest_mapping_passthrough = true\n");
     let fields: Vec<_> = e.iter().map(|e| e.rule.as_str()).collect();
-    assert!(fields.contains(&"NUMA passthrough needs dedicated CPU placement"), "{fields:?}");
-    assert!(fields.contains(&"NUMA passthrough needs hugepage-backed memory"), "{fields:?}");
+    assert!(
+        fields.contains(&"NUMA passthrough needs dedicated CPU placement"),
+        "{fields:?}"
+    );
+    assert!(
+        fields.contains(&"NUMA passthrough needs hugepage-backed memory"),
+        "{fields:?}"
+    );
 }
 
 #[test]
@@ -125,7 +172,8 @@ fn missing_memory() {
 
 #[test]
 fn bad_name_and_bad_payload_reported_together() {
-    let e = toml_err("name = \"Bad_Name\"\n[memory]\nguest = \"1Gi\"\n[boot]\npayload = \"doom\"\n");
+    let e =
+        toml_err("name = \"Bad_Name\"\n[memory]\nguest = \"1Gi\"\n[boot]\npayload = \"doom\"\n");
     assert_eq!(e.len(), 2);
     assert_eq!(e[0].field, "name");
     assert_eq!(e[1].field, "boot.payload");
@@ -142,7 +190,10 @@ fn request_above_limit() {
 fn bad_quantity_is_a_toml_error_with_position() {
     let e = from_toml_str("[memory]\nguest = \"16GB\"\n", "vm.toml").unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("\"16GB\" is not a Kubernetes quantity"), "{msg}");
+    assert!(
+        msg.contains("\"16GB\" is not a Kubernetes quantity"),
+        "{msg}"
+    );
     assert!(msg.contains("line 2"), "{msg}");
 }
 
@@ -191,7 +242,11 @@ fn kubevirt_vmi_maps_onto_the_spec() {
     assert!(!s.autoattach_graphics_device);
     assert_eq!(l.warnings.len(), 1);
     let w = &l.warnings[0];
-    for f in ["spec.terminationGracePeriodSeconds", "spec.domain.devices.disks", "spec.volumes"] {
+    for f in [
+        "spec.terminationGracePeriodSeconds",
+        "spec.domain.devices.disks",
+        "spec.volumes",
+    ] {
         assert!(w.contains(f), "{w}");
     }
     assert!(!w.contains("metadata"), "{w}");
@@ -201,7 +256,10 @@ fn kubevirt_vmi_maps_onto_the_spec() {
 fn kubevirt_vm_template_is_read() {
     let vm = VMI
         .replace("kind: VirtualMachineInstance", "kind: VirtualMachine")
-        .replace("\nspec:\n", "\nspec:\n  running: true\n  template:\n    spec:\n");
+        .replace(
+            "\nspec:\n",
+            "\nspec:\n  running: true\n  template:\n    spec:\n",
+        );
     // Re-indent the VMI spec body under template.spec.
     let mut out = String::new();
     let mut inside = false;
@@ -212,7 +270,11 @@ fn kubevirt_vm_template_is_read() {
             out.push('\n');
             continue;
         }
-        if inside && line.starts_with("  ") && !line.starts_with("  running") && !line.starts_with("  template") {
+        if inside
+            && line.starts_with("  ")
+            && !line.starts_with("  running")
+            && !line.starts_with("  template")
+        {
             out.push_str("    ");
         }
         out.push_str(line);
@@ -221,7 +283,11 @@ fn kubevirt_vm_template_is_read() {
     let l = from_yaml_str(&out, "vm.yaml").unwrap();
     assert_eq!(l.spec.vcpus(), 4);
     assert!(l.warnings[0].contains("spec.running"), "{}", l.warnings[0]);
-    assert!(l.warnings[0].contains("spec.template.spec.volumes"), "{}", l.warnings[0]);
+    assert!(
+        l.warnings[0].contains("spec.template.spec.volumes"),
+        "{}",
+        l.warnings[0]
+    );
 }
 
 #[test]
@@ -234,10 +300,17 @@ fn kubevirt_errors_use_yaml_paths() {
         }
         other => panic!("{other:?}"),
     }
-    let bad = VMI.replace("dedicatedCpuPlacement: true", "dedicatedCpuPlacement: false");
+    let bad = VMI.replace(
+        "dedicatedCpuPlacement: true",
+        "dedicatedCpuPlacement: false",
+    );
     match from_yaml_str(&bad, "vmi.yaml").unwrap_err() {
         ConfigError::Invalid(e) => {
-            assert!(e.iter().any(|e| e.field == "spec.domain.cpu.isolateEmulatorThread"), "{e:?}")
+            assert!(
+                e.iter()
+                    .any(|e| e.field == "spec.domain.cpu.isolateEmulatorThread"),
+                "{e:?}"
+            )
         }
         other => panic!("{other:?}"),
     }
@@ -245,19 +318,35 @@ fn kubevirt_errors_use_yaml_paths() {
 
 #[test]
 fn kubevirt_unsupported_resource_fields_are_errors() {
-    let bad = VMI.replace("      disks:\n", "      gpus:\n        - name: g\n          deviceName: nvidia.com/A100\n      disks:\n");
+    let bad = VMI.replace(
+        "      disks:\n",
+        "      gpus:\n        - name: g\n          deviceName: nvidia.com/A100\n      disks:\n",
+    );
     let e = from_yaml_str(&bad, "vmi.yaml").unwrap_err().to_string();
     assert!(e.contains("spec.domain.devices.gpus"), "{e}");
     assert!(e.contains("does not support"), "{e}");
-    let bad = VMI.replace("      requests:\n        memory: 4Gi", "      requests:\n        memory: 4Gi\n        hugepages-1Gi: 4Gi");
+    let bad = VMI.replace(
+        "      requests:\n        memory: 4Gi",
+        "      requests:\n        memory: 4Gi\n        hugepages-1Gi: 4Gi",
+    );
     let e = from_yaml_str(&bad, "vmi.yaml").unwrap_err().to_string();
-    assert!(e.contains("spec.domain.resources.requests.hugepages-1Gi"), "{e}");
+    assert!(
+        e.contains("spec.domain.resources.requests.hugepages-1Gi"),
+        "{e}"
+    );
 }
 
 #[test]
 fn kubevirt_wrong_kind_or_api() {
-    let e = from_yaml_str("apiVersion: v1\nkind: Pod\n", "p.yaml").unwrap_err().to_string();
+    let e = from_yaml_str("apiVersion: v1\nkind: Pod\n", "p.yaml")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("apiVersion"), "{e}");
-    let e = from_yaml_str("apiVersion: kubevirt.io/v1\nkind: DataVolume\n", "p.yaml").unwrap_err().to_string();
-    assert!(e.contains("VirtualMachineInstance or VirtualMachine"), "{e}");
+    let e = from_yaml_str("apiVersion: kubevirt.io/v1\nkind: DataVolume\n", "p.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("VirtualMachineInstance or VirtualMachine"),
+        "{e}"
+    );
 }

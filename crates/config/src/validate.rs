@@ -34,7 +34,11 @@ pub struct SpecError {
 
 impl fmt::Display for SpecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} = {}: {}; fix: {}", self.field, self.value, self.rule, self.fix)
+        write!(
+            f,
+            "{} = {}: {}; fix: {}",
+            self.field, self.value, self.rule, self.fix
+        )
     }
 }
 
@@ -242,7 +246,12 @@ impl Checker<'_> {
         match q.to_bytes() {
             Some(b) => Some(b),
             None => {
-                self.fail(field, q, "must be a non-negative byte count", "write e.g. \"4Gi\"");
+                self.fail(
+                    field,
+                    q,
+                    "must be a non-negative byte count",
+                    "write e.g. \"4Gi\"",
+                );
                 None
             }
         }
@@ -253,7 +262,12 @@ impl Checker<'_> {
         match u64::try_from(q.to_millis()) {
             Ok(m) => Some(m),
             Err(_) => {
-                self.fail(field, q, "must be a non-negative CPU quantity", "write e.g. 4 or \"500m\"");
+                self.fail(
+                    field,
+                    q,
+                    "must be a non-negative CPU quantity",
+                    "write e.g. 4 or \"500m\"",
+                );
                 None
             }
         }
@@ -270,7 +284,10 @@ impl Checker<'_> {
 /// assert_eq!(spec.memory.guest_bytes, 1 << 30);
 /// ```
 pub fn validate(raw: &RawSpec, dialect: &Dialect) -> Result<VmSpec, Vec<SpecError>> {
-    let mut c = Checker { dialect, errors: Vec::new() };
+    let mut c = Checker {
+        dialect,
+        errors: Vec::new(),
+    };
     let name = check_name(&mut c, raw.name.as_deref());
     let resources = check_resources(&mut c, raw);
     let cpu = check_cpu(&mut c, raw, &resources);
@@ -300,10 +317,14 @@ pub fn validate(raw: &RawSpec, dialect: &Dialect) -> Result<VmSpec, Vec<SpecErro
 }
 
 fn check_name(c: &mut Checker<'_>, name: Option<&str>) -> String {
-    let Some(name) = name else { return "vm".to_string() };
+    let Some(name) = name else {
+        return "vm".to_string();
+    };
     let ok = !name.is_empty()
         && name.len() <= 63
-        && name.chars().all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-')
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-')
         && !name.starts_with('-')
         && !name.ends_with('-');
     if !ok {
@@ -334,7 +355,10 @@ fn check_resources(c: &mut Checker<'_>, raw: &RawSpec) -> Resources {
             c.fail(
                 "resources.requests.memory",
                 format_bytes(req),
-                &format!("must not exceed resources.limits.memory ({})", format_bytes(lim)),
+                &format!(
+                    "must not exceed resources.limits.memory ({})",
+                    format_bytes(lim)
+                ),
                 "lower the request or raise the limit",
             );
         }
@@ -359,9 +383,17 @@ fn check_cpu(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> CpuSpec {
     let topology_given = factors.iter().any(|&f| f > 0);
     let topology = if topology_given {
         let [s, co, t] = factors.map(|f| f.max(1));
-        CpuTopology { sockets: s, cores: co, threads: t }
+        CpuTopology {
+            sockets: s,
+            cores: co,
+            threads: t,
+        }
     } else {
-        if raw.cpu.is_some() && [cpu.sockets, cpu.cores, cpu.threads].iter().any(Option::is_some) {
+        if raw.cpu.is_some()
+            && [cpu.sockets, cpu.cores, cpu.threads]
+                .iter()
+                .any(Option::is_some)
+        {
             c.fail(
                 "cpu.sockets",
                 0,
@@ -370,22 +402,44 @@ fn check_cpu(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> CpuSpec {
             );
         }
         // KubeVirt: the CPU limit, else the request, rounded up; at least 1; as sockets.
-        let millis = res.limits.cpu_millis.or(res.requests.cpu_millis).unwrap_or(1000);
-        let n = u32::try_from(millis.div_ceil(1000)).unwrap_or(u32::MAX).max(1);
-        CpuTopology { sockets: n, cores: 1, threads: 1 }
+        let millis = res
+            .limits
+            .cpu_millis
+            .or(res.requests.cpu_millis)
+            .unwrap_or(1000);
+        let n = u32::try_from(millis.div_ceil(1000))
+            .unwrap_or(u32::MAX)
+            .max(1);
+        CpuTopology {
+            sockets: n,
+            cores: 1,
+            threads: 1,
+        }
     };
-    let vcpus = u64::from(topology.sockets) * u64::from(topology.cores) * u64::from(topology.threads);
+    let vcpus =
+        u64::from(topology.sockets) * u64::from(topology.cores) * u64::from(topology.threads);
     let mut topology = topology;
     if vcpus > u64::from(MAX_VCPUS) {
         c.fail(
-            if topology_given { "cpu.sockets" } else { "resources.limits.cpu" },
+            if topology_given {
+                "cpu.sockets"
+            } else {
+                "resources.limits.cpu"
+            },
             format!("{vcpus} vCPUs"),
             &format!("a KVM VM holds at most {MAX_VCPUS} vCPUs"),
             "lower cpu.sockets, cpu.cores or cpu.threads",
         );
-        topology = CpuTopology { sockets: 1, cores: 1, threads: 1 };
+        topology = CpuTopology {
+            sockets: 1,
+            cores: 1,
+            threads: 1,
+        };
     }
-    let numa_passthrough = cpu.numa.as_ref().is_some_and(|n| n.guest_mapping_passthrough);
+    let numa_passthrough = cpu
+        .numa
+        .as_ref()
+        .is_some_and(|n| n.guest_mapping_passthrough);
     if cpu.isolate_emulator_thread && !cpu.dedicated_cpu_placement {
         c.fail(
             "cpu.isolate_emulator_thread",
@@ -427,14 +481,24 @@ fn check_cpu(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> CpuSpec {
 fn check_memory(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> Option<MemorySpec> {
     let m = &raw.memory;
     let explicit = c.bytes("memory.guest", m.guest.as_ref());
-    let guest = explicit.or(res.limits.memory_bytes).or(res.requests.memory_bytes);
+    let guest = explicit
+        .or(res.limits.memory_bytes)
+        .or(res.requests.memory_bytes);
     let added = m
         .reserved_overhead
         .as_ref()
-        .and_then(|r| c.bytes("memory.reserved_overhead.added_overhead", Some(&r.added_overhead)))
+        .and_then(|r| {
+            c.bytes(
+                "memory.reserved_overhead.added_overhead",
+                Some(&r.added_overhead),
+            )
+        })
         .unwrap_or(0);
     let hugepages = m.hugepages.as_ref().and_then(|h| {
-        let size = h.page_size.to_bytes().filter(|s| ARCH_PAGE_SIZES.contains(s));
+        let size = h
+            .page_size
+            .to_bytes()
+            .filter(|s| ARCH_PAGE_SIZES.contains(s));
         if size.is_none() {
             c.fail(
                 "memory.hugepages.page_size",
@@ -443,7 +507,10 @@ fn check_memory(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> Option<M
                 "use \"2Mi\" or \"1Gi\"",
             );
         }
-        size.map(|page_size_bytes| HugepageSpec { page_size_bytes, hugetlbfs: h.hugetlbfs.clone() })
+        size.map(|page_size_bytes| HugepageSpec {
+            page_size_bytes,
+            hugetlbfs: h.hugetlbfs.clone(),
+        })
     });
     let Some(guest) = guest else {
         c.fail(
@@ -454,16 +521,28 @@ fn check_memory(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> Option<M
         );
         return None;
     };
-    let field = if explicit.is_some() { "memory.guest" } else { "resources.requests.memory" };
+    let field = if explicit.is_some() {
+        "memory.guest"
+    } else {
+        "resources.requests.memory"
+    };
     if guest == 0 {
-        c.fail(field, 0, "guest memory must be positive", "give the guest e.g. \"1Gi\"");
+        c.fail(
+            field,
+            0,
+            "guest memory must be positive",
+            "give the guest e.g. \"1Gi\"",
+        );
     }
     if let (Some(lim), Some(_)) = (res.limits.memory_bytes, explicit) {
         if guest > lim {
             c.fail(
                 "memory.guest",
                 format_bytes(guest),
-                &format!("must not exceed resources.limits.memory ({})", format_bytes(lim)),
+                &format!(
+                    "must not exceed resources.limits.memory ({})",
+                    format_bytes(lim)
+                ),
                 "lower memory.guest or raise the limit",
             );
         }
@@ -482,9 +561,18 @@ fn check_memory(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> Option<M
             );
         }
     } else if guest % 4096 != 0 {
-        c.fail(field, guest, "must be a multiple of 4Ki", "round it to whole 4Ki pages");
+        c.fail(
+            field,
+            guest,
+            "must be a multiple of 4Ki",
+            "round it to whole 4Ki pages",
+        );
     }
-    Some(MemorySpec { guest_bytes: guest, hugepages, added_overhead_bytes: added })
+    Some(MemorySpec {
+        guest_bytes: guest,
+        hugepages,
+        added_overhead_bytes: added,
+    })
 }
 
 fn check_boot(c: &mut Checker<'_>, raw: &RawSpec) -> Option<BootSpec> {
@@ -502,12 +590,19 @@ fn check_boot(c: &mut Checker<'_>, raw: &RawSpec) -> Option<BootSpec> {
         (Some(kernel), None) => Some(BootSpec::Kernel {
             kernel: kernel.clone(),
             initrd: b.initrd.clone(),
-            cmdline: b.cmdline.clone().unwrap_or_else(|| "console=ttyS0".to_string()),
+            cmdline: b
+                .cmdline
+                .clone()
+                .unwrap_or_else(|| "console=ttyS0".to_string()),
         }),
         (None, p) => {
             if b.initrd.is_some() || b.cmdline.is_some() {
                 c.fail(
-                    if b.initrd.is_some() { "boot.initrd" } else { "boot.cmdline" },
+                    if b.initrd.is_some() {
+                        "boot.initrd"
+                    } else {
+                        "boot.cmdline"
+                    },
                     "(set)",
                     "an initrd or command line needs boot.kernel",
                     "add boot.kernel or remove them",

@@ -104,7 +104,10 @@ impl HostTopology {
 
     /// The OS index of the node that holds `cpu`, if any.
     pub fn node_of_cpu(&self, cpu: u32) -> Option<u32> {
-        self.nodes.iter().find(|n| n.cpus.contains(&cpu)).map(|n| n.os_index)
+        self.nodes
+            .iter()
+            .find(|n| n.cpus.contains(&cpu))
+            .map(|n| n.os_index)
     }
 
     /// Distance between two nodes (by OS index); 10 for a node to itself when the matrix lacks it.
@@ -120,7 +123,11 @@ impl HostTopology {
     /// The free pages of `page_size_bytes` on node `os_index` (0 when there is no such pool).
     pub fn free_hugepages(&self, os_index: u32, page_size_bytes: u64) -> u64 {
         self.node(os_index)
-            .and_then(|n| n.hugepages.iter().find(|p| p.page_size_bytes == page_size_bytes))
+            .and_then(|n| {
+                n.hugepages
+                    .iter()
+                    .find(|p| p.page_size_bytes == page_size_bytes)
+            })
             .map_or(0, |p| p.free)
     }
 }

@@ -1,0 +1,17 @@
+# vmhost: `make run` runs the main job on the embedded quickstart spec; `make test` runs every test.
+CARGO ?= cargo
+
+.PHONY: setup run test lint bench
+
+setup:
+	bash scripts/setup.sh
+
+run: setup
+	$(CARGO) run --release --quiet --
+
+test: setup
+	bash scripts/with-hugepages.sh $(CARGO) test --workspace
+
+lint: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -1,0 +1,201 @@
+//! vmhost's planner: a pure function (VM spec, host topology) → [`Plan`], or the exact
+//! [`Reason`]s why the host cannot hold the VM.
+//!
+//! Nothing here touches the host: the topology is data (discovered, loaded from hwloc XML or
+//! synthetic), so the same function plans for this host, for a migration target
+//! ([`check_target`]) and in tests.
+//!
+//! ```
+//! use vmhost_config::from_toml_str;
+//! use vmhost_plan::{plan, PlanOptions};
+//! use vmhost_topology::{apply_hugepages, load_synthetic, parse_hugepages_arg};
+//!
+//! let spec = from_toml_str(
+//!     "[cpu]\ncores = 4\ndedicated_cpu_placement = true\nisolate_emulator_thread = true\n\
+//!      [memory]\nguest = \"4Gi\"\nhugepages = { page_size = \"1Gi\" }\n",
+//!     "vm.toml",
+//! )
+//! .unwrap()
+//! .spec;
+//! let mut host = load_synthetic("package:2 numa:1 core:4 pu:2").unwrap();
+//! apply_hugepages(&mut host, &parse_hugepages_arg("node0:1Gi=8,node1:1Gi=8").unwrap()).unwrap();
+//! let plan = plan(&spec, &host, &PlanOptions::default()).into_result().unwrap();
+//! assert_eq!(plan.vcpus.len(), 4);
+//! assert!(plan.vcpus.iter().all(|v| v.host_node == Some(0)));
+//! assert!(!plan.emulator.host_cpus.iter().any(|e| plan.vcpus.iter().any(|v| v.host_cpu == Some(*e))));
+//! assert_eq!(plan.envelope.hugepages[0].count, 4);
+//! ```
+#![warn(missing_docs)]
+
+mod cells;
+pub mod envelope;
+mod model;
+mod placement;
+mod render;
+mod target;
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+use vmhost_config::VmSpec;
+use vmhost_topology::HostTopology;
+
+pub use model::*;
+pub use render::render_text;
+pub use target::{check_target, TargetCheck};
+
+/// Planner settings that are not part of the VM spec.
+#[derive(Debug, Clone, Default)]
+pub struct PlanOptions {
+    /// Which overhead model computes the envelope.
+    pub overhead_model: OverheadModel,
+    /// KubeVirt's cluster-wide `additionalGuestMemoryOverheadRatio`, applied last.
+    pub overhead_ratio: Option<f64>,
+    /// PUs that other VMs on the host hold (dedicated placement must avoid them; shared VMs
+    /// do not float over them).
+    pub held_cpus: BTreeSet<u32>,
+}
+
+/// The planner's answer: a plan, and the reasons it does not fit (empty when it fits).
+///
+/// When it does not fit, placements that could not be made are `None` / empty.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// True when the host can hold the VM as planned.
+    pub fits: bool,
+    /// Why not, one reason per shortfall, in words.
+    pub reasons: Vec<String>,
+    /// The same reasons, structured.
+    pub reason_details: Vec<Reason>,
+    /// The plan.
+    #[serde(flatten)]
+    pub plan: Plan,
+}
+
+/// A plan that does not fit, with its reasons.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the host cannot hold VM {}: {}", .plan.name, .reasons.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct Rejection {
+    /// The partial plan (envelope complete, placement partial).
+    pub plan: Box<Plan>,
+    /// Why it does not fit.
+    pub reasons: Vec<Reason>,
+}
+
+impl Outcome {
+    /// The plan when it fits, else the rejection.
+    pub fn into_result(self) -> Result<Plan, Rejection> {
+        if self.reason_details.is_empty() {
+            Ok(self.plan)
+        } else {
+            Err(Rejection {
+                plan: Box::new(self.plan),
+                reasons: self.reason_details,
+            })
+        }
+    }
+}
+
+/// Plans `spec` on `host`.
+pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
+    let mut reasons = Vec::new();
+    let mut notes = Vec::new();
+    let mut vcpus = cells::guest_vcpus(spec);
+    let mut free = placement::FreePus::new(host, &opts.held_cpus);
+    let (floating_cpus, emulator) = if spec.cpu.dedicated_cpu_placement {
+        let emu =
+            cells::place_dedicated(spec, host, &mut free, &mut vcpus, &mut reasons, &mut notes);
+        let isolated = spec.cpu.isolate_emulator_thread;
+        let host_cpus = match emu {
+            Some(pu) => vec![pu],
+            None if isolated => Vec::new(),
+            None => {
+                notes.push(
+                    "the emulator thread shares the vCPUs' PUs (isolate_emulator_thread is off)"
+                        .into(),
+                );
+                sorted(vcpus.iter().filter_map(|v| v.host_cpu))
+            }
+        };
+        (
+            Vec::new(),
+            EmulatorPlacement {
+                host_cpus,
+                isolated,
+            },
+        )
+    } else {
+        let float: Vec<u32> = host
+            .allowed_cpus
+            .iter()
+            .copied()
+            .filter(|c| !opts.held_cpus.contains(c))
+            .collect();
+        notes.push(format!(
+            "vCPU threads float over PUs {} (no dedicated placement)",
+            vmhost_topology::cpulist::format(&float)
+        ));
+        if float.is_empty() {
+            reasons.push(Reason::Cpus {
+                needed: 1,
+                available: 0,
+                detail: "a shared VM needs at least one PU that no dedicated VM holds".into(),
+            });
+        }
+        (
+            float.clone(),
+            EmulatorPlacement {
+                host_cpus: float,
+                isolated: false,
+            },
+        )
+    };
+    let backing = match &spec.memory.hugepages {
+        Some(h) => Backing::Hugetlb {
+            page_size_bytes: h.page_size_bytes,
+            hugetlbfs: h.hugetlbfs.clone(),
+        },
+        None => Backing::Anonymous,
+    };
+    let guest_cells = cells::guest_cells(
+        spec,
+        host,
+        opts,
+        &mut vcpus,
+        &floating_cpus,
+        &mut reasons,
+        &mut notes,
+    );
+    let hugepages = cells::hugepage_demand(&guest_cells, &backing);
+    cells::admit_memory(host, &guest_cells, &backing, &hugepages, &mut reasons);
+    if host.distances.assumed && host.nodes.len() > 1 {
+        notes.push("the host gave no distance matrix: assumed 10 local / 20 remote".into());
+    }
+    let envelope = envelope::envelope(spec, opts.overhead_model, opts.overhead_ratio, hugepages);
+    let plan = Plan {
+        name: spec.name.clone(),
+        guest_topology: spec.cpu.topology,
+        envelope,
+        vcpus,
+        floating_cpus,
+        emulator,
+        guest_cells,
+        backing,
+        boot: spec.boot.clone(),
+        notes,
+    };
+    Outcome {
+        fits: reasons.is_empty(),
+        reasons: reasons.iter().map(ToString::to_string).collect(),
+        reason_details: reasons,
+        plan,
+    }
+}
+
+fn sorted(it: impl Iterator<Item = u32>) -> Vec<u32> {
+    let set: BTreeSet<u32> = it.collect();
+    set.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,227 @@
+//! The plan: what a VM takes from the host, decided before anything is allocated.
+//!
+//! Memory and vCPU code consume a [`Plan`], never the raw spec.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::Serialize;
+use vmhost_config::{BootSpec, CpuTopology};
+
+/// Which overhead model computed the envelope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OverheadModel {
+    /// vmhost's own VMM costs.
+    #[default]
+    Vmhost,
+    /// KubeVirt's amd64 launcher-pod arithmetic, reproduced exactly.
+    Kubevirt,
+}
+
+/// Hugepages a plan takes from one node's pool (or from any node when `node` is `None`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HugepageDemand {
+    /// Host node OS index; `None` when the memory is not bound to a node.
+    pub node: Option<u32>,
+    /// Page size in bytes.
+    pub page_size_bytes: u64,
+    /// Number of pages.
+    pub count: u64,
+}
+
+/// The host envelope around the guest, term by term.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Envelope {
+    /// The overhead model used.
+    pub overhead_model: OverheadModel,
+    /// Memory the guest sees.
+    pub guest_memory_bytes: u64,
+    /// Sum of the overhead terms.
+    pub overhead_bytes: u64,
+    /// Overhead terms by name.
+    pub overhead_terms: BTreeMap<String, u64>,
+    /// Ordinary (non-hugepage) memory request: overhead, plus guest memory when it is not
+    /// hugepage-backed.
+    pub memory_request_bytes: u64,
+    /// Memory limit (the request with dedicated placement; limits.memory + overhead when given).
+    pub memory_limit_bytes: Option<u64>,
+    /// Host CPUs the VM is entitled to (dedicated PUs, or the shared CPU request).
+    pub cpus: f64,
+    /// Host PUs held exclusively (vCPUs + isolated emulator); 0 when not dedicated.
+    pub dedicated_cpus: u32,
+    /// Hugepages per node and size.
+    pub hugepages: Vec<HugepageDemand>,
+}
+
+/// Where one vCPU runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VcpuPlacement {
+    /// vCPU index (= KVM vcpu id).
+    pub vcpu: u32,
+    /// Guest socket, core within the socket, thread within the core.
+    pub socket: u32,
+    /// Core within its socket.
+    pub core: u32,
+    /// Thread within its core.
+    pub thread: u32,
+    /// x2APIC / APIC ID the guest sees.
+    pub apic_id: u32,
+    /// Guest NUMA cell.
+    pub guest_cell: u32,
+    /// Host PU it is pinned to (`None`: floats over [`Plan::floating_cpus`]).
+    pub host_cpu: Option<u32>,
+    /// Host node of that PU.
+    pub host_node: Option<u32>,
+}
+
+/// Where the emulator thread runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EmulatorPlacement {
+    /// PUs the emulator thread may run on.
+    pub host_cpus: Vec<u32>,
+    /// True when these PUs hold no vCPU.
+    pub isolated: bool,
+}
+
+/// One guest NUMA cell and the host node that backs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuestCell {
+    /// Guest cell number (0..).
+    pub cell: u32,
+    /// Host node its memory is bound to (`None`: not bound).
+    pub host_node: Option<u32>,
+    /// vCPUs in this cell.
+    pub vcpus: Vec<u32>,
+    /// Guest memory of the cell.
+    pub memory_bytes: u64,
+    /// Host PUs of `host_node` that this process may use: where first-touch workers run.
+    pub prefault_cpus: Vec<u32>,
+    /// Guest distances from this cell to every cell (10 = local).
+    pub distances: Vec<u32>,
+}
+
+/// How guest RAM is backed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Backing {
+    /// Hugepages: memfd (`MFD_HUGETLB`) or a file on a hugetlbfs mount.
+    Hugetlb {
+        /// Page size in bytes.
+        page_size_bytes: u64,
+        /// A hugetlbfs mount to create the backing file in; `None` = memfd.
+        hugetlbfs: Option<PathBuf>,
+    },
+    /// Anonymous shared memory with transparent hugepages requested.
+    Anonymous,
+}
+
+impl Backing {
+    /// The page size guest memory is allocated in (4 KiB for anonymous memory).
+    pub fn page_size_bytes(&self) -> u64 {
+        match self {
+            Backing::Hugetlb {
+                page_size_bytes, ..
+            } => *page_size_bytes,
+            Backing::Anonymous => 4096,
+        }
+    }
+}
+
+/// A complete placement plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    /// VM name.
+    pub name: String,
+    /// Guest CPU topology.
+    pub guest_topology: CpuTopology,
+    /// The host envelope.
+    pub envelope: Envelope,
+    /// Per-vCPU placement, by vCPU index.
+    pub vcpus: Vec<VcpuPlacement>,
+    /// PUs that unpinned vCPU threads float over (all allowed PUs; empty when dedicated).
+    pub floating_cpus: Vec<u32>,
+    /// Emulator thread placement.
+    pub emulator: EmulatorPlacement,
+    /// Guest NUMA cells.
+    pub guest_cells: Vec<GuestCell>,
+    /// Guest RAM backing.
+    pub backing: Backing,
+    /// What the guest boots.
+    pub boot: BootSpec,
+    /// Decisions worth telling the operator (where placement differs from KubeVirt and why).
+    pub notes: Vec<String>,
+}
+
+/// Why a host cannot hold a VM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reason {
+    /// Not enough free hugepages of a size on a node.
+    Hugepages {
+        /// Node (`None`: summed over all nodes).
+        node: Option<u32>,
+        /// Page size.
+        page_size_bytes: u64,
+        /// Free pages.
+        free: u64,
+        /// Pages the plan needs.
+        needed: u64,
+    },
+    /// The host has no pool of this page size at all.
+    PageSizeMissing {
+        /// Page size.
+        page_size_bytes: u64,
+        /// Sizes the host has.
+        host_sizes: Vec<u64>,
+    },
+    /// Not enough allowed PUs for dedicated placement.
+    Cpus {
+        /// PUs needed.
+        needed: u32,
+        /// Allowed free PUs.
+        available: u32,
+        /// How the need is made up.
+        detail: String,
+    },
+    /// NUMA passthrough cannot split memory over the cells.
+    NumaSplit {
+        /// Explanation.
+        detail: String,
+    },
+    /// Anything else, in words.
+    Other {
+        /// Explanation.
+        detail: String,
+    },
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let size = vmhost_config::format_bytes;
+        match self {
+            Reason::Hugepages { node: Some(n), page_size_bytes, free, needed } => write!(
+                f,
+                "node{n} has {free} free {} hugepages, the plan needs {needed}",
+                size(*page_size_bytes)
+            ),
+            Reason::Hugepages { node: None, page_size_bytes, free, needed } => write!(
+                f,
+                "the host has {free} free {} hugepages in all, the plan needs {needed}",
+                size(*page_size_bytes)
+            ),
+            Reason::PageSizeMissing { page_size_bytes, host_sizes } => write!(
+                f,
+                "the host kernel has no {} hugepages (sizes: {})",
+                size(*page_size_bytes),
+                host_sizes.iter().map(|s| size(*s)).collect::<Vec<_>>().join(", ")
+            ),
+            Reason::Cpus { needed, available, detail } => write!(
+                f,
+                "dedicated placement needs {needed} PUs ({detail}), the host allows {available} free"
+            ),
+            Reason::NumaSplit { detail } | Reason::Other { detail } => f.write_str(detail),
+        }
+    }
+}

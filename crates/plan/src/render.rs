@@ -1,0 +1,160 @@
+//! Human-readable rendering of an [`Outcome`].
+
+use std::fmt::Write;
+
+use vmhost_config::format_bytes;
+use vmhost_topology::cpulist;
+
+use crate::model::Backing;
+use crate::Outcome;
+
+fn opt(v: Option<u32>) -> String {
+    v.map_or_else(|| "-".to_string(), |x| x.to_string())
+}
+
+/// Renders the plan as tables: envelope terms, vCPU → PU → node, emulator, guest cells.
+pub fn render_text(o: &Outcome) -> String {
+    let p = &o.plan;
+    let e = &p.envelope;
+    let t = p.guest_topology;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "VM {}: {} vCPUs ({} sockets x {} cores x {} threads), {} guest memory, {}",
+        p.name,
+        p.vcpus.len(),
+        t.sockets,
+        t.cores,
+        t.threads,
+        format_bytes(e.guest_memory_bytes),
+        match &p.backing {
+            Backing::Hugetlb {
+                page_size_bytes,
+                hugetlbfs: None,
+            } => format!("{} hugepages (memfd)", format_bytes(*page_size_bytes)),
+            Backing::Hugetlb {
+                page_size_bytes,
+                hugetlbfs: Some(dir),
+            } => format!(
+                "{} hugepages (hugetlbfs {})",
+                format_bytes(*page_size_bytes),
+                dir.display()
+            ),
+            Backing::Anonymous => "anonymous memory, transparent hugepages".to_string(),
+        }
+    );
+    let _ = writeln!(s, "\nEnvelope ({:?} overhead model):", e.overhead_model);
+    for (name, bytes) in &e.overhead_terms {
+        let _ = writeln!(s, "  {name:<34} {:>14} B  {:>10.1} MiB", bytes, mib(*bytes));
+    }
+    let _ = writeln!(
+        s,
+        "  {:<34} {:>14} B  {:>10.1} MiB",
+        "overhead (total)",
+        e.overhead_bytes,
+        mib(e.overhead_bytes)
+    );
+    let _ = writeln!(
+        s,
+        "  {:<34} {:>14} B  {:>10.1} MiB",
+        "memory request",
+        e.memory_request_bytes,
+        mib(e.memory_request_bytes)
+    );
+    if let Some(l) = e.memory_limit_bytes {
+        let _ = writeln!(
+            s,
+            "  {:<34} {:>14} B  {:>10.1} MiB",
+            "memory limit",
+            l,
+            mib(l)
+        );
+    }
+    for h in &e.hugepages {
+        let node = h
+            .node
+            .map_or_else(|| "any node".to_string(), |n| format!("node{n}"));
+        let _ = writeln!(
+            s,
+            "  hugepages-{:<24} {:>14} pages on {node}",
+            format_bytes(h.page_size_bytes),
+            h.count
+        );
+    }
+    let _ = writeln!(
+        s,
+        "  {:<34} {:>14} ({} dedicated)",
+        "cpus", e.cpus, e.dedicated_cpus
+    );
+
+    let _ = writeln!(
+        s,
+        "\n  vCPU  socket core thread  apic  cell  host PU  host node"
+    );
+    for v in &p.vcpus {
+        let _ = writeln!(
+            s,
+            "  {:>4}  {:>6} {:>4} {:>6}  {:>4}  {:>4}  {:>7}  {:>9}",
+            v.vcpu,
+            v.socket,
+            v.core,
+            v.thread,
+            v.apic_id,
+            v.guest_cell,
+            v.host_cpu
+                .map_or_else(|| "float".to_string(), |c| c.to_string()),
+            opt(v.host_node)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n  emulator thread: PUs {}{}",
+        if p.emulator.host_cpus.is_empty() {
+            "-".to_string()
+        } else {
+            cpulist::format(&p.emulator.host_cpus)
+        },
+        if p.emulator.isolated {
+            " (isolated)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        s,
+        "\n  cell  host node  vCPUs        memory      prefault PUs  distances"
+    );
+    for c in &p.guest_cells {
+        let _ = writeln!(
+            s,
+            "  {:>4}  {:>9}  {:<11} {:>8}  {:>12}  {}",
+            c.cell,
+            opt(c.host_node),
+            cpulist::format(&c.vcpus),
+            format_bytes(c.memory_bytes),
+            cpulist::format(&c.prefault_cpus),
+            c.distances
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    for n in &p.notes {
+        let _ = writeln!(s, "  note: {n}");
+    }
+    if o.fits {
+        let _ = writeln!(s, "\nfits: yes");
+    } else {
+        let _ = writeln!(s, "\nfits: NO");
+        for r in &o.reasons {
+            let _ = writeln!(s, "  - {r}");
+        }
+    }
+    s
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}

@@ -1,0 +1,398 @@
+#![allow(clippy::cast_possible_truncation)]
+
+use std::collections::BTreeSet;
+
+use proptest::prelude::*;
+use vmhost_config::{from_toml_str, VmSpec};
+use vmhost_topology::{
+    apply_hugepages, load_synthetic, parse_hugepages_arg, restrict_allowed, HostTopology,
+};
+
+use super::*;
+
+fn spec(text: &str) -> VmSpec {
+    from_toml_str(text, "t.toml").unwrap().spec
+}
+
+fn host(desc: &str, pools: &str) -> HostTopology {
+    let mut h = load_synthetic(desc).unwrap();
+    if !pools.is_empty() {
+        apply_hugepages(&mut h, &parse_hugepages_arg(pools).unwrap()).unwrap();
+    }
+    h
+}
+
+fn dedicated(cores: u32, threads: u32, extra: &str) -> String {
+    format!(
+        "[cpu]\ncores = {cores}\nthreads = {threads}\ndedicated_cpu_placement = true\n{extra}\n[memory]\nguest = \"4Gi\"\nhugepages = {{ page_size = \"1Gi\" }}\n"
+    )
+}
+
+fn pus(p: &Plan) -> Vec<u32> {
+    p.vcpus.iter().map(|v| v.host_cpu.unwrap()).collect()
+}
+
+#[test]
+fn smt_guest_threads_land_on_sibling_pus() {
+    let h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=8,node1:1Gi=8");
+    let p = plan(&spec(&dedicated(2, 2, "")), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    for pair in pus(&p).chunks(2) {
+        let core = h.cores.iter().find(|c| c.pus.contains(&pair[0])).unwrap();
+        assert!(
+            core.pus.contains(&pair[1]),
+            "guest core threads {pair:?} not siblings of {core:?}"
+        );
+    }
+}
+
+#[test]
+fn whole_cores_before_fragmented_ones() {
+    let mut h = host("package:1 numa:1 core:4 pu:2", "node0:1Gi=8");
+    // Core 0 is fragmented: its second PU is forbidden to this process.
+    let pu1 = h.cores[0].pus[1];
+    let allowed: Vec<u32> = h
+        .allowed_cpus
+        .iter()
+        .copied()
+        .filter(|&p| p != pu1)
+        .collect();
+    restrict_allowed(&mut h, &allowed).unwrap();
+    let p = plan(&spec(&dedicated(1, 2, "")), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    assert_eq!(pus(&p), h.cores[1].pus, "took the fragmented core");
+}
+
+#[test]
+fn isolated_emulator_on_vcpu0_node_not_on_a_vcpu_pu() {
+    let h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=8,node1:1Gi=8");
+    let p = plan(
+        &spec(&dedicated(3, 1, "isolate_emulator_thread = true")),
+        &h,
+        &PlanOptions::default(),
+    )
+    .into_result()
+    .unwrap();
+    let emu = p.emulator.host_cpus[0];
+    assert!(p.emulator.isolated);
+    assert!(!pus(&p).contains(&emu));
+    assert_eq!(h.node_of_cpu(emu), p.vcpus[0].host_node);
+    // Packing: 3 single-thread vCPUs use core 0 (2 PUs) and half of core 1; the emulator
+    // takes core 1's leftover sibling rather than breaking a whole core.
+    assert_eq!(emu, h.cores[1].pus[1]);
+    assert_eq!(p.envelope.dedicated_cpus, 4);
+}
+
+#[test]
+fn passthrough_spans_nodes_and_splits_memory() {
+    let h = host("package:2 numa:1 core:2 pu:2", "node0:1Gi=8,node1:1Gi=8");
+    let s = spec(&dedicated(
+        6,
+        1,
+        "numa = { guest_mapping_passthrough = true }",
+    ));
+    let p = plan(&s, &h, &PlanOptions::default()).into_result().unwrap();
+    assert_eq!(p.guest_cells.len(), 2);
+    assert_eq!(p.guest_cells[0].host_node, Some(0));
+    assert_eq!(p.guest_cells[1].host_node, Some(1));
+    assert_eq!(p.guest_cells[0].vcpus, vec![0, 1, 2, 3]);
+    assert_eq!(p.guest_cells[1].vcpus, vec![4, 5]);
+    assert_eq!(
+        p.guest_cells.iter().map(|c| c.memory_bytes).sum::<u64>(),
+        4 << 30
+    );
+    assert_eq!(p.guest_cells[0].memory_bytes, 2 << 30);
+    assert_eq!(p.guest_cells[0].distances, vec![10, 20]);
+    for v in &p.vcpus {
+        assert_eq!(
+            Some(v.guest_cell),
+            p.guest_cells
+                .iter()
+                .position(|c| c.host_node == v.host_node)
+                .map(|i| i as u32)
+        );
+    }
+    assert_eq!(
+        p.envelope.hugepages,
+        vec![
+            HugepageDemand {
+                node: Some(0),
+                page_size_bytes: 1 << 30,
+                count: 2
+            },
+            HugepageDemand {
+                node: Some(1),
+                page_size_bytes: 1 << 30,
+                count: 2
+            }
+        ]
+    );
+}
+
+#[test]
+fn passthrough_split_remainder_goes_to_first_cells() {
+    let h = host(
+        "package:3 numa:1 core:1 pu:1",
+        "node0:2Mi=100,node1:2Mi=100,node2:2Mi=100",
+    );
+    let s = spec(
+        "[cpu]\ncores = 3\ndedicated_cpu_placement = true\nnuma = { guest_mapping_passthrough = true }\n\
+         [memory]\nguest = \"64Mi\"\nhugepages = { page_size = \"2Mi\" }\n",
+    );
+    let p = plan(&s, &h, &PlanOptions::default()).into_result().unwrap();
+    let sizes: Vec<u64> = p.guest_cells.iter().map(|c| c.memory_bytes >> 20).collect();
+    assert_eq!(sizes, vec![22, 22, 20]);
+}
+
+#[test]
+fn one_node_when_it_fits_cpus_and_memory() {
+    // node0 has the PUs but no hugepages; node1 has both: all vCPUs go to node1.
+    let h = host("package:2 numa:1 core:4 pu:1", "node1:1Gi=8");
+    let p = plan(&spec(&dedicated(2, 1, "")), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    assert!(p.vcpus.iter().all(|v| v.host_node == Some(1)));
+    assert_eq!(p.guest_cells[0].host_node, Some(1));
+}
+
+#[test]
+fn hugepage_shortfall_is_exact() {
+    // Neither node has 4 free 1Gi pages: the CPUs go to the first node, which is short.
+    let h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=2,node1:1Gi=3");
+    let o = plan(&spec(&dedicated(2, 1, "")), &h, &PlanOptions::default());
+    assert!(!o.fits);
+    assert_eq!(
+        o.reasons,
+        vec!["node0 has 2 free 1Gi hugepages, the plan needs 4".to_string()]
+    );
+}
+
+#[test]
+fn memory_moves_the_vcpus_to_the_node_with_pages() {
+    let h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=2,node1:1Gi=4");
+    let p = plan(&spec(&dedicated(2, 1, "")), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    assert!(p.vcpus.iter().all(|v| v.host_node == Some(1)));
+}
+
+#[test]
+fn missing_page_size_is_reported() {
+    let mut h = host("package:1 numa:1 core:2 pu:1", "");
+    h.hugepage_sizes = vec![2 << 20];
+    let o = plan(&spec(&dedicated(1, 1, "")), &h, &PlanOptions::default());
+    assert_eq!(
+        o.reasons,
+        vec!["the host kernel has no 1Gi hugepages (sizes: 2Mi)".to_string()]
+    );
+}
+
+#[test]
+fn too_few_pus_is_exact() {
+    let h = host("package:1 numa:1 core:2 pu:1", "node0:1Gi=8");
+    let o = plan(
+        &spec(&dedicated(2, 1, "isolate_emulator_thread = true")),
+        &h,
+        &PlanOptions::default(),
+    );
+    assert_eq!(
+        o.reasons,
+        vec!["dedicated placement needs 3 PUs (2 vCPUs + 1 isolated emulator thread), the host allows 2 free".to_string()]
+    );
+    assert!(o.plan.vcpus.iter().all(|v| v.host_cpu.is_none()));
+}
+
+#[test]
+fn held_pus_are_avoided() {
+    let h = host("package:1 numa:1 core:4 pu:1", "node0:1Gi=8");
+    let opts = PlanOptions {
+        held_cpus: BTreeSet::from([0, 1]),
+        ..Default::default()
+    };
+    let p = plan(&spec(&dedicated(2, 1, "")), &h, &opts)
+        .into_result()
+        .unwrap();
+    assert_eq!(pus(&p), vec![2, 3]);
+    let shared = plan(
+        &spec("[cpu]\ncores = 8\n[memory]\nguest = \"1Gi\"\n"),
+        &h,
+        &opts,
+    )
+    .into_result()
+    .unwrap();
+    assert_eq!(shared.floating_cpus, vec![2, 3]);
+}
+
+#[test]
+fn shared_vm_floats_and_describes_big_topology() {
+    let h = host("package:1 numa:1 core:2 pu:1", "");
+    let p = plan(
+        &spec("[cpu]\nsockets = 2\ncores = 4\nthreads = 2\n[memory]\nguest = \"256Mi\"\n"),
+        &h,
+        &PlanOptions::default(),
+    )
+    .into_result()
+    .unwrap();
+    assert_eq!(p.vcpus.len(), 16);
+    assert!(p.vcpus.iter().all(|v| v.host_cpu.is_none()));
+    assert_eq!(p.floating_cpus, vec![0, 1]);
+    assert_eq!(
+        p.guest_cells[0].host_node,
+        Some(0),
+        "one-node host: memory bound to it"
+    );
+    // APIC IDs: thread bit 0, core bits 1-2, socket bit 3.
+    let v = &p.vcpus[13]; // socket 1, core 2, thread 1
+    assert_eq!((v.socket, v.core, v.thread, v.apic_id), (1, 2, 1, 0b1101));
+}
+
+#[test]
+fn apic_ids_pad_non_power_of_two_fields() {
+    let h = host("package:1 numa:1 core:2 pu:1", "");
+    let p = plan(
+        &spec("[cpu]\nsockets = 2\ncores = 3\n[memory]\nguest = \"256Mi\"\n"),
+        &h,
+        &PlanOptions::default(),
+    )
+    .into_result()
+    .unwrap();
+    let ids: Vec<u32> = p.vcpus.iter().map(|v| v.apic_id).collect();
+    assert_eq!(ids, vec![0, 1, 2, 4, 5, 6]);
+}
+
+#[test]
+fn four_nodes_passthrough_numbering_follows_host_order() {
+    let h = host(
+        "package:2 numa:2 core:2 pu:1",
+        "node0:2Mi=64,node1:2Mi=64,node2:2Mi=64,node3:2Mi=64",
+    );
+    let s = spec(
+        "[cpu]\ncores = 6\ndedicated_cpu_placement = true\nnuma = { guest_mapping_passthrough = true }\n\
+         [memory]\nguest = \"96Mi\"\nhugepages = { page_size = \"2Mi\" }\n",
+    );
+    let p = plan(&s, &h, &PlanOptions::default()).into_result().unwrap();
+    let nodes: Vec<Option<u32>> = p.guest_cells.iter().map(|c| c.host_node).collect();
+    assert_eq!(nodes, vec![Some(0), Some(1), Some(2)]);
+    assert!(p.guest_cells.iter().all(|c| c.vcpus.len() == 2));
+}
+
+#[test]
+fn kubevirt_model_in_plan_json() {
+    let h = host("package:1 numa:1 core:4 pu:1", "node0:2Mi=1024");
+    let s = spec("[cpu]\ncores = 2\n[resources.requests]\nmemory = \"1Gi\"\n");
+    let o = plan(
+        &s,
+        &h,
+        &PlanOptions {
+            overhead_model: OverheadModel::Kubevirt,
+            ..Default::default()
+        },
+    );
+    let j = serde_json::to_value(&o).unwrap();
+    assert_eq!(j["fits"], true);
+    assert_eq!(j["envelope"]["overhead_terms"]["page_tables"], 2_097_152);
+    assert_eq!(j["envelope"]["guest_memory_bytes"], 1u64 << 30);
+    assert!(j["vcpus"][0]["host_cpu"].is_null());
+    assert!(j["emulator"]["host_cpus"].is_array());
+    assert!(j["guest_cells"][0]["memory_bytes"].is_u64());
+    assert!(j["reasons"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn target_with_fewer_nodes_changes_guest_topology() {
+    let src = host("package:2 numa:1 core:2 pu:1", "node0:1Gi=8,node1:1Gi=8");
+    let tgt = host("package:1 numa:1 core:8 pu:1", "node0:1Gi=8");
+    let s = spec(&dedicated(
+        4,
+        1,
+        "numa = { guest_mapping_passthrough = true }",
+    ));
+    let c = check_target(&s, &src, &tgt, &PlanOptions::default());
+    assert!(!c.fits);
+    assert!(c.reasons[0].contains("1 NUMA cell"), "{:?}", c.reasons);
+    let same = check_target(&s, &src, &src, &PlanOptions::default());
+    assert!(same.fits, "{:?}", same.reasons);
+}
+
+fn arb_host() -> impl Strategy<Value = HostTopology> {
+    (1u32..=2, 1u32..=2, 1u32..=4, 1u32..=2, 0u64..64, 0u64..4).prop_map(
+        |(pk, nu, co, pu, small, big)| {
+            let mut h =
+                load_synthetic(&format!("package:{pk} numa:{nu} core:{co} pu:{pu}")).unwrap();
+            let pools: Vec<String> = h
+                .nodes
+                .iter()
+                .flat_map(|n| {
+                    [
+                        format!("node{}:2Mi={small}", n.os_index),
+                        format!("node{}:1Gi={big}", n.os_index),
+                    ]
+                })
+                .collect();
+            apply_hugepages(&mut h, &parse_hugepages_arg(&pools.join(",")).unwrap()).unwrap();
+            h
+        },
+    )
+}
+
+fn arb_spec() -> impl Strategy<Value = VmSpec> {
+    (1u32..=2, 1u32..=4, 1u32..=2, any::<bool>(), any::<bool>(), any::<bool>(), 1u64..=16, any::<bool>()).prop_map(
+        |(so, co, th, ded, iso, pt, mem, big)| {
+            let page = if big { "1Gi" } else { "2Mi" };
+            let mem = if big { format!("{}Gi", mem.min(4)) } else { format!("{}Mi", mem * 8) };
+            spec(&format!(
+                "[cpu]\nsockets = {so}\ncores = {co}\nthreads = {th}\ndedicated_cpu_placement = {ded}\n\
+                 isolate_emulator_thread = {}\nnuma = {{ guest_mapping_passthrough = {} }}\n\
+                 [memory]\nguest = \"{mem}\"\nhugepages = {{ page_size = \"{page}\" }}\n",
+                iso && ded,
+                pt && ded
+            ))
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+    #[test]
+    fn plan_invariants(h in arb_host(), s in arb_spec()) {
+        let o = plan(&s, &h, &PlanOptions::default());
+        let p = &o.plan;
+        prop_assert_eq!(p.guest_cells.iter().map(|c| c.memory_bytes).sum::<u64>(), s.memory.guest_bytes);
+        prop_assert_eq!(p.vcpus.len() as u32, s.vcpus());
+        if !o.fits {
+            return Ok(());
+        }
+        let used: Vec<u32> = p.vcpus.iter().filter_map(|v| v.host_cpu).collect();
+        let set: BTreeSet<u32> = used.iter().copied().collect();
+        prop_assert_eq!(set.len(), used.len(), "a PU used twice: {:?}", used);
+        for u in &used {
+            prop_assert!(h.allowed_cpus.contains(u));
+        }
+        if p.emulator.isolated {
+            for e in &p.emulator.host_cpus {
+                prop_assert!(!set.contains(e), "emulator PU {} is a vCPU PU", e);
+            }
+        }
+        if s.cpu.dedicated_cpu_placement {
+            prop_assert_eq!(used.len() as u32, s.vcpus());
+        }
+        if s.cpu.numa_passthrough {
+            for c in &p.guest_cells {
+                for v in &c.vcpus {
+                    prop_assert_eq!(p.vcpus[*v as usize].host_node, c.host_node);
+                }
+            }
+        }
+        for d in &p.envelope.hugepages {
+            let free = match d.node {
+                Some(n) => h.free_hugepages(n, d.page_size_bytes),
+                None => h.nodes.iter().map(|n| h.free_hugepages(n.os_index, d.page_size_bytes)).sum(),
+            };
+            prop_assert!(d.count <= free);
+        }
+        let pages: u64 = p.envelope.hugepages.iter().map(|d| d.count * d.page_size_bytes).sum();
+        prop_assert_eq!(pages, s.memory.guest_bytes);
+    }
+}

@@ -1,0 +1,42 @@
+//! Host topology for vmhost: NUMA nodes, packages, cores and their PUs, node distances, the
+//! CPUs this process may use, and hugepage pools per node.
+//!
+//! A [`HostTopology`] (plain data, serde-serializable) comes from
+//! - [`discover`]: the running host (hwloc + sysfs + `sched_getaffinity`);
+//! - [`load_xml`]: an hwloc XML file (`lstopo --of xml FILE`);
+//! - [`load_synthetic`]: an hwloc synthetic description (`"package:2 numa:1 core:4 pu:2"`).
+//!
+//! Loaded hosts have no hugepage pools and all CPUs allowed; [`apply_hugepages`] (with
+//! [`parse_hugepages_arg`]) and [`restrict_allowed`] simulate those. [`render_text`] prints a
+//! summary.
+//!
+//! ```
+//! let mut host = vmhost_topology::load_synthetic("package:2 numa:1 core:4 pu:2").unwrap();
+//! assert_eq!((host.nodes.len(), host.cores.len()), (2, 8));
+//! let pools = vmhost_topology::parse_hugepages_arg("node0:2Mi=512,node1:1Gi=8").unwrap();
+//! vmhost_topology::apply_hugepages(&mut host, &pools).unwrap();
+//! assert_eq!(host.free_hugepages(1, 1 << 30), 8);
+//! vmhost_topology::restrict_allowed(&mut host, &[0, 1, 2, 3]).unwrap();
+//! assert!(vmhost_topology::render_text(&host).contains("allowed cpus: 0-3"));
+//! ```
+//!
+//! hwlocality is confined to the private `hwloc` module and sysfs reading to `sysfs`; no hwloc
+//! type appears in this API.
+
+#![warn(missing_docs)]
+
+pub mod cpulist;
+mod error;
+mod hugepages;
+mod hwloc;
+pub mod load;
+pub mod model;
+mod render;
+mod sys;
+mod sysfs;
+
+pub use error::{BackendError, TopologyError};
+pub use hugepages::{apply_hugepages, parse_hugepages_arg, HugepageArg};
+pub use load::{discover, load_synthetic, load_xml, restrict_allowed, LOADED_HUGEPAGE_SIZES};
+pub use model::*;
+pub use render::render_text;

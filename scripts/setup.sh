@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what vmhost needs to build and test on Debian 12 (run as root; idempotent).
+set -euo pipefail
+pkgs=(pkg-config libhwloc-dev libudev-dev hwloc qemu-system-x86 acpica-tools)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+command -v cargo >/dev/null || { echo "setup: cargo not found: install a Rust toolchain (rustup)" >&2; exit 1; }

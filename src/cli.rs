@@ -1,0 +1,82 @@
+//! Command-line interface (clap).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// vmhost: a KVM VM host manager that turns a VM spec into a pinned, NUMA-local host envelope.
+#[derive(Debug, Parser)]
+#[command(name = "vmhost", version, about, long_about = None)]
+pub struct Cli {
+    /// VM spec (TOML, or KubeVirt VirtualMachineInstance / VirtualMachine YAML). Without a
+    /// subcommand, vmhost plans this VM on this host (the embedded quickstart when omitted).
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the host topology (like `numactl -H` + `lstopo`).
+    Topology(HostArgs),
+    /// Plan a VM: envelope, vCPU → PU pinning, guest NUMA cells, hugepages; or why it does not fit.
+    /// Exit status: 0 fits, 2 invalid spec, 3 does not fit.
+    Plan(PlanArgs),
+    /// Can a migration target host hold the same VM with the same guest topology?
+    CheckTarget(CheckTargetArgs),
+}
+
+/// Which host to look at.
+#[derive(Debug, Args, Clone, Default)]
+pub struct HostArgs {
+    /// Another host: an hwloc XML file (`lstopo --of xml`) or `synthetic:"package:2 numa:2 core:8 pu:2"`.
+    #[arg(long)]
+    pub topology: Option<String>,
+    /// Free hugepages of a loaded host: `node0:2Mi=512,node1:1Gi=8` (repeatable).
+    #[arg(long)]
+    pub hugepages: Vec<String>,
+    /// Restrict the PUs this VM may use (cpulist, e.g. `0-5,8`): a cpuset or offline CPUs.
+    #[arg(long)]
+    pub allowed_cpus: Option<String>,
+}
+
+/// Overhead models.
+#[derive(Debug, Clone, Copy, ValueEnum, Default)]
+pub enum ModelArg {
+    /// vmhost's own VMM costs.
+    #[default]
+    Vmhost,
+    /// KubeVirt's amd64 launcher-pod arithmetic.
+    Kubevirt,
+}
+
+/// `vmhost plan`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct PlanArgs {
+    /// The host.
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Overhead model.
+    #[arg(long, value_enum, default_value_t)]
+    pub overhead_model: ModelArg,
+    /// KubeVirt's additionalGuestMemoryOverheadRatio (e.g. "1.2"), applied last.
+    #[arg(long)]
+    pub overhead_ratio: Option<f64>,
+}
+
+/// `vmhost check-target`.
+#[derive(Debug, Args)]
+pub struct CheckTargetArgs {
+    /// The target host and planner settings.
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    /// The source host (default: this host).
+    #[arg(long)]
+    pub source_topology: Option<String>,
+}

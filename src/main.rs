@@ -1,0 +1,127 @@
+//! The `vmhost` binary: CLI and orchestration of spec → plan → apply → run → audit.
+
+mod cli;
+mod host;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use vmhost_config::{ConfigError, LoadedSpec};
+use vmhost_plan::{check_target, plan, render_text, OverheadModel, PlanOptions};
+
+use crate::cli::{Cli, Command, ModelArg, PlanArgs};
+
+/// The default spec, embedded so `vmhost` runs without any file.
+const QUICKSTART: &str = include_str!("../configs/quickstart.toml");
+
+/// Exit status for an invalid spec.
+const EXIT_INVALID: u8 = 2;
+/// Exit status when the host cannot hold the VM.
+const EXIT_NO_FIT: u8 = 3;
+
+/// An error that maps to a specific exit status.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+struct Exit {
+    code: u8,
+    message: String,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            if let Some(exit) = e.downcast_ref::<Exit>() {
+                eprintln!("vmhost: {}", exit.message);
+                return ExitCode::from(exit.code);
+            }
+            let code = if e.chain().any(|c| c.downcast_ref::<ConfigError>().is_some()) {
+                EXIT_INVALID
+            } else {
+                1
+            };
+            eprintln!("vmhost: error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<u8> {
+    match &cli.command {
+        None => cmd_plan(cli, &PlanArgs::default()),
+        Some(Command::Plan(args)) => cmd_plan(cli, args),
+        Some(Command::Topology(args)) => {
+            let host = host::load(args)?;
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&host)?);
+            } else {
+                print!("{}", vmhost_topology::render_text(&host));
+            }
+            Ok(0)
+        }
+        Some(Command::CheckTarget(args)) => {
+            let spec = load_spec(cli)?;
+            let target = host::load(&args.plan.host)?;
+            let source = host::load_source(args.source_topology.as_deref(), &Default::default())?;
+            let check = check_target(&spec.spec, &source, &target, &plan_options(&args.plan));
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&check)?);
+            } else {
+                print!("{}", render_text(&check.target));
+                println!(
+                    "\nmigration target: {}",
+                    if check.fits {
+                        "can hold the VM with the same guest topology"
+                    } else {
+                        "CANNOT hold the VM"
+                    }
+                );
+                for r in &check.reasons {
+                    println!("  - {r}");
+                }
+            }
+            Ok(if check.fits { 0 } else { EXIT_NO_FIT })
+        }
+    }
+}
+
+fn plan_options(args: &PlanArgs) -> PlanOptions {
+    PlanOptions {
+        overhead_model: match args.overhead_model {
+            ModelArg::Vmhost => OverheadModel::Vmhost,
+            ModelArg::Kubevirt => OverheadModel::Kubevirt,
+        },
+        overhead_ratio: args.overhead_ratio,
+        held_cpus: Default::default(),
+    }
+}
+
+/// Loads `--config`, or the embedded quickstart; prints the warnings.
+fn load_spec(cli: &Cli) -> Result<LoadedSpec> {
+    let loaded = match &cli.config {
+        Some(path) => vmhost_config::load(Path::new(path))?,
+        None => vmhost_config::from_toml_str(QUICKSTART, "configs/quickstart.toml (embedded)")?,
+    };
+    for w in &loaded.warnings {
+        eprintln!("{w}");
+    }
+    Ok(loaded)
+}
+
+fn cmd_plan(cli: &Cli, args: &PlanArgs) -> Result<u8> {
+    let spec = load_spec(cli)?;
+    let host = host::load(&args.host).context("loading the host topology")?;
+    let outcome = plan(&spec.spec, &host, &plan_options(args));
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&outcome)?);
+    } else {
+        print!("{}", render_text(&outcome));
+    }
+    Ok(if outcome.fits { 0 } else { EXIT_NO_FIT })
+}
