@@ -97,21 +97,19 @@ pub fn place_dedicated(
         }
         pus.extend(got.into_iter().map(|p| (p, node)));
     } else {
-        // Fewest nodes: largest free capacity first; then vCPUs in host node order.
-        let mut by_size = per_node.clone();
-        by_size.sort_by_key(|&(node, c)| (std::cmp::Reverse(c), node));
-        let mut groups_left = n / t;
-        let mut take: BTreeMap<u32, u32> = BTreeMap::new();
-        for &(node, c) in &by_size {
-            if groups_left == 0 {
-                break;
-            }
-            let g = (c / t).min(groups_left);
-            if g > 0 {
-                take.insert(node, g);
-                groups_left -= g;
-            }
-        }
+        // Fewest nodes, largest free capacity first; whole guest sockets per node when they
+        // fit (the guest's sockets then match its NUMA cells), else whole guest cores.
+        let topo = spec.cpu.topology;
+        let per_socket = topo.cores * t;
+        let (take, groups_left) = match distribute(&per_node, topo.sockets, per_socket) {
+            (take, 0) if topo.sockets > 1 => (
+                take.into_iter()
+                    .map(|(node, s)| (node, s * topo.cores))
+                    .collect(),
+                0,
+            ),
+            _ => distribute(&per_node, n / t, t),
+        };
         for (&node, &g) in &take {
             if let Some((got, _)) = free.take_groups(node, g, t) {
                 pus.extend(got.into_iter().map(|p| (p, node)));
@@ -183,6 +181,23 @@ pub fn place_dedicated(
         detail,
     });
     None
+}
+
+/// Spreads `units` of `size` PUs over nodes, largest free capacity first. Returns units per
+/// node and the units that found no room.
+fn distribute(per_node: &[(u32, u32)], units: u32, size: u32) -> (BTreeMap<u32, u32>, u32) {
+    let mut by_size = per_node.to_vec();
+    by_size.sort_by_key(|&(node, c)| (std::cmp::Reverse(c), node));
+    let mut left = units;
+    let mut take = BTreeMap::new();
+    for (node, c) in by_size {
+        let g = (c / size).min(left);
+        if g > 0 {
+            take.insert(node, g);
+            left -= g;
+        }
+    }
+    (take, left)
 }
 
 /// Builds the guest cells: one per host node holding vCPUs with NUMA passthrough, else one.

@@ -396,3 +396,25 @@ proptest! {
         prop_assert_eq!(pages, s.memory.guest_bytes);
     }
 }
+
+#[test]
+fn guest_sockets_align_with_host_nodes_when_spanning() {
+    let h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=8,node1:1Gi=8");
+    let s = spec(
+        "[cpu]\nsockets = 2\ncores = 3\nthreads = 2\ndedicated_cpu_placement = true\nisolate_emulator_thread = true\n\
+         numa = { guest_mapping_passthrough = true }\n[memory]\nguest = \"8Gi\"\nhugepages = { page_size = \"1Gi\" }\n",
+    );
+    let p = plan(&s, &h, &PlanOptions::default()).into_result().unwrap();
+    for v in &p.vcpus {
+        assert_eq!(
+            v.host_node,
+            Some(v.socket),
+            "vCPU {} of socket {} on node {:?}",
+            v.vcpu,
+            v.socket,
+            v.host_node
+        );
+        assert_eq!(v.guest_cell, v.socket);
+    }
+    assert_eq!(h.node_of_cpu(p.emulator.host_cpus[0]), Some(0));
+}
