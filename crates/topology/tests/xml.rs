@@ -54,24 +54,22 @@ fn allowed_cpuset_of_the_xml_is_kept() {
 }
 
 #[test]
-fn committed_host_fixture_matches_this_host() {
-    // Generated on a development machine with `lstopo --of xml tests/fixtures/host.xml`
-    // (1 package, 1 node, 2 cores, CPUs 0-1). All machines of this project are of that kind;
-    // regenerate the fixture if the machine kind changes.
+fn committed_host_fixture_loads_as_the_machine_it_was_taken_on() {
+    // Generated with `lstopo --of xml tests/fixtures/host.xml` on a CI machine of this project
+    // (1 package, 1 node, 2 cores, CPUs 0-1). The live host is compared with a fresh export in
+    // `fresh_lstopo_export_matches_discover`, so this test holds on any host.
     let xml = load_xml(&fixture("host.xml")).unwrap();
     check_consistent(&xml);
     assert!(
         xml.distances.assumed,
         "a one-node hwloc export has no matrix"
     );
-    assert_eq!(xml.nodes[0].cpus, [0, 1]);
-    let live = discover().unwrap();
     assert_eq!(
-        shape(&xml),
-        shape(&live),
-        "regenerate tests/fixtures/host.xml with lstopo --of xml"
+        (xml.packages.len(), xml.nodes.len(), xml.cores.len()),
+        (1, 1, 2)
     );
-    assert_eq!(xml.online_cpus, live.online_cpus);
+    assert_eq!(xml.nodes[0].cpus, [0, 1]);
+    assert_eq!(xml.online_cpus, [0, 1]);
 }
 
 #[test]
