@@ -30,6 +30,18 @@ pub enum Command {
     Plan(PlanArgs),
     /// Can a migration target host hold the same VM with the same guest topology?
     CheckTarget(CheckTargetArgs),
+    /// Allocate, bind, prefault, audit and release the VM's guest memory on this host, timing
+    /// each step (a check of the host before starting VMs). Exit 1 when the audit finds pages
+    /// off their node.
+    Memory(MemoryArgs),
+}
+
+/// `vmhost memory`.
+#[derive(Debug, Args)]
+pub struct MemoryArgs {
+    /// Prefault workers per guest cell (default: one per usable CPU of the cell's node).
+    #[arg(long)]
+    pub prefault_threads: Option<usize>,
 }
 
 /// Which host to look at.

@@ -11,7 +11,7 @@ use clap::Parser;
 use vmhost_config::{ConfigError, LoadedSpec};
 use vmhost_plan::{check_target, plan, render_text, OverheadModel, PlanOptions};
 
-use crate::cli::{Cli, Command, ModelArg, PlanArgs};
+use crate::cli::{Cli, Command, MemoryArgs, ModelArg, PlanArgs};
 
 /// The default spec, embedded so `vmhost` runs without any file.
 const QUICKSTART: &str = include_str!("../configs/quickstart.toml");
@@ -65,6 +65,7 @@ fn run(cli: &Cli) -> Result<u8> {
             }
             Ok(0)
         }
+        Some(Command::Memory(args)) => cmd_memory(cli, args),
         Some(Command::CheckTarget(args)) => {
             let spec = load_spec(cli)?;
             let target = host::load(&args.plan.host)?;
@@ -124,4 +125,31 @@ fn cmd_plan(cli: &Cli, args: &PlanArgs) -> Result<u8> {
         print!("{}", render_text(&outcome));
     }
     Ok(if outcome.fits { 0 } else { EXIT_NO_FIT })
+}
+
+/// Plans on this host and fails with exit status 3 and the reasons when the VM does not fit.
+fn plan_here(cli: &Cli, args: &PlanArgs) -> Result<vmhost_plan::Plan> {
+    let spec = load_spec(cli)?;
+    let host = host::load(&args.host).context("loading the host topology")?;
+    plan(&spec.spec, &host, &plan_options(args))
+        .into_result()
+        .map_err(|r| {
+            anyhow::Error::new(Exit {
+                code: EXIT_NO_FIT,
+                message: r.to_string(),
+            })
+        })
+}
+
+fn cmd_memory(cli: &Cli, args: &MemoryArgs) -> Result<u8> {
+    let plan = plan_here(cli, &PlanArgs::default())?;
+    let mut opts = vmhost_memory::MemoryOptions::default();
+    opts.prefault.threads_per_cell = args.prefault_threads;
+    let report = vmhost_memory::run_report(&plan, &opts)?;
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
+    }
+    Ok(if report.clean { 0 } else { 1 })
 }

@@ -1,0 +1,169 @@
+//! Ledger errors: one variant per failing operation, with the path, VM name or pid involved.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Why a ledger operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The run directory (or its `vms/` directory) could not be created.
+    #[error("cannot create the ledger directory {path} (is the run directory writable? choose another one with the run-directory option)")]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The lock file could not be opened (or created).
+    #[error("cannot open the ledger lock file {path} (is the run directory writable?)")]
+    OpenLock {
+        /// The lock file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// `flock` on the lock file failed.
+    #[error("cannot lock the ledger lock file {path}")]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The `vms/` directory could not be listed.
+    #[error("cannot list the ledger directory {path}")]
+    ReadDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// An entry file could not be read (an I/O error, not bad content).
+    #[error("cannot read ledger entry {path}")]
+    Read {
+        /// The entry file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Writing, syncing or renaming an entry file failed.
+    #[error("cannot write ledger entry {path} (is the run directory writable?)")]
+    Write {
+        /// The file being written.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Removing an entry file failed.
+    #[error("cannot remove ledger entry {path}")]
+    Remove {
+        /// The entry file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// An entry could not be serialized.
+    #[error("cannot encode the ledger entry of VM {name}")]
+    Encode {
+        /// The VM name.
+        name: String,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An entry file cannot be read and its VM may still run: its PUs are unknown, so nothing
+    /// is placed until an operator resolves it.
+    #[error("{}", corrupt_message(path, *pid, detail))]
+    Corrupt {
+        /// The entry file.
+        path: PathBuf,
+        /// The pid its file name records (`None`: the file name is not in ledger form).
+        pid: Option<u32>,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The VM name is not a DNS label.
+    #[error("invalid VM name {name:?}: {reason}")]
+    InvalidName {
+        /// The name.
+        name: String,
+        /// The rule it breaks.
+        reason: &'static str,
+    },
+    /// The process to record is not running.
+    #[error("process {pid} is not running: it cannot hold a ledger entry")]
+    ProcessNotRunning {
+        /// The pid.
+        pid: u32,
+    },
+    /// The start time of the process to record could not be read from `/proc/PID/stat`.
+    #[error("cannot read the start time of process {pid} from /proc/{pid}/stat")]
+    ProcStat {
+        /// The pid.
+        pid: u32,
+    },
+    /// A live VM already has this name.
+    #[error(
+        "a VM named {name} already runs on this host (pid {pid}); VM names are unique per host"
+    )]
+    NameInUse {
+        /// The name.
+        name: String,
+        /// The pid of the running VM.
+        pid: u32,
+    },
+    /// The plan pins a PU that another live VM holds (the planner ignored the held PUs).
+    #[error("the plan for VM {name} takes PU {pu}, which VM {holder} (pid {holder_pid}) holds")]
+    PuConflict {
+        /// The VM being admitted.
+        name: String,
+        /// The PU.
+        pu: u32,
+        /// The VM holding it.
+        holder: String,
+        /// Its pid.
+        holder_pid: u32,
+    },
+    /// No entry for this VM name and pid.
+    #[error("the ledger has no entry for VM {name} with pid {pid}")]
+    NotFound {
+        /// The name.
+        name: String,
+        /// The pid.
+        pid: u32,
+    },
+}
+
+fn corrupt_message(path: &std::path::Path, pid: Option<u32>, detail: &str) -> String {
+    let owner = match pid {
+        Some(pid) => format!(
+            "its process {pid} is still running, so the PUs it holds are unknown; stop that VM, \
+             or, if process {pid} is not a vmhost VM, delete the file"
+        ),
+        None => "its file name does not say which process owns it; delete the file if no VM \
+                 uses it"
+            .to_owned(),
+    };
+    format!(
+        "ledger entry {} is unreadable ({detail}) and {owner}; no VM is placed until then",
+        path.display()
+    )
+}
+
+/// Why [`crate::Ledger::admit`] failed: the ledger, or the planner.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError<E> {
+    /// The ledger refused or failed (nothing was recorded).
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The planner's error (e.g. the host cannot hold the VM); nothing was recorded.
+    #[error(transparent)]
+    Plan(E),
+}

@@ -1,0 +1,505 @@
+//! vmhost's host ledger: which VMs run on this host, and which PUs and hugepages each holds.
+//!
+//! Every VM is its own `vmhost` process. At start it is admitted through the ledger: under an
+//! exclusive lock the ledger drops the entries of dead processes, hands the PUs that live VMs
+//! hold to the planner, and records the new VM's plan before the lock is released. Two VMs
+//! starting at the same moment are serialized by the lock, so no PU is given twice.
+//!
+//! # On disk
+//!
+//! A run directory (default [`DEFAULT_RUN_DIR`], `/run/vmhost`) holds:
+//!
+//! ```text
+//! ledger.lock                      empty; flock(2)ed by every ledger operation
+//! vms/<name>.<pid>.<start>.json    one entry per VM (start: /proc/<pid>/stat field 22)
+//! vms/.<entry file>.tmp            a write in progress (or interrupted: removed by the next
+//!                                  exclusive operation)
+//! ```
+//!
+//! One file per VM (not one shared file) confines damage: a corrupt entry affects that VM only,
+//! and because its file name carries the owner's pid and process start time, a corrupt entry
+//! whose process is gone is deleted safely. An entry file is JSON (the `entry` value is
+//! pretty-printed in real files; shown compacted here):
+//!
+//! ```text
+//! {
+//! "format": "vmhost-ledger-entry",
+//! "version": 1,
+//! "crc32": 3994800446,
+//! "entry": { "name": "web-1", "pid": 4242, "proc_start_ticks": 987654,
+//!            "started_at_unix_ms": 1700000000000, "state": "running",
+//!            "vcpu_pus": [2, 3], "floating_cpus": [], "emulator_pus": [4],
+//!            "emulator_isolated": true,
+//!            "hugepages": [{ "node": 0, "page_size_bytes": 1073741824, "count": 2 }],
+//!            "memory": [{ "node": 0, "page_size_bytes": 1073741824, "bytes": 2147483648 }],
+//!            "api_socket": "/run/vmhost/web-1.sock" }
+//! }
+//! ```
+//!
+//! `crc32` (IEEE, as zlib) covers the exact bytes of the `entry` value; see [`Entry`] for the
+//! fields. Files are written atomically: temporary file in `vms/`, `fsync`, `rename(2)` over
+//! the entry, `fsync` of `vms/`.
+//!
+//! # Locking protocol
+//!
+//! Every operation opens `ledger.lock` afresh (a `flock` belongs to an open file description;
+//! a fresh one per operation makes threads of one process exclude each other too) and takes
+//! - `LOCK_EX` for [`Ledger::admit`], [`Ledger::release`], [`Ledger::update_state`],
+//!   [`Ledger::gc`]: read → reclaim → plan → write happen under it;
+//! - `LOCK_SH` for [`Ledger::list`].
+//!
+//! The kernel drops the lock when its holder dies, so a VM killed mid-admission blocks nobody.
+//!
+//! # Liveness and reclamation
+//!
+//! An entry is alive while a process with its pid exists, is not a zombie, and has the recorded
+//! start time (so a later process reusing the pid does not keep the PUs). A process that
+//! exists but whose `/proc/PID/stat` cannot be read counts as alive. Dead entries (crash,
+//! SIGKILL) are removed by the next [`Ledger::admit`] or by [`Ledger::gc`]; orderly stops call
+//! [`Ledger::release`]. All VMs must run in one pid namespace.
+//!
+//! # Faults
+//!
+//! - run directory or `vms/` missing: created by [`Ledger::open`] (as on first use; `/run` is
+//!   emptied only at boot, when no VM runs);
+//! - run directory not writable: [`LedgerError::CreateDir`] or [`LedgerError::OpenLock`] naming
+//!   the path;
+//! - an entry file empty, truncated, garbage, of another version, or altered (checksum): if its
+//!   process is gone it is deleted like any dead entry; if alive (or the file name names no
+//!   process), [`Ledger::admit`] refuses with [`LedgerError::Corrupt`] naming the file and what
+//!   to do — the ledger never guesses that PUs are free. [`Ledger::list`] reports such files
+//!   in [`Snapshot::unreadable`].
+//!
+//! # Hugepages
+//!
+//! The kernel's free-hugepage counts already exclude pages that running VMs allocated, but not
+//! pages an admitted VM has yet to allocate: [`Held::unallocated_hugepages`] sums the
+//! reservations of entries still in [`VmState::Starting`]; the VM moves to
+//! [`VmState::Running`] with [`Ledger::update_state`] once its guest memory is allocated.
+//!
+//! # Example
+//!
+//! ```
+//! use vmhost_ledger::{Ledger, VmState};
+//! use vmhost_plan::{plan, PlanOptions};
+//!
+//! let spec = vmhost_config::from_toml_str(
+//!     "name = \"web-1\"\n[cpu]\ncores = 2\ndedicated_cpu_placement = true\n\
+//!      [memory]\nguest = \"1Gi\"\n",
+//!     "vm.toml",
+//! )
+//! .unwrap()
+//! .spec;
+//! let host = vmhost_topology::load_synthetic("package:1 numa:1 core:4 pu:1").unwrap();
+//! let run_dir = tempfile::tempdir().unwrap();
+//! let ledger = Ledger::open(run_dir.path().join("vmhost")).unwrap();
+//!
+//! let pid = std::process::id();
+//! let admitted = ledger
+//!     .admit("web-1", pid, None, |held| {
+//!         let opts = PlanOptions { held_cpus: held.cpus.clone(), ..PlanOptions::default() };
+//!         plan(&spec, &host, &opts).into_result()
+//!     })
+//!     .unwrap();
+//! assert_eq!(admitted.entry.dedicated_pus().len(), 2);
+//!
+//! // The name is taken while this process lives.
+//! assert!(ledger.admit("web-1", pid, None, |_| plan(&spec, &host, &PlanOptions::default()).into_result()).is_err());
+//!
+//! ledger.update_state("web-1", pid, VmState::Running).unwrap();
+//! let snapshot = ledger.list().unwrap();
+//! assert_eq!(snapshot.entries[0].entry.state, VmState::Running);
+//! assert!(ledger.release("web-1", pid).unwrap());
+//! assert!(ledger.list().unwrap().entries.is_empty());
+//! ```
+#![warn(missing_docs)]
+
+mod entry;
+mod error;
+mod store;
+mod sys;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use vmhost_plan::Plan;
+
+pub use entry::{Entry, HugepageReservation, NodeMemory, VmState, FORMAT, VERSION};
+pub use error::{AdmitError, LedgerError};
+
+use entry::check_name;
+use store::Scanned;
+
+/// The default run directory.
+pub const DEFAULT_RUN_DIR: &str = "/run/vmhost";
+
+/// Whether the process behind an entry still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Liveness {
+    /// The process runs (or exists and cannot be inspected).
+    Alive,
+    /// The process is gone (or a zombie).
+    Exited,
+    /// A process with that pid runs, but it started at another time: not the VM.
+    PidReused,
+    /// The entry's file name names no process.
+    Unknown,
+}
+
+impl Liveness {
+    /// True when the entry's process is known to be gone.
+    pub fn is_dead(self) -> bool {
+        matches!(self, Liveness::Exited | Liveness::PidReused)
+    }
+}
+
+/// What live VMs hold, handed to the planner during [`Ledger::admit`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// PUs held exclusively by live VMs (dedicated vCPUs and isolated emulators): pass as
+    /// `PlanOptions::held_cpus`.
+    pub cpus: BTreeSet<u32>,
+    /// Hugepages reserved by live VMs still [`VmState::Starting`], per node and size: pages
+    /// the kernel still counts as free but that are promised.
+    pub unallocated_hugepages: Vec<HugepageReservation>,
+}
+
+/// A VM admitted by [`Ledger::admit`].
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    /// The plan the planner made (against the PUs other VMs hold).
+    pub plan: Plan,
+    /// The entry recorded for it.
+    pub entry: Entry,
+    /// Its entry file.
+    pub path: PathBuf,
+    /// Entries of dead processes removed on the way.
+    pub reclaimed: Vec<Reclaimed>,
+}
+
+/// A readable entry, as [`Ledger::list`] found it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Listed {
+    /// The entry file.
+    pub path: PathBuf,
+    /// Whether its process still runs.
+    pub liveness: Liveness,
+    /// The entry.
+    pub entry: Entry,
+}
+
+/// An entry file that could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Unreadable {
+    /// The file.
+    pub path: PathBuf,
+    /// VM name from the file name, when it is in ledger form.
+    pub name: Option<String>,
+    /// Pid from the file name, when it is in ledger form.
+    pub pid: Option<u32>,
+    /// Whether that process still runs.
+    pub liveness: Liveness,
+    /// What is wrong with the file.
+    pub detail: String,
+}
+
+/// Everything in the ledger, with liveness checked against `/proc`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Snapshot {
+    /// Readable entries, by file name.
+    pub entries: Vec<Listed>,
+    /// Files that could not be decoded.
+    pub unreadable: Vec<Unreadable>,
+}
+
+/// An entry removed because its process is gone.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Reclaimed {
+    /// The removed file.
+    pub path: PathBuf,
+    /// VM name.
+    pub name: String,
+    /// Pid of the dead process.
+    pub pid: u32,
+    /// Why it counts as dead.
+    pub liveness: Liveness,
+    /// The entry, when the file was readable.
+    pub entry: Option<Entry>,
+}
+
+/// The ledger of one run directory.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    run_dir: PathBuf,
+    vms_dir: PathBuf,
+    lock_path: PathBuf,
+}
+
+impl Ledger {
+    /// Opens the ledger in `run_dir`, creating the directory, `vms/` and the lock file when
+    /// missing; fails with the path when they cannot be created or opened for writing.
+    pub fn open(run_dir: impl Into<PathBuf>) -> Result<Ledger, LedgerError> {
+        let ledger = Ledger::at(run_dir.into());
+        for dir in [&ledger.run_dir, &ledger.vms_dir] {
+            std::fs::create_dir_all(dir).map_err(|source| LedgerError::CreateDir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        drop(store::lock(&ledger.lock_path, false, true)?);
+        Ok(ledger)
+    }
+
+    /// A ledger handle that creates nothing, for listing with read access only (e.g. `ps` by
+    /// an unprivileged user). [`Ledger::list`] of a run directory that does not exist is
+    /// empty; the other operations fail as the file system allows.
+    pub fn open_readonly(run_dir: impl Into<PathBuf>) -> Ledger {
+        Ledger::at(run_dir.into())
+    }
+
+    fn at(run_dir: PathBuf) -> Ledger {
+        Ledger {
+            vms_dir: run_dir.join(store::VMS_DIR),
+            lock_path: run_dir.join(store::LOCK_FILE),
+            run_dir,
+        }
+    }
+
+    /// The run directory.
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    /// Admits VM `name`, run by process `pid` (normally `std::process::id()`).
+    ///
+    /// Under the exclusive lock: removes dead entries, refuses when an entry file of a live (or
+    /// unknown) process is unreadable or when a live VM has the same name, calls `planner` with
+    /// what live VMs hold, checks that the plan uses no held PU, and records the entry in state
+    /// [`VmState::Starting`]. When the planner fails nothing is recorded.
+    pub fn admit<E, F>(
+        &self,
+        name: &str,
+        pid: u32,
+        api_socket: Option<PathBuf>,
+        planner: F,
+    ) -> Result<Admitted, AdmitError<E>>
+    where
+        F: FnOnce(&Held) -> Result<Plan, E>,
+    {
+        check_name(name).map_err(|reason| LedgerError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        })?;
+        let start_ticks = match sys::probe(pid) {
+            sys::Probe::Running { start_ticks } => start_ticks,
+            sys::Probe::Gone => return Err(LedgerError::ProcessNotRunning { pid }.into()),
+            sys::Probe::Unknown => return Err(LedgerError::ProcStat { pid }.into()),
+        };
+        let _lock = store::lock(&self.lock_path, true, true)?;
+        let (live, reclaimed) = reclaim(store::scan(&self.vms_dir, true)?, true)?;
+        if let Some(other) = live.iter().find(|e| e.name == name) {
+            return Err(LedgerError::NameInUse {
+                name: name.to_owned(),
+                pid: other.pid,
+            }
+            .into());
+        }
+        let held = held(&live);
+        let plan = planner(&held).map_err(AdmitError::Plan)?;
+        let entry = Entry::from_plan(name, pid, start_ticks, now_unix_ms(), api_socket, &plan);
+        check_conflicts(&entry, &live)?;
+        let file_name = entry.file_name();
+        let text = entry::encode(&entry).map_err(|source| LedgerError::Encode {
+            name: name.to_owned(),
+            source,
+        })?;
+        store::write_atomic(&self.vms_dir, &file_name, text.as_bytes())?;
+        Ok(Admitted {
+            plan,
+            path: self.vms_dir.join(file_name),
+            entry,
+            reclaimed,
+        })
+    }
+
+    /// Removes the entry of VM `name` run by `pid` (orderly stop). Returns false when there was
+    /// none.
+    pub fn release(&self, name: &str, pid: u32) -> Result<bool, LedgerError> {
+        let _lock = store::lock(&self.lock_path, true, true)?;
+        let mut found = false;
+        for s in store::scan(&self.vms_dir, true)? {
+            if s.key
+                .as_ref()
+                .is_some_and(|k| k.name == name && k.pid == pid)
+            {
+                store::remove(&s.path)?;
+                found = true;
+            }
+        }
+        Ok(found)
+    }
+
+    /// Records a new lifecycle state for VM `name` run by `pid`; returns the updated entry.
+    pub fn update_state(&self, name: &str, pid: u32, state: VmState) -> Result<Entry, LedgerError> {
+        let _lock = store::lock(&self.lock_path, true, true)?;
+        let scanned = store::scan(&self.vms_dir, true)?;
+        let s = scanned
+            .into_iter()
+            .find(|s| {
+                s.key
+                    .as_ref()
+                    .is_some_and(|k| k.name == name && k.pid == pid)
+            })
+            .ok_or_else(|| LedgerError::NotFound {
+                name: name.to_owned(),
+                pid,
+            })?;
+        let mut entry = s.entry.map_err(|detail| LedgerError::Corrupt {
+            path: s.path.clone(),
+            pid: Some(pid),
+            detail,
+        })?;
+        entry.state = state;
+        let text = entry::encode(&entry).map_err(|source| LedgerError::Encode {
+            name: name.to_owned(),
+            source,
+        })?;
+        store::write_atomic(&self.vms_dir, &entry.file_name(), text.as_bytes())?;
+        Ok(entry)
+    }
+
+    /// Every entry, with its process checked against `/proc`, under a shared lock.
+    pub fn list(&self) -> Result<Snapshot, LedgerError> {
+        let _lock = match store::lock(&self.lock_path, false, false) {
+            Ok(lock) => Some(lock),
+            Err(LedgerError::OpenLock { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let scanned = match store::scan(&self.vms_dir, false) {
+            Err(LedgerError::ReadDir { source, .. })
+                if _lock.is_none() && source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Ok(Snapshot::default())
+            }
+            other => other?,
+        };
+        let mut snapshot = Snapshot::default();
+        for s in scanned {
+            match s.entry {
+                Ok(entry) => snapshot.entries.push(Listed {
+                    path: s.path,
+                    liveness: s.liveness,
+                    entry,
+                }),
+                Err(detail) => snapshot.unreadable.push(Unreadable {
+                    path: s.path,
+                    name: s.key.as_ref().map(|k| k.name.clone()),
+                    pid: s.key.as_ref().map(|k| k.pid),
+                    liveness: s.liveness,
+                    detail,
+                }),
+            }
+        }
+        Ok(snapshot)
+    }
+
+    /// Removes the entries (readable or not) of processes that are gone, and leftover
+    /// temporary files; returns the removed entries. Unreadable entries of live processes are
+    /// left for the operator (see [`Ledger::list`]).
+    pub fn gc(&self) -> Result<Vec<Reclaimed>, LedgerError> {
+        let _lock = store::lock(&self.lock_path, true, true)?;
+        let (_, reclaimed) = reclaim(store::scan(&self.vms_dir, true)?, false)?;
+        Ok(reclaimed)
+    }
+}
+
+/// Removes the dead among `scanned`; returns the live readable entries and the removed ones.
+/// With `strict`, an unreadable entry that is not dead is an error.
+fn reclaim(
+    scanned: Vec<Scanned>,
+    strict: bool,
+) -> Result<(Vec<Entry>, Vec<Reclaimed>), LedgerError> {
+    let mut live = Vec::new();
+    let mut reclaimed = Vec::new();
+    for s in scanned {
+        match (s.key, s.entry) {
+            (Some(key), entry) if s.liveness.is_dead() => {
+                store::remove(&s.path)?;
+                reclaimed.push(Reclaimed {
+                    path: s.path,
+                    name: key.name,
+                    pid: key.pid,
+                    liveness: s.liveness,
+                    entry: entry.ok(),
+                });
+            }
+            (_, Ok(entry)) => live.push(entry),
+            (key, Err(detail)) if strict => {
+                return Err(LedgerError::Corrupt {
+                    path: s.path,
+                    pid: key.map(|k| k.pid),
+                    detail,
+                })
+            }
+            (_, Err(_)) => {}
+        }
+    }
+    Ok((live, reclaimed))
+}
+
+/// What the live entries hold.
+fn held(live: &[Entry]) -> Held {
+    let mut pages: BTreeMap<(Option<u32>, u64), u64> = BTreeMap::new();
+    for e in live.iter().filter(|e| e.state == VmState::Starting) {
+        for h in &e.hugepages {
+            *pages.entry((h.node, h.page_size_bytes)).or_default() += h.count;
+        }
+    }
+    Held {
+        cpus: live.iter().flat_map(Entry::dedicated_pus).collect(),
+        unallocated_hugepages: pages
+            .into_iter()
+            .map(|((node, page_size_bytes), count)| HugepageReservation {
+                node,
+                page_size_bytes,
+                count,
+            })
+            .collect(),
+    }
+}
+
+/// Refuses a plan that runs anything on a PU another live VM holds.
+fn check_conflicts(entry: &Entry, live: &[Entry]) -> Result<(), LedgerError> {
+    let used = entry
+        .vcpu_pus
+        .iter()
+        .flatten()
+        .chain(&entry.floating_cpus)
+        .chain(&entry.emulator_pus);
+    for pu in used {
+        if let Some(holder) = live.iter().find(|e| e.dedicated_pus().contains(pu)) {
+            return Err(LedgerError::PuConflict {
+                name: entry.name.clone(),
+                pu: *pu,
+                holder: holder.name.clone(),
+                holder_pid: holder.pid,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests;

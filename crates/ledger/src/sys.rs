@@ -1,0 +1,111 @@
+//! Raw system calls and `/proc` reads: `flock(2)`, `kill(pid, 0)` and a process's start time.
+//!
+//! All `unsafe` of the crate lives here.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+
+/// What `/proc` and `kill(pid, 0)` say about a process id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// A running (or sleeping, stopped…) process, with its start time in clock ticks after boot
+    /// (`/proc/PID/stat` field 22).
+    Running {
+        /// Start time in clock ticks after boot.
+        start_ticks: u64,
+    },
+    /// No such process, or a zombie (it has exited; only its exit status is left).
+    Gone,
+    /// The process exists (`kill(pid, 0)` did not say `ESRCH`) but `/proc/PID/stat` could not
+    /// be read or parsed (e.g. `/proc` mounted with `hidepid`).
+    Unknown,
+}
+
+/// Takes a `flock(2)` lock on `file`, exclusive or shared, waiting for it.
+///
+/// The lock belongs to the open file description: it is released when `file` is closed (also
+/// when the process dies), and a second descriptor of the same file conflicts with it even in
+/// the same process.
+pub(crate) fn flock(file: &File, exclusive: bool) -> io::Result<()> {
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    loop {
+        // SAFETY: `file` owns an open descriptor for the whole call, so `flock` acts on a
+        // valid fd; `flock` takes no pointers and touches no memory of this process.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// True when `kill(pid, 0)` says the process does not exist (`ESRCH`).
+fn no_such_process(pid: u32) -> bool {
+    // pid 0 and negative pids address process groups: never signal them.
+    let Ok(pid) = i32::try_from(pid) else {
+        return true;
+    };
+    if pid <= 0 {
+        return true;
+    }
+    // SAFETY: signal 0 performs only the existence and permission checks and delivers nothing;
+    // `pid` is a single positive process id (checked above), never a process group.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// Probes process `pid`.
+pub(crate) fn probe(pid: u32) -> Probe {
+    if no_such_process(pid) {
+        return Probe::Gone;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(text) => match parse_stat(&text) {
+            Some(('Z' | 'X', _)) => Probe::Gone,
+            Some((_, start_ticks)) => Probe::Running { start_ticks },
+            None => Probe::Unknown,
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Probe::Gone,
+        Err(_) => Probe::Unknown,
+    }
+}
+
+/// Parses `/proc/PID/stat`: (state, starttime). The command name (field 2) is in parentheses
+/// and may itself contain spaces and parentheses, so fields are counted after the last `)`.
+pub(crate) fn parse_stat(text: &str) -> Option<(char, u64)> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    // Field 3 (state) is the first after ')'; field 22 (starttime) is the 20th.
+    let state = fields.next()?.chars().next()?;
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_stat_counts_fields_after_the_last_parenthesis() {
+        let line = "4242 (we (ird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 3 1 0 0 20 0 1 0 \
+                    987654 1000 100 18446744073709551615";
+        assert_eq!(parse_stat(line), Some(('S', 987_654)));
+        assert_eq!(parse_stat("12 (x) S 1 2"), None);
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn probe_sees_this_process_and_not_pid_zero() {
+        assert!(matches!(probe(std::process::id()), Probe::Running { .. }));
+        assert_eq!(probe(0), Probe::Gone);
+        assert_eq!(probe(u32::MAX), Probe::Gone);
+    }
+}

@@ -1,0 +1,310 @@
+//! vmhost's guest memory: from a [`Plan`] to guest RAM that is allocated, bound to the right
+//! host NUMA node, faulted in there, laid out in guest-physical order, and audited.
+//!
+//! One backing file per guest cell: `memfd_create(MFD_HUGETLB)` by default, a file on a
+//! hugetlbfs mount when the plan names one, or a plain memfd with transparent hugepages
+//! requested for anonymous backing. Mappings are `MAP_SHARED`; hugepages are reserved when
+//! mapped, so a short pool fails at start, not with a `SIGBUS` in a running guest.
+//!
+//! [`GuestMemory::new`] runs the steps in order, each timed:
+//! 1. **admission** ([`host`]): the plan is re-checked against the live pools, the nodes and the
+//!    hugetlbfs mount; bad input fails here, before anything is allocated;
+//! 2. **allocate** ([`backing`]): backing files are created and mapped, reserving hugepages;
+//! 3. **bind**: each mapping gets `mbind(MPOL_BIND, node)` before its first touch;
+//! 4. **prefault** ([`prefault`]): pinned workers on each cell's node fault every page in.
+//!
+//! If a step fails, everything allocated so far is released before the error is returned (all
+//! resources are owned values, dropped on the error path). [`GuestMemory::audit`] then reads
+//! back where every page sits ([`audit`]); [`run_report`] does all of it plus the audit and the
+//! release, for `vmhost memory`.
+//!
+//! ```
+//! use vmhost_memory::{GuestMemory, MemoryOptions};
+//! use vmhost_plan::Backing;
+//! use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+//! # use std::collections::BTreeMap;
+//! # use vmhost_config::{BootSpec, CpuTopology, Payload};
+//! # use vmhost_plan::{EmulatorPlacement, Envelope, GuestCell, OverheadModel, Plan};
+//! # let cell = GuestCell {
+//! #     cell: 0, host_node: Some(0), vcpus: vec![0], memory_bytes: 16 << 20,
+//! #     prefault_cpus: vec![], distances: vec![10],
+//! # };
+//! # let plan = Plan {
+//! #     name: "doc".into(),
+//! #     guest_topology: CpuTopology { sockets: 1, cores: 1, threads: 1 },
+//! #     envelope: Envelope {
+//! #         overhead_model: OverheadModel::default(), guest_memory_bytes: 16 << 20,
+//! #         overhead_bytes: 0, overhead_terms: BTreeMap::new(), memory_request_bytes: 0,
+//! #         memory_limit_bytes: None, cpus: 1.0, dedicated_cpus: 0, hugepages: vec![],
+//! #     },
+//! #     vcpus: vec![], floating_cpus: vec![],
+//! #     emulator: EmulatorPlacement { host_cpus: vec![], isolated: false },
+//! #     guest_cells: vec![cell], backing: Backing::Anonymous,
+//! #     boot: BootSpec::Payload { payload: Payload::Touch }, notes: vec![],
+//! # };
+//! // A one-cell plan bound to host node 0, anonymous backing (no hugepages needed here).
+//! assert_eq!(plan.backing, Backing::Anonymous);
+//! let mem = GuestMemory::new(&plan, &MemoryOptions::default()).unwrap();
+//! assert_eq!(mem.memory().num_regions(), 1);
+//! assert_eq!(mem.layout().ram_end(), 16 << 20);
+//! mem.memory().write_obj(0xdead_beef_u32, GuestAddress(0x1000)).unwrap();
+//!
+//! let audit = mem.audit().unwrap();
+//! assert!(audit.is_clean(), "{:?}", audit.violations().collect::<Vec<_>>());
+//! assert_eq!(audit.regions[0].fraction_on_node(), 1.0);
+//! assert_eq!(audit.regions[0].policy, "bind:0");
+//! ```
+#![warn(missing_docs)]
+
+pub mod audit;
+pub mod backing;
+pub mod host;
+pub mod layout;
+pub mod prefault;
+mod report;
+pub mod sys;
+#[cfg(test)]
+mod testutil;
+
+use std::fs::File;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use vm_memory::{GuestMemoryMmap, GuestRegionCollectionError};
+use vmhost_plan::{Backing, Plan};
+
+pub use audit::{Audit, AuditError, RegionAudit, Violation};
+pub use backing::{BackingError, MappedRegion};
+pub use host::{Admission, AdmissionError, HostState};
+pub use layout::{GuestLayout, LayoutError, LayoutRegion, MMIO_HOLE_END, MMIO_HOLE_START};
+pub use prefault::{
+    PrefaultError, PrefaultMethod, PrefaultOptions, PrefaultStats, Progress, ProgressHook,
+};
+pub use report::{run_report, MemoryReport, Step, StepTime};
+
+/// Why guest memory could not be set up; each variant names the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// The admission re-check failed: nothing was allocated.
+    #[error("VM {vm}: guest memory does not fit this host now")]
+    Admission {
+        /// VM name.
+        vm: String,
+        /// The cause.
+        #[source]
+        source: AdmissionError,
+    },
+    /// The guest-physical layout could not be made: nothing was allocated.
+    #[error("VM {vm}: cannot lay out guest memory")]
+    Layout {
+        /// VM name.
+        vm: String,
+        /// The cause.
+        #[source]
+        source: LayoutError,
+    },
+    /// Creating, mapping or binding a backing failed; what was allocated has been released.
+    #[error("VM {vm}: cannot allocate guest memory")]
+    Backing {
+        /// VM name.
+        vm: String,
+        /// The cause.
+        #[source]
+        source: BackingError,
+    },
+    /// Prefaulting failed; all guest memory has been released.
+    #[error("VM {vm}: cannot prefault guest memory")]
+    Prefault {
+        /// VM name.
+        vm: String,
+        /// The cause.
+        #[source]
+        source: PrefaultError,
+    },
+    /// vm-memory rejected the regions.
+    #[error("VM {vm}: cannot assemble the guest memory regions")]
+    Regions {
+        /// VM name.
+        vm: String,
+        /// The cause.
+        #[source]
+        source: GuestRegionCollectionError,
+    },
+    /// The residency audit failed.
+    #[error("VM {vm}: cannot audit guest memory residency")]
+    Audit {
+        /// VM name.
+        vm: String,
+        /// The cause.
+        #[source]
+        source: AuditError,
+    },
+}
+
+/// Settings of [`GuestMemory::new`].
+#[derive(Debug, Clone)]
+pub struct MemoryOptions {
+    /// Prefault settings.
+    pub prefault: PrefaultOptions,
+    /// Where the host's sysfs is read (default `/sys`).
+    pub host: HostState,
+    /// The guest-physical hole below 4 GiB kept free of RAM (default
+    /// [`MMIO_HOLE_START`]..[`MMIO_HOLE_END`]); its bounds must be multiples of the page size.
+    pub mmio_hole: Range<u64>,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        MemoryOptions {
+            prefault: PrefaultOptions::default(),
+            host: HostState::default(),
+            mmio_hole: MMIO_HOLE_START..MMIO_HOLE_END,
+        }
+    }
+}
+
+/// Guest RAM of one VM: mapped, bound, prefaulted; released on drop.
+#[derive(Debug)]
+pub struct GuestMemory {
+    memory: GuestMemoryMmap,
+    layout: GuestLayout,
+    regions: Vec<MappedRegion>,
+    hugetlb: bool,
+    admission: Admission,
+    prefault: PrefaultStats,
+    timings: Vec<StepTime>,
+}
+
+fn timed<T>(timings: &mut Vec<StepTime>, step: Step, f: impl FnOnce() -> T) -> T {
+    let start = Instant::now();
+    let out = f();
+    timings.push(StepTime {
+        step,
+        seconds: start.elapsed().as_secs_f64(),
+    });
+    out
+}
+
+/// Creates every cell's backing file and maps its layout regions (reserving hugepages).
+fn allocate(plan: &Plan, layout: &GuestLayout) -> Result<Vec<MappedRegion>, BackingError> {
+    let mut cells: Vec<_> = plan.guest_cells.iter().collect();
+    cells.sort_by_key(|c| c.cell);
+    let mut regions = Vec::with_capacity(layout.regions.len());
+    for cell in cells {
+        let file: Arc<File> = Arc::new(backing::create_file(
+            &plan.name,
+            cell.cell,
+            cell.memory_bytes,
+            &plan.backing,
+        )?);
+        for l in layout.cell_regions(cell.cell) {
+            regions.push(backing::map_region(&file, *l, &plan.backing)?);
+        }
+    }
+    regions.sort_by_key(|r| r.layout.gpa);
+    Ok(regions)
+}
+
+impl GuestMemory {
+    /// Allocates, binds and prefaults the guest memory of `plan`.
+    ///
+    /// Fails before allocating anything when the plan does not fit the host as it is now
+    /// (pools, nodes, page sizes, hugetlbfs mount, page multiples); on a later failure all
+    /// memory allocated so far is released before returning.
+    pub fn new(plan: &Plan, opts: &MemoryOptions) -> Result<GuestMemory, MemoryError> {
+        let vm = || plan.name.clone();
+        let mut timings = Vec::new();
+        let admission = timed(&mut timings, Step::Admission, || {
+            host::check_admission(plan, &opts.host)
+        })
+        .map_err(|source| MemoryError::Admission { vm: vm(), source })?;
+        let layout = GuestLayout::from_plan(plan, opts.mmio_hole.clone())
+            .map_err(|source| MemoryError::Layout { vm: vm(), source })?;
+        let regions = timed(&mut timings, Step::Allocate, || allocate(plan, &layout))
+            .map_err(|source| MemoryError::Backing { vm: vm(), source })?;
+        timed(&mut timings, Step::Bind, || {
+            regions.iter().try_for_each(backing::bind_region)
+        })
+        .map_err(|source| MemoryError::Backing { vm: vm(), source })?;
+        let mut cells: Vec<_> = plan.guest_cells.iter().collect();
+        cells.sort_by_key(|c| c.cell);
+        let mut targets = Vec::with_capacity(cells.len());
+        let mut rest: &[MappedRegion] = &regions;
+        // Regions are in GPA order and cells are laid out in cell order, so each cell's
+        // regions are the next run of the slice.
+        for c in cells {
+            let n = rest.iter().take_while(|r| r.layout.cell == c.cell).count();
+            let (mine, tail) = rest.split_at(n);
+            targets.push(prefault::CellTarget {
+                cell: c.cell,
+                regions: mine,
+                cpus: &c.prefault_cpus,
+            });
+            rest = tail;
+        }
+        let stats = timed(&mut timings, Step::Prefault, || {
+            prefault::prefault(&targets, &opts.prefault)
+        })
+        .map_err(|source| MemoryError::Prefault { vm: vm(), source })?;
+        let memory = GuestMemoryMmap::from_arc_regions(
+            regions.iter().map(|r| Arc::clone(&r.region)).collect(),
+        )
+        .map_err(|source| MemoryError::Regions { vm: vm(), source })?;
+        Ok(GuestMemory {
+            memory,
+            layout,
+            regions,
+            hugetlb: matches!(plan.backing, Backing::Hugetlb { .. }),
+            admission,
+            prefault: stats,
+            timings,
+        })
+    }
+
+    /// The guest RAM, one region per layout region (one KVM memslot each).
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.memory
+    }
+
+    /// The guest-physical layout, for e820 and ACPI SRAT.
+    pub fn layout(&self) -> &GuestLayout {
+        &self.layout
+    }
+
+    /// The mapped regions with their cells and nodes, in guest-physical order.
+    pub fn regions(&self) -> &[MappedRegion] {
+        &self.regions
+    }
+
+    /// The pools the plan was admitted against.
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    /// What prefaulting did.
+    pub fn prefault_stats(&self) -> &PrefaultStats {
+        &self.prefault
+    }
+
+    /// Time taken by each step so far.
+    pub fn timings(&self) -> &[StepTime] {
+        &self.timings
+    }
+
+    /// Reads back where every page of guest RAM sits, and the policy in force.
+    pub fn audit(&self) -> Result<Audit, AuditError> {
+        let regions: Vec<&MappedRegion> = self.regions.iter().collect();
+        audit::audit(&regions, self.hugetlb)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn guest_memory_can_move_to_the_vm_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::GuestMemory>();
+        send_sync::<super::MemoryReport>();
+    }
+}

@@ -1,0 +1,410 @@
+//! Guest memory on real hugepages: binding and residency read back from the kernel, bad
+//! input rejected before anything is allocated, and nothing leaked on failure.
+//!
+//! The tests that allocate need free 2 MiB hugepages on node0 (at most 16 at once here, one
+//! 1 GiB page when the host has one); they fail with instructions when the pool is short,
+//! unless `VMHOST_SKIP_HUGEPAGE_TESTS=1`. The bad-input tests need no free page and always
+//! run. Each test holds the shared pool lock so pool counters are not disturbed by others.
+
+mod common;
+
+use common::*;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+use vmhost_memory::{
+    AdmissionError, BackingError, GuestMemory, MemoryError, MemoryOptions, PrefaultError,
+    PrefaultMethod, PrefaultOptions, Progress,
+};
+use vmhost_plan::Backing;
+
+fn opts() -> MemoryOptions {
+    MemoryOptions {
+        prefault: PrefaultOptions {
+            progress: Progress::Hidden,
+            ..PrefaultOptions::default()
+        },
+        ..MemoryOptions::default()
+    }
+}
+
+/// Asserts the audit and an independent read of numa_maps agree: all pages on node0, bound,
+/// hugetlb, of the page size.
+fn assert_resident_on_node0(mem: &GuestMemory, page: u64) {
+    let audit = mem.audit().expect("audit");
+    assert!(
+        audit.is_clean(),
+        "violations: {:?}",
+        audit.violations().collect::<Vec<_>>()
+    );
+    for r in &audit.regions {
+        let pages = r.size_bytes / page;
+        assert_eq!(r.pages, pages);
+        assert_eq!(r.pages_by_node.get(&0), Some(&pages), "{r:?}");
+        assert_eq!(r.pages_not_present, 0);
+        assert_eq!(r.fraction_on_node(), 1.0);
+        assert_eq!(r.policy, "bind:0");
+        assert_eq!(r.page_size_bytes, page);
+        let nm = r.numa_maps.as_ref().expect("numa_maps entry");
+        assert!(nm.huge);
+        assert_eq!(nm.kernel_page_size_bytes, page);
+        // Read numa_maps ourselves too.
+        let line = numa_maps_line(r.host_addr);
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(fields[1], "bind:0", "{line}");
+        assert!(fields.contains(&"huge"), "{line}");
+        assert!(fields.contains(&format!("N0={pages}").as_str()), "{line}");
+        let kb = format!("kernelpagesize_kB={}", page / 1024);
+        assert!(fields.contains(&kb.as_str()), "{line}");
+        assert!(
+            !fields
+                .iter()
+                .any(|f| f.starts_with('N') && !f.starts_with("N0=")),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn memfd_2m_cell_is_all_on_bound_node_per_audit_and_numa_maps() {
+    let _lock = lock_pool();
+    if !need_pages("memfd_2m_cell", PAGE_2M, 16) {
+        return;
+    }
+    let (free0, resv0) = pool(PAGE_2M);
+    let plan = plan("memfd2m", &[(Some(0), 32 * MIB)], hugetlb_2m());
+    let mem = GuestMemory::new(&plan, &opts()).expect("guest memory");
+    assert_eq!(
+        pool(PAGE_2M),
+        (free0 - 16, resv0),
+        "16 pages faulted in, none left reserved"
+    );
+    assert_eq!(mem.prefault_stats().method, PrefaultMethod::PopulateWrite);
+    assert_resident_on_node0(&mem, PAGE_2M);
+    let line = numa_maps_line(mem.regions()[0].host_addr() as u64);
+    assert!(line.contains("file=/memfd:vmhost:memfd2m:cell0"), "{line}");
+    mem.memory()
+        .write_obj(0x1234_5678_u32, GuestAddress(30 * MIB))
+        .expect("write");
+    assert_eq!(
+        mem.memory()
+            .read_obj::<u32>(GuestAddress(30 * MIB))
+            .expect("read"),
+        0x1234_5678
+    );
+    drop(mem);
+    assert_eq!(
+        pool(PAGE_2M),
+        (free0, resv0),
+        "all pages back in the pool after drop"
+    );
+}
+
+#[test]
+fn two_cells_with_pinned_prefault_workers_are_both_resident() {
+    let _lock = lock_pool();
+    if !need_pages("two_cells", PAGE_2M, 12) {
+        return;
+    }
+    let cpus = vmhost_memory::sys::current_affinity().expect("affinity");
+    let mut plan = plan(
+        "twocells",
+        &[(Some(0), 16 * MIB), (Some(0), 8 * MIB)],
+        hugetlb_2m(),
+    );
+    plan.guest_cells[0].prefault_cpus = cpus.clone();
+    plan.guest_cells[1].prefault_cpus = vec![cpus[cpus.len() - 1]];
+    let mut o = opts();
+    o.prefault.chunk_bytes = PAGE_2M; // 8 chunks: enough work for every CPU
+    let mem = GuestMemory::new(&plan, &o).expect("guest memory");
+    assert_eq!(mem.memory().num_regions(), 2);
+    assert_eq!(mem.layout().regions[1].gpa, 16 * MIB);
+    let stats = mem.prefault_stats();
+    assert_eq!(stats.cells[0].cpus, cpus[..cpus.len().min(8)].to_vec());
+    assert_eq!(stats.cells[1].cpus, vec![cpus[cpus.len() - 1]]);
+    assert_resident_on_node0(&mem, PAGE_2M);
+}
+
+#[test]
+fn touch_loop_prefault_gives_the_same_residency() {
+    let _lock = lock_pool();
+    if !need_pages("touch_loop", PAGE_2M, 8) {
+        return;
+    }
+    let plan = plan("touch", &[(Some(0), 16 * MIB)], hugetlb_2m());
+    let mut o = opts();
+    o.prefault.method = PrefaultMethod::Touch;
+    let mem = GuestMemory::new(&plan, &o).expect("guest memory");
+    assert_eq!(mem.prefault_stats().method, PrefaultMethod::Touch);
+    assert_resident_on_node0(&mem, PAGE_2M);
+}
+
+#[test]
+fn cell_straddling_the_mmio_hole_maps_one_memfd_twice() {
+    let _lock = lock_pool();
+    if !need_pages("straddle", PAGE_2M, 16) {
+        return;
+    }
+    let (free0, resv0) = pool(PAGE_2M);
+    let plan = plan("straddle", &[(Some(0), 32 * MIB)], hugetlb_2m());
+    let mut o = opts();
+    o.mmio_hole = 16 * MIB..32 * MIB; // a small hole stands in for 3..4 GiB
+    let mem = GuestMemory::new(&plan, &o).expect("guest memory");
+    let got: Vec<_> = mem
+        .layout()
+        .regions
+        .iter()
+        .map(|r| (r.cell, r.gpa, r.size_bytes, r.file_offset))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(0, 0, 16 * MIB, 0), (0, 32 * MIB, 16 * MIB, 16 * MIB)]
+    );
+    assert_eq!(mem.memory().num_regions(), 2);
+    assert!(mem.memory().find_region(GuestAddress(20 * MIB)).is_none());
+    assert_eq!(
+        pool(PAGE_2M).0,
+        free0 - 16,
+        "one 32 MiB file, no page mapped twice"
+    );
+    assert_resident_on_node0(&mem, PAGE_2M);
+    drop(mem);
+    assert_eq!(pool(PAGE_2M), (free0, resv0));
+}
+
+#[test]
+fn hugetlbfs_mount_backing_is_bound_and_leaves_no_file() {
+    let _lock = lock_pool();
+    if !need_pages("hugetlbfs_mount", PAGE_2M, 8) {
+        return;
+    }
+    let mount = Mount::hugetlbfs("backing", "2M");
+    let backing = Backing::Hugetlb {
+        page_size_bytes: PAGE_2M,
+        hugetlbfs: Some(mount.0.clone()),
+    };
+    let plan = plan("mounted", &[(Some(0), 16 * MIB)], backing);
+    let mem = GuestMemory::new(&plan, &opts()).expect("guest memory");
+    assert_resident_on_node0(&mem, PAGE_2M);
+    let entries = std::fs::read_dir(&mount.0).expect("read mount").count();
+    assert_eq!(entries, 0, "the backing file has no name in the mount");
+}
+
+/// Runs `plan` expecting failure, and checks the pool is exactly as before.
+fn fails_untouched(plan: &vmhost_plan::Plan) -> MemoryError {
+    let before = pool(PAGE_2M);
+    let err = GuestMemory::new(plan, &opts()).expect_err("must fail");
+    assert_eq!(
+        pool(PAGE_2M),
+        before,
+        "pool changed by a failed start: {err}"
+    );
+    err
+}
+
+#[test]
+fn short_pool_is_rejected_before_allocating() {
+    let _lock = lock_pool();
+    let (free, resv) = pool(PAGE_2M);
+    let want = free.saturating_sub(resv).max(node0_free(PAGE_2M)) + 1;
+    let plan = plan("short", &[(Some(0), want * PAGE_2M)], hugetlb_2m());
+    let err = fails_untouched(&plan);
+    let MemoryError::Admission { source, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        matches!(source, AdmissionError::NodeShort { node: 0, needed, .. } if *needed == want)
+            || matches!(source, AdmissionError::HostShort { needed, .. } if *needed == want),
+        "{source:?}"
+    );
+    assert!(
+        source
+            .to_string()
+            .contains(&format!("the plan needs {want}")),
+        "{source}"
+    );
+}
+
+#[test]
+fn page_size_the_host_lacks_is_rejected() {
+    let _lock = lock_pool();
+    let backing = Backing::Hugetlb {
+        page_size_bytes: 4 * MIB,
+        hugetlbfs: None,
+    };
+    let err = fails_untouched(&plan("size", &[(Some(0), 16 * MIB)], backing));
+    let MemoryError::Admission { source, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        matches!(source, AdmissionError::PageSizeNotEnabled { page_size_bytes, .. } if *page_size_bytes == 4 * MIB)
+    );
+    assert!(
+        source
+            .to_string()
+            .starts_with("the host kernel has no 4Mi hugepages"),
+        "{source}"
+    );
+}
+
+#[test]
+fn node_that_does_not_exist_is_rejected() {
+    let _lock = lock_pool();
+    let err = fails_untouched(&plan(
+        "nonode",
+        &[(Some(0), 4 * MIB), (Some(63), 4 * MIB)],
+        hugetlb_2m(),
+    ));
+    let MemoryError::Admission { source, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        matches!(
+            source,
+            AdmissionError::NodeMissing {
+                cell: 1,
+                node: 63,
+                ..
+            }
+        ),
+        "{source:?}"
+    );
+    assert!(err.to_string().contains("nonode"), "{err}");
+}
+
+#[test]
+fn memory_not_a_multiple_of_the_page_size_is_rejected() {
+    let _lock = lock_pool();
+    let err = fails_untouched(&plan("odd", &[(Some(0), 3 * MIB)], hugetlb_2m()));
+    let MemoryError::Admission { source, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        matches!(source, AdmissionError::NotPageMultiple { cell: 0, .. }),
+        "{source:?}"
+    );
+}
+
+#[test]
+fn hugetlbfs_path_that_is_not_hugetlbfs_is_rejected() {
+    let _lock = lock_pool();
+    let backing = Backing::Hugetlb {
+        page_size_bytes: PAGE_2M,
+        hugetlbfs: Some("/proc".into()),
+    };
+    let err = fails_untouched(&plan("nothp", &[(Some(0), 4 * MIB)], backing));
+    let MemoryError::Admission { source, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        matches!(source, AdmissionError::NotHugetlbfs { .. }),
+        "{source:?}"
+    );
+}
+
+#[test]
+fn hugetlbfs_mount_with_another_page_size_is_rejected() {
+    let _lock = lock_pool();
+    let mount = Mount::hugetlbfs("1g", "1G");
+    let backing = Backing::Hugetlb {
+        page_size_bytes: PAGE_2M,
+        hugetlbfs: Some(mount.0.clone()),
+    };
+    let err = fails_untouched(&plan("wrongsize", &[(Some(0), 4 * MIB)], backing));
+    let MemoryError::Admission { source, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        matches!(source, AdmissionError::HugetlbfsPageSize { mount_page_size_bytes, .. } if *mount_page_size_bytes == PAGE_1G),
+        "{source:?}"
+    );
+    assert!(
+        source
+            .to_string()
+            .contains("serves 1Gi pages, the plan asks for 2Mi"),
+        "{source}"
+    );
+}
+
+#[test]
+fn failure_after_allocation_releases_everything() {
+    let _lock = lock_pool();
+    if !need_pages("failure_releases", PAGE_2M, 12) {
+        return;
+    }
+    // Cell 0 is fine; cell 1's prefault worker cannot be pinned (no CPU 4000), which is only
+    // found out after both cells are mapped and reserved and cell 0 is being faulted in.
+    let mut plan = plan(
+        "rollback",
+        &[(Some(0), 16 * MIB), (Some(0), 8 * MIB)],
+        hugetlb_2m(),
+    );
+    plan.guest_cells[1].prefault_cpus = vec![4000];
+    let err = fails_untouched(&plan);
+    assert!(
+        matches!(
+            &err,
+            MemoryError::Prefault {
+                source: PrefaultError::Pin {
+                    cell: 1,
+                    cpu: 4000,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // And a mapping failure after a first cell was mapped: the second cell's layout region
+    // cannot be bound (node 999 passes no admission, so bind it by hand on a mapped region).
+    let file = std::sync::Arc::new(
+        vmhost_memory::backing::create_file("rollback", 0, 4 * MIB, &hugetlb_2m()).expect("memfd"),
+    );
+    let before = pool(PAGE_2M);
+    let l = vmhost_memory::LayoutRegion {
+        cell: 0,
+        host_node: Some(999),
+        gpa: 0,
+        size_bytes: 4 * MIB,
+        file_offset: 0,
+    };
+    let region = vmhost_memory::backing::map_region(&file, l, &hugetlb_2m()).expect("map");
+    assert_eq!(
+        pool(PAGE_2M),
+        (before.0, before.1 + 2),
+        "mapping reserves the pages"
+    );
+    let err = vmhost_memory::backing::bind_region(&region).expect_err("no node999");
+    assert!(
+        matches!(err, BackingError::Bind { node: 999, .. }),
+        "{err:?}"
+    );
+    drop(region);
+    drop(file);
+    assert_eq!(pool(PAGE_2M), before);
+}
+
+#[test]
+fn one_gib_pages_when_the_host_has_them() {
+    let _lock = lock_pool();
+    if skipping("one_gib_pages") {
+        return;
+    }
+    let dir = std::path::Path::new("/sys/kernel/mm/hugepages/hugepages-1048576kB");
+    let (free, resv) = if dir.exists() { pool(PAGE_1G) } else { (0, 0) };
+    if free.saturating_sub(resv) < 1 || node0_free(PAGE_1G) < 1 {
+        println!(
+            "SKIP one_gib_pages: no free 1 GiB hugepage on node0 (the kernel may not grant them; \
+             try `echo 1 > {}/nr_hugepages`)",
+            dir.display()
+        );
+        return;
+    }
+    let backing = Backing::Hugetlb {
+        page_size_bytes: PAGE_1G,
+        hugetlbfs: None,
+    };
+    let plan = plan("onegib", &[(Some(0), PAGE_1G)], backing);
+    let mem = GuestMemory::new(&plan, &opts()).expect("guest memory");
+    assert_resident_on_node0(&mem, PAGE_1G);
+    drop(mem);
+    assert_eq!(pool(PAGE_1G), (free, resv));
+}
