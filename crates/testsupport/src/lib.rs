@@ -17,9 +17,11 @@ pub const SKIP_HUGEPAGES: &str = "VMHOST_SKIP_HUGEPAGE_TESTS";
 /// Opt-out variable for tests that need `/dev/kvm`.
 pub const SKIP_KVM: &str = "VMHOST_SKIP_KVM_TESTS";
 
-/// An exclusive `flock` held until dropped.
+/// An exclusive `flock` held until dropped (closing the file releases it).
 #[derive(Debug)]
-pub struct HostLock(File);
+pub struct HostLock {
+    _file: File,
+}
 
 fn lock(path: &str) -> HostLock {
     let f = File::options()
@@ -30,7 +32,7 @@ fn lock(path: &str) -> HostLock {
     // SAFETY: `f` is an open file descriptor for the whole call; flock only locks it.
     let ret = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
     assert_eq!(ret, 0, "flock {path}: {}", std::io::Error::last_os_error());
-    HostLock(f)
+    HostLock { _file: f }
 }
 
 /// Held while a test uses the hugepage pool.
