@@ -10,6 +10,7 @@ run: setup
 	$(CARGO) run --release --quiet --
 
 test: setup
+	bash crates/boot/scripts/fetch-test-kernel.sh
 	bash scripts/with-hugepages.sh $(CARGO) test --workspace
 
 lint: setup

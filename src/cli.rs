@@ -34,6 +34,20 @@ pub enum Command {
     /// each step (a check of the host before starting VMs). Exit 1 when the audit finds pages
     /// off their node.
     Memory(MemoryArgs),
+    /// Write the guest's ACPI tables (RSDP, XSDT, FACP, DSDT, APIC, SRAT, SLIT) as .dat files,
+    /// for `iasl -d` and other inspection.
+    Acpi(AcpiArgs),
+}
+
+/// `vmhost acpi`.
+#[derive(Debug, Args)]
+pub struct AcpiArgs {
+    /// Directory to write the tables into (created when missing).
+    #[arg(long)]
+    pub out: std::path::PathBuf,
+    /// The host to plan on (default: this host).
+    #[command(flatten)]
+    pub plan: PlanArgs,
 }
 
 /// `vmhost memory`.

@@ -11,7 +11,7 @@ use clap::Parser;
 use vmhost_config::{ConfigError, LoadedSpec};
 use vmhost_plan::{check_target, plan, render_text, OverheadModel, PlanOptions};
 
-use crate::cli::{Cli, Command, MemoryArgs, ModelArg, PlanArgs};
+use crate::cli::{AcpiArgs, Cli, Command, MemoryArgs, ModelArg, PlanArgs};
 
 /// The default spec, embedded so `vmhost` runs without any file.
 const QUICKSTART: &str = include_str!("../configs/quickstart.toml");
@@ -66,6 +66,7 @@ fn run(cli: &Cli) -> Result<u8> {
             Ok(0)
         }
         Some(Command::Memory(args)) => cmd_memory(cli, args),
+        Some(Command::Acpi(args)) => cmd_acpi(cli, args),
         Some(Command::CheckTarget(args)) => {
             let spec = load_spec(cli)?;
             let target = host::load(&args.plan.host)?;
@@ -152,4 +153,18 @@ fn cmd_memory(cli: &Cli, args: &MemoryArgs) -> Result<u8> {
         print!("{report}");
     }
     Ok(if report.clean { 0 } else { 1 })
+}
+
+fn cmd_acpi(cli: &Cli, args: &AcpiArgs) -> Result<u8> {
+    use vmhost_memory::{GuestLayout, MMIO_HOLE_END, MMIO_HOLE_START};
+    let plan = plan_here(cli, &args.plan)?;
+    let layout = GuestLayout::from_plan(&plan, MMIO_HOLE_START..MMIO_HOLE_END)?;
+    let tables = vmhost_boot::build_acpi(&plan, &layout, vmhost_boot::addrs::ACPI_START)?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating --out {}", args.out.display()))?;
+    let files = vmhost_boot::write_tables(&tables, &args.out)?;
+    for f in &files {
+        println!("{}", f.display());
+    }
+    Ok(0)
 }

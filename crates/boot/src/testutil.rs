@@ -1,0 +1,98 @@
+//! Plans and guest memory built by hand for unit tests.
+
+use std::collections::BTreeMap;
+
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vmhost_config::{BootSpec, CpuTopology, Payload};
+use vmhost_memory::{GuestLayout, MMIO_HOLE_END, MMIO_HOLE_START};
+use vmhost_plan::{
+    Backing, EmulatorPlacement, Envelope, GuestCell, OverheadModel, Plan, VcpuPlacement,
+};
+
+/// A plan with vCPUs `(apic_id, guest_cell)` and cells `(memory_bytes, distances)`.
+pub fn plan(vcpus: &[(u32, u32)], cells: &[(u64, Vec<u32>)]) -> Plan {
+    let vcpus: Vec<VcpuPlacement> = vcpus
+        .iter()
+        .zip(0u32..)
+        .map(|(&(apic_id, guest_cell), vcpu)| VcpuPlacement {
+            vcpu,
+            socket: 0,
+            core: vcpu,
+            thread: 0,
+            apic_id,
+            guest_cell,
+            host_cpu: None,
+            host_node: None,
+        })
+        .collect();
+    let guest_cells: Vec<GuestCell> = cells
+        .iter()
+        .zip(0u32..)
+        .map(|((memory_bytes, distances), cell)| GuestCell {
+            cell,
+            host_node: Some(cell),
+            vcpus: vcpus
+                .iter()
+                .filter(|v| v.guest_cell == cell)
+                .map(|v| v.vcpu)
+                .collect(),
+            memory_bytes: *memory_bytes,
+            prefault_cpus: Vec::new(),
+            distances: distances.clone(),
+        })
+        .collect();
+    Plan {
+        name: "test".to_string(),
+        guest_topology: CpuTopology {
+            sockets: 1,
+            cores: u32::try_from(vcpus.len()).unwrap(),
+            threads: 1,
+        },
+        envelope: Envelope {
+            overhead_model: OverheadModel::default(),
+            guest_memory_bytes: cells.iter().map(|c| c.0).sum(),
+            overhead_bytes: 0,
+            overhead_terms: BTreeMap::new(),
+            memory_request_bytes: 0,
+            memory_limit_bytes: None,
+            cpus: 0.0,
+            dedicated_cpus: 0,
+            hugepages: Vec::new(),
+        },
+        vcpus,
+        floating_cpus: Vec::new(),
+        emulator: EmulatorPlacement {
+            host_cpus: Vec::new(),
+            isolated: false,
+        },
+        guest_cells,
+        backing: Backing::Anonymous,
+        boot: BootSpec::Payload {
+            payload: Payload::Touch,
+        },
+        notes: Vec::new(),
+    }
+}
+
+/// Two cells of `cell_bytes` each, two vCPUs per cell (APIC IDs 0..4), distances 10/21.
+pub fn two_cell_plan(cell_bytes: u64) -> Plan {
+    plan(
+        &[(0, 0), (1, 0), (2, 1), (3, 1)],
+        &[(cell_bytes, vec![10, 21]), (cell_bytes, vec![21, 10])],
+    )
+}
+
+/// The plan's layout with the default MMIO hole.
+pub fn layout_of(plan: &Plan) -> GuestLayout {
+    GuestLayout::from_plan(plan, MMIO_HOLE_START..MMIO_HOLE_END).unwrap()
+}
+
+/// Anonymous guest memory with one region per layout region.
+pub fn guest_memory(layout: &GuestLayout) -> GuestMemoryMmap {
+    let ranges: Vec<(GuestAddress, usize)> = layout
+        .regions
+        .iter()
+        .map(|r| (GuestAddress(r.gpa), usize::try_from(r.size_bytes).unwrap()))
+        .collect();
+    GuestMemoryMmap::from_ranges(&ranges).unwrap()
+}
