@@ -1,0 +1,143 @@
+//! vmhost's control API: HTTP/1.1 with JSON bodies on a Unix socket, served by each
+//! `vmhost --config vm.toml --api-socket PATH` process, and the blocking client behind
+//! `vmhost ctl --api-socket PATH <command>`.
+//!
+//! This crate knows HTTP and sockets, not KVM: the VM side is the [`VmControl`] trait, which the
+//! binary implements. The server runs on a tokio current-thread runtime, either on a thread that
+//! [`serve`] starts (named `vmhost-api`, with a start hook so the caller can pin it as the
+//! emulator thread) or on the caller's own runtime via [`ApiListener::run`].
+//!
+//! # Routes
+//!
+//! | method | path             | answer                                                       |
+//! |--------|------------------|--------------------------------------------------------------|
+//! | `GET`  | `/vm`            | [`VmControl::info`]: state, spec, uptime                     |
+//! | `GET`  | `/vm/placement`  | [`VmControl::placement`]: live placement, deviations flagged |
+//! | `GET`  | `/vm/resources`  | [`VmControl::resources`]: envelope next to measured figures  |
+//! | `PUT`  | `/vm/pause`      | [`VmControl::pause`]                                         |
+//! | `PUT`  | `/vm/resume`     | [`VmControl::resume`]                                        |
+//! | `PUT`  | `/vm/shutdown`   | [`VmControl::shutdown`]                                      |
+//!
+//! A query string is ignored. A request body must be absent, empty or the JSON object `{}`.
+//! Every answer, errors included, is a JSON document (`Content-Type: application/json`); errors
+//! are `{"error": "..."}`. Each connection carries one request (`Connection: close`).
+//!
+//! # Status codes
+//!
+//! | code | when                                                                            |
+//! |------|---------------------------------------------------------------------------------|
+//! | 200  | the route's answer                                                              |
+//! | 400  | malformed request line, header or `Content-Length`; a body that is not `{}`     |
+//! | 404  | unknown path                                                                    |
+//! | 405  | known path, wrong method (with an `Allow` header)                               |
+//! | 408  | the request was not fully received within [`ServerLimits::request_timeout`]     |
+//! | 409  | [`ControlError::Conflict`], e.g. pausing a paused VM or resuming a stopped one   |
+//! | 411  | `Transfer-Encoding` (chunked bodies are not accepted; send `Content-Length`)      |
+//! | 413  | body larger than [`ServerLimits::max_body_bytes`]                               |
+//! | 431  | request head larger than [`ServerLimits::max_head_bytes`] or too many headers    |
+//! | 500  | [`ControlError::Failed`], or the [`VmControl`] implementation panicked          |
+//! | 503  | more than [`ServerLimits::max_connections`] connections open; closed at once    |
+//!
+//! None of these disturb the VM: a bad request never reaches [`VmControl`], and the server keeps
+//! serving.
+//!
+//! # Socket
+//!
+//! The socket is created with mode `0600` (bound under a temporary name, chmodded, then linked
+//! into place, so it is never reachable with a wider mode). An existing socket at the path is
+//! replaced only when it is stale (connecting is refused); a live socket or any other kind of
+//! file makes binding fail. Stopping the server removes the socket, if it is still ours.
+#![warn(missing_docs)]
+
+mod client;
+mod http;
+mod routes;
+mod server;
+mod socket;
+
+use std::time::Duration;
+
+pub use client::{request, request_with_timeout, ApiResponse, ClientError, DEFAULT_CLIENT_TIMEOUT};
+pub use server::{serve, ApiListener, ApiServer, ServeError, ThreadStartHook};
+pub use socket::BindError;
+
+/// The VM side of the API, implemented by the binary.
+///
+/// Methods run on the API thread (the emulator thread when the binary pins it) and block it
+/// while they run, so they should return promptly: pausing should signal and wait for the vCPUs,
+/// not for the guest. A panic in a method is caught and answered with 500. A method must not
+/// stop or drop the [`ApiServer`] (that joins the thread it runs on): signal the main thread,
+/// which stops the server.
+pub trait VmControl: Send + Sync + 'static {
+    /// `GET /vm`: the VM's state (`created`, `running`, `paused`, `stopped`), spec and uptime.
+    fn info(&self) -> serde_json::Value;
+    /// `GET /vm/placement`: live placement read from `/proc`, with deviations from the plan.
+    fn placement(&self) -> serde_json::Value;
+    /// `GET /vm/resources`: the plan's envelope next to measured figures.
+    fn resources(&self) -> serde_json::Value;
+    /// `PUT /vm/pause`: pause all vCPUs.
+    fn pause(&self) -> Result<serde_json::Value, ControlError>;
+    /// `PUT /vm/resume`: resume paused vCPUs.
+    fn resume(&self) -> Result<serde_json::Value, ControlError>;
+    /// `PUT /vm/shutdown`: stop the VM (the process then exits and stops the server).
+    fn shutdown(&self) -> Result<serde_json::Value, ControlError>;
+}
+
+/// Why a [`VmControl`] action was not carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The VM is in a state that does not allow the action ("already paused", "not running").
+    /// Answered with 409 Conflict.
+    #[error("{0}")]
+    Conflict(String),
+    /// The action was attempted and failed. Answered with 500 and the error chain.
+    #[error("{action} failed")]
+    Failed {
+        /// What was attempted, e.g. "pausing vCPU 3".
+        action: String,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl ControlError {
+    /// The HTTP status this error is answered with.
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::Conflict(_) => 409,
+            Self::Failed { .. } => 500,
+        }
+    }
+}
+
+/// Bounds that keep a misbehaving client from disturbing the VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Largest accepted request body; a larger `Content-Length` gets 413. Default 64 KiB.
+    pub max_body_bytes: usize,
+    /// Largest accepted request head (request line and headers); more gets 431. Default 8 KiB.
+    pub max_head_bytes: usize,
+    /// Most connections served at once; one more gets 503 and is closed. Default 16.
+    pub max_connections: usize,
+    /// Time to receive a whole request, head and body; past it the answer is 408. Default 10 s.
+    pub request_timeout: Duration,
+    /// Time to write an answer before the connection is dropped. Default 10 s.
+    pub write_timeout: Duration,
+    /// On stop, how long connections in progress may finish before they are dropped.
+    /// Default 2 s.
+    pub stop_grace: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 64 * 1024,
+            max_head_bytes: 8 * 1024,
+            max_connections: 16,
+            request_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
+            stop_grace: Duration::from_secs(2),
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! Routing a well-formed request to [`VmControl`]: path (404), method (405), body (400), then
+//! the call itself (200, 409, 500), with panics in the implementation caught.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::http::{Request, Response};
+use crate::{ControlError, VmControl};
+
+/// What a route does.
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Info,
+    Placement,
+    Resources,
+    Pause,
+    Resume,
+    Shutdown,
+}
+
+/// Every route: path, the one method it accepts, and its action.
+const ROUTES: &[(&str, &str, Action)] = &[
+    ("/vm", "GET", Action::Info),
+    ("/vm/placement", "GET", Action::Placement),
+    ("/vm/resources", "GET", Action::Resources),
+    ("/vm/pause", "PUT", Action::Pause),
+    ("/vm/resume", "PUT", Action::Resume),
+    ("/vm/shutdown", "PUT", Action::Shutdown),
+];
+
+/// Answers one request.
+pub(crate) fn route(request: &Request, control: &dyn VmControl) -> Response {
+    let Some(&(path, method, action)) = ROUTES.iter().find(|(path, ..)| *path == request.path)
+    else {
+        let known: Vec<String> = ROUTES.iter().map(|(p, m, _)| format!("{m} {p}")).collect();
+        return Response::error(
+            404,
+            format!(
+                "no such path {:?}; the API has {}",
+                request.path,
+                known.join(", ")
+            ),
+        );
+    };
+    if request.method != method {
+        let mut response = Response::error(
+            405,
+            format!(
+                "method {} is not allowed on {path}; use {method}",
+                request.method
+            ),
+        );
+        response.allow = Some(method);
+        return response;
+    }
+    if let Err(message) = check_body(&request.body) {
+        return Response::error(400, message);
+    }
+    match catch_unwind(AssertUnwindSafe(|| call(control, action))) {
+        Ok(Ok(body)) => Response::ok(body),
+        Ok(Err(err)) => Response::error(err.status(), error_chain(&err)),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            tracing::error!(path, panic = %what, "VmControl panicked");
+            Response::error(500, format!("internal error while serving {method} {path}"))
+        }
+    }
+}
+
+/// Calls the action's [`VmControl`] method.
+fn call(control: &dyn VmControl, action: Action) -> Result<serde_json::Value, ControlError> {
+    match action {
+        Action::Info => Ok(control.info()),
+        Action::Placement => Ok(control.placement()),
+        Action::Resources => Ok(control.resources()),
+        Action::Pause => control.pause(),
+        Action::Resume => control.resume(),
+        Action::Shutdown => control.shutdown(),
+    }
+}
+
+/// A body must be absent, empty (whitespace) or the JSON object `{}`.
+fn check_body(body: &[u8]) -> Result<(), String> {
+    if body.trim_ascii().is_empty() {
+        return Ok(());
+    }
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|err| format!("request body is not valid JSON: {err}"))?;
+    match value.as_object() {
+        Some(fields) if fields.is_empty() => Ok(()),
+        Some(fields) => {
+            let names: Vec<&str> = fields.keys().map(String::as_str).collect();
+            Err(format!(
+                "unknown field(s) in request body: {}; the body must be empty or {{}}",
+                names.join(", ")
+            ))
+        }
+        None => Err("request body must be empty or the JSON object {}".to_owned()),
+    }
+}
+
+/// The error and its causes, `: `-separated.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies() {
+        for ok in [&b""[..], b"  \r\n", b"{}", b" { } "] {
+            assert!(check_body(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [&b"{"[..], b"[]", b"null", b"{\"force\":true}", b"\xff"] {
+            assert!(check_body(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn chain_is_joined() {
+        let err = ControlError::Failed {
+            action: "pausing vCPU 3".to_owned(),
+            source: "KVM_RUN interrupted".into(),
+        };
+        assert_eq!(
+            error_chain(&err),
+            "pausing vCPU 3 failed: KVM_RUN interrupted"
+        );
+        assert_eq!(err.status(), 500);
+    }
+}
