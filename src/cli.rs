@@ -9,12 +9,16 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[command(name = "vmhost", version, about, long_about = None)]
 pub struct Cli {
     /// VM spec (TOML, or KubeVirt VirtualMachineInstance / VirtualMachine YAML). Without a
-    /// subcommand, vmhost plans this VM on this host (the embedded quickstart when omitted).
+    /// subcommand, vmhost runs this VM on this host (the embedded quickstart when omitted).
     #[arg(long, global = true)]
     pub config: Option<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Keep the VM running when the guest touches an unknown I/O port or unmapped memory
+    /// (logged); by default such an access stops the VM.
+    #[arg(long)]
+    pub ignore_unknown_access: bool,
     /// What to do.
     #[command(subcommand)]
     pub command: Option<Command>,

@@ -2,6 +2,7 @@
 
 mod cli;
 mod host;
+mod run;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -54,7 +55,16 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli) -> Result<u8> {
     match &cli.command {
-        None => cmd_plan(cli, &PlanArgs::default()),
+        None => {
+            let plan = plan_here(cli, &PlanArgs::default())?;
+            run::run(
+                &plan,
+                run::RunOptions {
+                    ignore_unknown: cli.ignore_unknown_access,
+                    json: cli.json,
+                },
+            )
+        }
         Some(Command::Plan(args)) => cmd_plan(cli, args),
         Some(Command::Topology(args)) => {
             let host = host::load(args)?;

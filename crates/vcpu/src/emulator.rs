@@ -1,0 +1,314 @@
+//! The emulator thread, `vmhost-emu`: pinned to the plan's emulator PUs, it starts the vCPU
+//! threads, opens the start gate once all of them are pinned and configured (reading thread
+//! placement back from `/proc` at that moment), then runs the event loop: it takes what leaves
+//! the vCPU threads (ready doorbells, ends), stops the whole VM when one vCPU fails, joins every
+//! thread and reads each vCPU's results from its mailbox.
+
+use std::sync::mpsc::{self, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use vm_memory::GuestMemoryMmap;
+
+use crate::arch::BootLayout;
+use crate::control::{Control, Gate, StopReason};
+use crate::payload::{self, PayloadKind, PayloadResult};
+use crate::placement::thread_placements;
+use crate::report::{RunReport, RunStatus, VcpuOutcome, VcpuReport};
+use crate::sys;
+use crate::vcpu::{thread_main, Event, VcpuConfig, VcpuContext};
+use crate::vm::VmError;
+
+/// Per-vCPU facts the report needs.
+#[derive(Debug, Clone)]
+pub(crate) struct VcpuMeta {
+    pub vcpu: u32,
+    pub apic_id: u32,
+    pub host_cpu: Option<u32>,
+    pub guest_cell: u32,
+}
+
+/// What the emulator thread runs.
+pub(crate) struct EmulatorInput {
+    pub vm_name: String,
+    pub kind: PayloadKind,
+    pub emulator_cpus: Vec<u32>,
+    pub configs: Vec<VcpuConfig>,
+    pub meta: Vec<VcpuMeta>,
+    /// Guest cells in benchmark order.
+    pub bench_cells: Vec<u32>,
+    pub ctx: VcpuContext,
+    pub run_start: Instant,
+    pub vm_setup_seconds: f64,
+    pub on_start: Option<crate::vm::StartHook>,
+}
+
+struct Tally {
+    outcome: Option<VcpuOutcome>,
+    exits: u64,
+    ignored: u64,
+    first_doorbell: Option<Instant>,
+    end: Option<Instant>,
+}
+
+/// Body of the `vmhost-emu` thread.
+pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport, VmError> {
+    if !input.emulator_cpus.is_empty() {
+        sys::pin_current_thread(&input.emulator_cpus).map_err(|source| VmError::PinEmulator {
+            cpus: input.emulator_cpus.clone(),
+            source,
+        })?;
+    }
+    let n = input.configs.len();
+    let gate = Arc::clone(&input.ctx.gate);
+    let (threads, spawn_error) = spawn_vcpus(input.configs, &input.ctx);
+    // Only the vCPU threads hold senders now: `recv` fails if they all die.
+    let ctx = input.ctx;
+    drop(ctx.events);
+    let setup = wait_setup(&rx, threads.len());
+    let tsc_khz = match (spawn_error, setup) {
+        (None, Ok(tsc)) => tsc,
+        (Some(e), _) | (None, Err(e)) => {
+            gate.open(false);
+            join_all(threads);
+            return Err(e);
+        }
+    };
+    let vcpu_setup_seconds = input.run_start.elapsed().as_secs_f64();
+    let placements = thread_placements().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot read thread placement back");
+        Vec::new()
+    });
+    if let Some(hook) = &input.on_start {
+        (hook.0)(&placements);
+    }
+    let start = Instant::now();
+    gate.open(true);
+    let tallies = event_loop(&rx, n, &ctx.control);
+    if let Some(vcpu) = join_all(threads) {
+        return Err(VmError::VcpuPanicked { vcpu });
+    }
+    let run_seconds = start.elapsed().as_secs_f64();
+    let clock = Clock { start, run_seconds };
+    let reads = Readout {
+        kind: input.kind,
+        bench_cells: &input.bench_cells,
+        tsc_khz,
+    };
+    let vcpus = vcpu_reports(
+        (&ctx.boot_mem, &ctx.boot),
+        tallies,
+        input.meta,
+        &clock,
+        &reads,
+    )?;
+    let startup_seconds = vcpus
+        .iter()
+        .map(|v| v.first_doorbell_seconds.unwrap_or(v.seconds))
+        .fold(0.0, f64::max);
+    Ok(RunReport {
+        vm: input.vm_name,
+        payload: input.kind,
+        status: run_status(&vcpus, ctx.control.reason()),
+        vcpus,
+        placements,
+        tsc_khz,
+        vm_setup_seconds: input.vm_setup_seconds,
+        vcpu_setup_seconds,
+        startup_seconds,
+        run_seconds,
+    })
+}
+
+/// Starts one `vcpu<N>` thread per config; stops at the first failure to start one.
+fn spawn_vcpus(
+    configs: Vec<VcpuConfig>,
+    ctx: &VcpuContext,
+) -> (Vec<JoinHandle<()>>, Option<VmError>) {
+    let mut threads = Vec::with_capacity(configs.len());
+    for cfg in configs {
+        let vcpu = cfg.index;
+        let ctx = ctx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("vcpu{vcpu}"))
+            .spawn(move || thread_main(cfg, ctx));
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(source) => return (threads, Some(VmError::SpawnVcpu { vcpu, source })),
+        }
+    }
+    (threads, None)
+}
+
+/// When the run started and how long it took.
+struct Clock {
+    start: Instant,
+    run_seconds: f64,
+}
+
+impl Clock {
+    fn since(&self, t: Option<Instant>) -> Option<f64> {
+        t.map(|t| t.saturating_duration_since(self.start).as_secs_f64())
+    }
+}
+
+/// How to read payload results.
+struct Readout<'a> {
+    kind: PayloadKind,
+    bench_cells: &'a [u32],
+    tsc_khz: u32,
+}
+
+/// Each vCPU's report, from its tally and its mailbox.
+fn vcpu_reports(
+    (boot_mem, boot): (&GuestMemoryMmap, &BootLayout),
+    tallies: Vec<Tally>,
+    meta: Vec<VcpuMeta>,
+    clock: &Clock,
+    reads: &Readout<'_>,
+) -> Result<Vec<VcpuReport>, VmError> {
+    let mut vcpus = Vec::with_capacity(tallies.len());
+    for (i, (t, meta)) in tallies.into_iter().zip(meta).enumerate() {
+        let m = payload::read_mailbox(boot_mem, boot.mailbox(i)).map_err(|source| {
+            VmError::Payload {
+                vcpu: Some(i),
+                source,
+            }
+        })?;
+        let outcome = t.outcome.unwrap_or(VcpuOutcome::NotStarted);
+        tracing::debug!(
+            vcpu = i,
+            status = m.status,
+            tsc_start = m.tsc_start,
+            tsc_end = m.tsc_end,
+            "mailbox"
+        );
+        let result = if outcome == VcpuOutcome::Done {
+            payload::collect(
+                reads.kind,
+                &m,
+                meta.guest_cell,
+                reads.bench_cells,
+                reads.tsc_khz,
+            )
+        } else {
+            PayloadResult::None
+        };
+        vcpus.push(VcpuReport {
+            vcpu: meta.vcpu,
+            apic_id: meta.apic_id,
+            host_cpu: meta.host_cpu,
+            guest_cell: meta.guest_cell,
+            outcome,
+            cpuid: payload::cpuid_results(&m),
+            result,
+            exits: t.exits,
+            ignored_accesses: t.ignored,
+            first_doorbell_seconds: clock.since(t.first_doorbell),
+            seconds: clock.since(t.end).unwrap_or(clock.run_seconds),
+        });
+    }
+    Ok(vcpus)
+}
+
+/// Waits for every vCPU's setup; the first error wins. Returns the TSC rate.
+fn wait_setup(rx: &Receiver<Event>, n: usize) -> Result<u32, VmError> {
+    let mut tsc = 0;
+    let mut first_err = None;
+    for _ in 0..n {
+        match rx.recv() {
+            Ok(Event::Setup {
+                result: Ok(khz), ..
+            }) => tsc = khz,
+            Ok(Event::Setup {
+                vcpu,
+                result: Err(source),
+            }) => {
+                first_err.get_or_insert(VmError::Vcpu { vcpu, source });
+            }
+            Ok(_) => {}
+            Err(_) => {
+                first_err.get_or_insert(VmError::VcpuPanicked { vcpu: usize::MAX });
+                break;
+            }
+        }
+    }
+    first_err.map_or(Ok(tsc), Err)
+}
+
+fn event_loop(rx: &Receiver<Event>, n: usize, control: &Control) -> Vec<Tally> {
+    let mut tallies: Vec<Tally> = (0..n)
+        .map(|_| Tally {
+            outcome: None,
+            exits: 0,
+            ignored: 0,
+            first_doorbell: None,
+            end: None,
+        })
+        .collect();
+    let mut finished = 0;
+    while finished < n {
+        let Ok(event) = rx.recv() else {
+            break; // every vCPU thread is gone; missing outcomes stay None
+        };
+        match event {
+            Event::Setup { .. } => {}
+            Event::Ready { vcpu, at } => {
+                tallies[vcpu].first_doorbell.get_or_insert(at);
+                tracing::debug!(vcpu, "guest ready");
+            }
+            Event::Finished {
+                vcpu,
+                outcome,
+                exits,
+                ignored,
+                at,
+            } => {
+                if outcome.is_failure() {
+                    tracing::error!(vcpu, %outcome, "vCPU failed: stopping the VM");
+                    control.request_stop(StopReason::GuestFailure);
+                } else {
+                    tracing::debug!(vcpu, %outcome, "vCPU ended");
+                }
+                let t = &mut tallies[vcpu];
+                if outcome == VcpuOutcome::Done {
+                    t.first_doorbell.get_or_insert(at);
+                }
+                (t.outcome, t.exits, t.ignored, t.end) = (Some(outcome), exits, ignored, Some(at));
+                finished += 1;
+            }
+        }
+    }
+    tallies
+}
+
+/// Joins every thread; returns the index of one that panicked, if any.
+fn join_all(threads: Vec<JoinHandle<()>>) -> Option<usize> {
+    let mut panicked = None;
+    for (i, t) in threads.into_iter().enumerate() {
+        if t.join().is_err() {
+            panicked.get_or_insert(i);
+        }
+    }
+    panicked
+}
+
+fn run_status(vcpus: &[VcpuReport], reason: Option<StopReason>) -> RunStatus {
+    if vcpus.iter().any(|v| v.outcome.is_failure()) || reason == Some(StopReason::GuestFailure) {
+        RunStatus::GuestFailed
+    } else if vcpus
+        .iter()
+        .all(|v| matches!(v.outcome, VcpuOutcome::Done | VcpuOutcome::Halted))
+    {
+        RunStatus::Completed
+    } else {
+        RunStatus::Stopped
+    }
+}
+
+/// A fresh event channel and start gate for one run.
+pub(crate) fn channel() -> (mpsc::Sender<Event>, Receiver<Event>, Arc<Gate>) {
+    let (tx, rx) = mpsc::channel();
+    (tx, rx, Arc::new(Gate::new()))
+}

@@ -1,0 +1,172 @@
+//! Thin wrappers over the raw calls this crate makes outside kvm-ioctls: CPU affinity, thread
+//! ids, and the real-time signal that kicks a vCPU thread out of `KVM_RUN`.
+//!
+//! Everything `unsafe` in the crate that is not a KVM call lives here (the memslot registration
+//! in `vm.rs` and the `kvm_run` pointer in `vcpu.rs` are the exceptions, next to their data).
+
+use std::io;
+use std::sync::Once;
+
+use libc::{c_int, c_void, siginfo_t};
+
+/// Pins the calling thread to `cpus` with `sched_setaffinity`.
+///
+/// An empty list is rejected with `EINVAL` (the kernel would reject it too).
+pub fn pin_current_thread(cpus: &[u32]) -> io::Result<()> {
+    if cpus.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let max = u32::try_from(8 * std::mem::size_of::<libc::cpu_set_t>()).unwrap_or(u32::MAX);
+    for &cpu in cpus {
+        if cpu >= max {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: `cpu` is below the bit size of the set, checked above.
+        unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+    }
+    // SAFETY: pid 0 names the calling thread; `set` is a valid, initialised cpu_set_t and the
+    // size passed is its size.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The affinity of the calling thread, as CPU numbers.
+#[cfg(test)]
+pub fn current_affinity() -> io::Result<Vec<u32>> {
+    // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 names the calling thread; the kernel writes at most `size_of` bytes to `set`.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: every index is below the bit size of the set.
+    Ok((0..max)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .filter_map(|c| u32::try_from(c).ok())
+        .collect())
+}
+
+/// The kernel thread id of the calling thread.
+pub fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// The pthread handle of the calling thread.
+pub fn pthread_self() -> libc::pthread_t {
+    // SAFETY: pthread_self has no preconditions and cannot fail.
+    unsafe { libc::pthread_self() }
+}
+
+/// The real-time signal that kicks vCPU threads out of `KVM_RUN` (`SIGRTMIN`).
+pub fn kick_signal() -> c_int {
+    vmm_sys_util::signal::SIGRTMIN()
+}
+
+extern "C" fn on_kick(_num: c_int, _info: *mut siginfo_t, _ctx: *mut c_void) {
+    // Nothing to do: delivery alone makes KVM_RUN return EINTR, and the kicker has already set
+    // `immediate_exit` for a vCPU that was about to enter.
+}
+
+static KICK_HANDLER: Once = Once::new();
+
+/// Installs the (empty) kick handler once per process, without `SA_RESTART`, and unblocks the
+/// kick signal in the calling thread.
+pub fn prepare_kick_signal() -> io::Result<()> {
+    let mut result = Ok(());
+    KICK_HANDLER.call_once(|| {
+        result = vmm_sys_util::signal::register_signal_handler(kick_signal(), on_kick)
+            .map_err(|e| io::Error::from_raw_os_error(e.errno()));
+    });
+    result?;
+    set_signal_mask(&[kick_signal()], libc::SIG_UNBLOCK)
+}
+
+/// Blocks (`SIG_BLOCK`) or unblocks (`SIG_UNBLOCK`) `signals` in the calling thread.
+pub fn set_signal_mask(signals: &[c_int], how: c_int) -> io::Result<()> {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it before any other use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t owned by this frame.
+    unsafe { libc::sigemptyset(&mut set) };
+    for &s in signals {
+        // SAFETY: `set` was initialised by sigemptyset; an invalid number fails with EINVAL.
+        if unsafe { libc::sigaddset(&mut set, s) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: `set` is initialised; a null old-set pointer is allowed.
+    let rc = unsafe { libc::pthread_sigmask(how, &set, std::ptr::null_mut()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
+}
+
+/// Waits for one of `signals` (which the caller has blocked) and returns its number.
+pub fn wait_signal(signals: &[c_int]) -> io::Result<c_int> {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it before any other use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t owned by this frame.
+    unsafe { libc::sigemptyset(&mut set) };
+    for &s in signals {
+        // SAFETY: `set` was initialised by sigemptyset.
+        unsafe { libc::sigaddset(&mut set, s) };
+    }
+    let mut sig: c_int = 0;
+    // SAFETY: `set` is initialised and `sig` is a valid place for the result.
+    let rc = unsafe { libc::sigwait(&set, &mut sig) };
+    if rc == 0 {
+        Ok(sig)
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
+}
+
+/// Sends the kick signal to `thread`.
+///
+/// # Safety
+///
+/// `thread` must be a thread of this process that has not been joined or detached-and-exited:
+/// POSIX leaves `pthread_kill` on a dead thread's handle undefined.
+pub unsafe fn kick_thread(thread: libc::pthread_t) -> io::Result<()> {
+    // SAFETY: the caller guarantees `thread` is alive (see above).
+    let rc = unsafe { libc::pthread_kill(thread, kick_signal()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_cpu_list_is_rejected() {
+        let err = pin_current_thread(&[]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+    }
+
+    #[test]
+    fn affinity_round_trips_in_a_scratch_thread() {
+        std::thread::spawn(|| {
+            let all = current_affinity().unwrap();
+            let first = all[0];
+            pin_current_thread(&[first]).unwrap();
+            assert_eq!(current_affinity().unwrap(), vec![first]);
+        })
+        .join()
+        .unwrap();
+    }
+}
