@@ -15,6 +15,9 @@ pub struct Cli {
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Run directory of the host ledger (default: $VMHOST_RUN_DIR, else /run/vmhost).
+    #[arg(long, global = true)]
+    pub run_dir: Option<PathBuf>,
     /// Keep the VM running when the guest touches an unknown I/O port or unmapped memory
     /// (logged); by default such an access stops the VM.
     #[arg(long)]
@@ -41,6 +44,15 @@ pub enum Command {
     /// Write the guest's ACPI tables (RSDP, XSDT, FACP, DSDT, APIC, SRAT, SLIT) as .dat files,
     /// for `iasl -d` and other inspection.
     Acpi(AcpiArgs),
+    /// The VMs running on this host: name, pid, state, vCPUs → PUs, emulator PUs, memory per
+    /// node, API socket (from the host ledger, checked against /proc).
+    Ps,
+    /// The host ledger's raw state; `vmhost ledger gc` reclaims entries of dead VMs.
+    Ledger {
+        /// `gc`: remove entries whose process is gone.
+        #[arg(value_parser = ["gc"])]
+        action: Option<String>,
+    },
 }
 
 /// `vmhost acpi`.

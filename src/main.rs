@@ -3,6 +3,7 @@
 mod cli;
 mod host;
 mod run;
+mod vms;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -55,16 +56,13 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli) -> Result<u8> {
     match &cli.command {
-        None => {
-            let plan = plan_here(cli, &PlanArgs::default())?;
-            run::run(
-                &plan,
-                run::RunOptions {
-                    ignore_unknown: cli.ignore_unknown_access,
-                    json: cli.json,
-                },
-            )
-        }
+        None => cmd_run(cli),
+        Some(Command::Ps) => vms::ps(&vms::run_dir(cli.run_dir.as_deref()), cli.json),
+        Some(Command::Ledger { action }) => vms::ledger(
+            &vms::run_dir(cli.run_dir.as_deref()),
+            action.is_some(),
+            cli.json,
+        ),
         Some(Command::Plan(args)) => cmd_plan(cli, args),
         Some(Command::Topology(args)) => {
             let host = host::load(args)?;
@@ -129,7 +127,12 @@ fn load_spec(cli: &Cli) -> Result<LoadedSpec> {
 fn cmd_plan(cli: &Cli, args: &PlanArgs) -> Result<u8> {
     let spec = load_spec(cli)?;
     let host = host::load(&args.host).context("loading the host topology")?;
-    let outcome = plan(&spec.spec, &host, &plan_options(args));
+    let mut opts = plan_options(args);
+    if args.host.topology.is_none() {
+        // This host: plan against the PUs that running VMs hold.
+        opts.held_cpus = vms::held_cpus(&vms::run_dir(cli.run_dir.as_deref()))?;
+    }
+    let outcome = plan(&spec.spec, &host, &opts);
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&outcome)?);
     } else {
@@ -177,4 +180,18 @@ fn cmd_acpi(cli: &Cli, args: &AcpiArgs) -> Result<u8> {
         println!("{}", f.display());
     }
     Ok(0)
+}
+
+/// The main job: admit the VM through the host ledger, then run it.
+fn cmd_run(cli: &Cli) -> Result<u8> {
+    let spec = load_spec(cli)?;
+    let host = host::load(&Default::default()).context("discovering this host's topology")?;
+    let run_dir = vms::run_dir(cli.run_dir.as_deref());
+    let opts = plan_options(&PlanArgs::default());
+    let (plan, admission) = vms::admit(&run_dir, &spec.spec, &host, &opts, None)?;
+    let run_opts = run::RunOptions {
+        ignore_unknown: cli.ignore_unknown_access,
+        json: cli.json,
+    };
+    run::run(&plan, &admission, run_opts)
 }

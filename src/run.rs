@@ -37,9 +37,10 @@ struct RunOutput<'a> {
 }
 
 /// Runs the VM of `plan` and returns the process exit status.
-pub fn run(plan: &Plan, opts: RunOptions) -> Result<u8> {
+pub fn run(plan: &Plan, admission: &crate::vms::Admission, opts: RunOptions) -> Result<u8> {
     pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
     let memory = GuestMemory::new(plan, &MemoryOptions::default())?;
+    admission.running()?;
     let audit = memory.audit().context("auditing guest memory residency")?;
     let started: Arc<Mutex<Vec<ThreadPlacement>>> = Arc::default();
     let hook = {

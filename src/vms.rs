@@ -1,0 +1,239 @@
+//! The host ledger in the binary: admission of a VM against the VMs already running, and
+//! `vmhost ps` / `vmhost ledger`.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use vmhost_config::{format_bytes, VmSpec};
+use vmhost_ledger::{AdmitError, Held, Ledger, Liveness, Snapshot, VmState};
+use vmhost_plan::{plan, Plan, PlanOptions, Rejection};
+use vmhost_topology::{cpulist, HostTopology};
+
+use crate::{Exit, EXIT_NO_FIT};
+
+/// The run directory: `--run-dir`, else `$VMHOST_RUN_DIR`, else `/run/vmhost`.
+pub fn run_dir(flag: Option<&Path>) -> PathBuf {
+    flag.map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("VMHOST_RUN_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(vmhost_ledger::DEFAULT_RUN_DIR))
+}
+
+/// A VM's ledger entry, released when dropped (orderly stop or error after admission).
+pub struct Admission {
+    ledger: Ledger,
+    name: String,
+    pid: u32,
+}
+
+impl Admission {
+    /// Marks the VM running (its hugepages are now allocated and show in the kernel's counts).
+    pub fn running(&self) -> Result<()> {
+        self.ledger
+            .update_state(&self.name, self.pid, VmState::Running)?;
+        Ok(())
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let Err(e) = self.ledger.release(&self.name, self.pid) {
+            eprintln!(
+                "vmhost: warning: cannot release ledger entry of {}: {e}",
+                self.name
+            );
+        }
+    }
+}
+
+/// Takes hugepages that admitted-but-not-yet-allocated VMs will take out of the free pools.
+fn subtract_promised(host: &mut HostTopology, held: &Held) {
+    for r in &held.unallocated_hugepages {
+        let Some(node) = r.node else { continue };
+        if let Some(pool) = host
+            .nodes
+            .iter_mut()
+            .find(|n| n.os_index == node)
+            .and_then(|n| {
+                n.hugepages
+                    .iter_mut()
+                    .find(|p| p.page_size_bytes == r.page_size_bytes)
+            })
+        {
+            pool.free = pool.free.saturating_sub(r.count);
+        }
+    }
+}
+
+/// Plans `spec` on this host under the ledger lock, against the PUs and hugepages other live
+/// VMs hold, and records the VM. Exit status 3 when it does not fit.
+pub fn admit(
+    run_dir: &Path,
+    spec: &VmSpec,
+    host: &HostTopology,
+    opts: &PlanOptions,
+    api_socket: Option<PathBuf>,
+) -> Result<(Plan, Admission)> {
+    let ledger = Ledger::open(run_dir)
+        .with_context(|| format!("opening the host ledger in {}", run_dir.display()))?;
+    let pid = std::process::id();
+    let admitted = ledger.admit(
+        &spec.name,
+        pid,
+        api_socket,
+        |held: &Held| -> Result<Plan, Rejection> {
+            let mut host = host.clone();
+            subtract_promised(&mut host, held);
+            let opts = PlanOptions {
+                held_cpus: held.cpus.clone(),
+                ..opts.clone()
+            };
+            plan(spec, &host, &opts).into_result()
+        },
+    );
+    match admitted {
+        Ok(a) => {
+            for r in &a.reclaimed {
+                eprintln!(
+                    "vmhost: reclaimed the ledger entry of {} (pid {}, {:?})",
+                    r.name, r.pid, r.liveness
+                );
+            }
+            Ok((
+                a.plan,
+                Admission {
+                    ledger,
+                    name: spec.name.clone(),
+                    pid,
+                },
+            ))
+        }
+        Err(AdmitError::Plan(r)) => Err(anyhow::Error::new(Exit {
+            code: EXIT_NO_FIT,
+            message: r.to_string(),
+        })),
+        Err(AdmitError::Ledger(e)) => Err(e).context("host ledger"),
+    }
+}
+
+/// PUs that live VMs hold, for `vmhost plan` on this host (read-only; empty without a ledger).
+pub fn held_cpus(run_dir: &Path) -> Result<BTreeSet<u32>> {
+    let snap = Ledger::open_readonly(run_dir).list()?;
+    Ok(snap
+        .entries
+        .iter()
+        .filter(|e| !e.liveness.is_dead())
+        .flat_map(|e| e.entry.dedicated_pus())
+        .collect())
+}
+
+/// `vmhost ps`.
+pub fn ps(run_dir: &Path, json: bool) -> Result<u8> {
+    let snap = Ledger::open_readonly(run_dir).list()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&snap)?);
+    } else {
+        print!("{}", render_ps(&snap));
+    }
+    Ok(0)
+}
+
+fn render_ps(snap: &Snapshot) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<16} {:>8}  {:<9} {:<8} {:<24} {:<9} {:<24} API",
+        "NAME", "PID", "STATE", "PROCESS", "vCPUs -> PUs", "EMULATOR", "MEMORY"
+    );
+    for l in &snap.entries {
+        let e = &l.entry;
+        let vcpus = if e.is_floating() {
+            format!(
+                "{} floating over {}",
+                e.vcpu_pus.len(),
+                cpulist::format(&e.floating_cpus)
+            )
+        } else {
+            e.vcpu_pus
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    format!(
+                        "{i}:{}",
+                        p.map_or_else(|| "-".to_string(), |p| p.to_string())
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let memory: Vec<String> = e
+            .memory
+            .iter()
+            .map(|m| {
+                let node = m
+                    .node
+                    .map_or_else(|| "any".to_string(), |n| format!("node{n}"));
+                format!(
+                    "{node} {} ({})",
+                    format_bytes(m.bytes),
+                    format_bytes(m.page_size_bytes)
+                )
+            })
+            .collect();
+        let process = match l.liveness {
+            Liveness::Alive => "alive",
+            Liveness::Exited => "exited",
+            Liveness::PidReused => "gone",
+            Liveness::Unknown => "unknown",
+        };
+        let _ = writeln!(
+            s,
+            "{:<16} {:>8}  {:<9} {:<8} {:<24} {:<9} {:<24} {}",
+            e.name,
+            e.pid,
+            format!("{:?}", e.state).to_lowercase(),
+            process,
+            vcpus,
+            cpulist::format(&e.emulator_pus),
+            memory.join(", "),
+            e.api_socket
+                .as_ref()
+                .map_or_else(|| "-".to_string(), |p| p.display().to_string())
+        );
+    }
+    for u in &snap.unreadable {
+        let _ = writeln!(s, "UNREADABLE {}: {}", u.path.display(), u.detail);
+    }
+    s
+}
+
+/// `vmhost ledger [gc]`.
+pub fn ledger(run_dir: &Path, gc: bool, json: bool) -> Result<u8> {
+    if gc {
+        let ledger = Ledger::open(run_dir)?;
+        let removed = ledger.gc()?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&removed)?);
+        } else {
+            for r in &removed {
+                println!(
+                    "reclaimed {} (pid {}, {:?}): {}",
+                    r.name,
+                    r.pid,
+                    r.liveness,
+                    r.path.display()
+                );
+            }
+            println!(
+                "{} entr{} reclaimed",
+                removed.len(),
+                if removed.len() == 1 { "y" } else { "ies" }
+            );
+        }
+        return Ok(0);
+    }
+    let snap = Ledger::open_readonly(run_dir).list()?;
+    println!("{}", serde_json::to_string_pretty(&snap)?);
+    Ok(0)
+}

@@ -1,0 +1,210 @@
+//! End-to-end tests of `vmhost --config vm.toml`: real KVM VMs, real pinning read back from
+//! /proc, real hugepages.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{root, stderr, stdout};
+use serde_json::Value;
+use std::process::Command;
+use vmhost_testsupport::{lock_cpus, lock_pool, need_kvm, need_pages, pool};
+
+const PAGE_2M: u64 = 2 << 20;
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("vmhost-run-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs `vmhost --json --config <spec>` with its own run directory; returns (exit, JSON).
+fn run_vm(name: &str, spec: &str) -> (i32, Value, String) {
+    let dir = tmp(name);
+    let path = dir.join("vm.toml");
+    std::fs::write(&path, spec).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args([
+            "--json",
+            "--run-dir",
+            dir.join("run").to_str().unwrap(),
+            "--config",
+            path.to_str().unwrap(),
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let j = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    (
+        o.status.code().unwrap_or(-1),
+        j,
+        format!("stdout:\n{}\nstderr:\n{}", stdout(&o), stderr(&o)),
+    )
+}
+
+fn threads(j: &Value) -> Vec<(String, Vec<u64>)> {
+    j["start"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let cpus = t["cpus_allowed"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_u64().unwrap())
+                .collect();
+            (t["name"].as_str().unwrap().to_string(), cpus)
+        })
+        .collect()
+}
+
+#[test]
+fn quickstart_runs_a_real_vm() {
+    if !need_kvm("quickstart_runs_a_real_vm") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let text = std::fs::read_to_string(root().join("configs/quickstart.toml")).unwrap();
+    let (code, j, log) = run_vm("quickstart", &text);
+    assert_eq!(code, 0, "{log}");
+    assert_eq!(j["report"]["status"], "completed", "{log}");
+    for v in j["report"]["vcpus"].as_array().unwrap() {
+        assert_eq!(v["outcome"]["kind"], "done", "{v}");
+    }
+    assert_eq!(j["audit"]["regions"][0]["pages_not_present"], 0);
+}
+
+#[test]
+fn dedicated_vcpu_threads_are_pinned_to_their_planned_pus() {
+    if !need_kvm("dedicated_vcpu_threads_are_pinned_to_their_planned_pus") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let (code, j, log) = run_vm(
+        "pinned",
+        "[cpu]\ncores = 2\ndedicated_cpu_placement = true\n[memory]\nguest = \"32Mi\"\n[boot]\npayload = \"halt\"\n",
+    );
+    assert_eq!(code, 0, "{log}");
+    for v in j["plan"]["vcpus"].as_array().unwrap() {
+        let name = format!("vcpu{}", v["vcpu"]);
+        let (_, allowed) = threads(&j).into_iter().find(|(n, _)| *n == name).unwrap();
+        assert_eq!(allowed, vec![v["host_cpu"].as_u64().unwrap()], "{name}");
+    }
+}
+
+#[test]
+fn isolated_emulator_never_shares_the_vcpu_pu() {
+    if !need_kvm("isolated_emulator_never_shares_the_vcpu_pu") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let (code, j, log) = run_vm(
+        "isolated",
+        "[cpu]\ncores = 1\ndedicated_cpu_placement = true\nisolate_emulator_thread = true\n\
+         [memory]\nguest = \"32Mi\"\n[boot]\npayload = \"halt\"\n",
+    );
+    assert_eq!(code, 0, "{log}");
+    let vcpu_pu = j["plan"]["vcpus"][0]["host_cpu"].as_u64().unwrap();
+    let all = threads(&j);
+    assert!(all.len() >= 3, "{all:?}");
+    for (name, allowed) in all {
+        if name == "vcpu0" {
+            assert_eq!(allowed, vec![vcpu_pu]);
+        } else {
+            assert!(
+                !allowed.contains(&vcpu_pu),
+                "{name} may run on vCPU PU {vcpu_pu}: {allowed:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn touch_on_hugepages_is_resident_on_the_bound_node() {
+    if !need_kvm("touch_on_hugepages_is_resident_on_the_bound_node") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_pool();
+    if !need_pages(
+        "touch_on_hugepages_is_resident_on_the_bound_node",
+        PAGE_2M,
+        32,
+    ) {
+        return;
+    }
+    let before = pool(PAGE_2M);
+    let (code, j, log) = run_vm(
+        "touch",
+        "[cpu]\ncores = 2\ndedicated_cpu_placement = true\n[memory]\nguest = \"64Mi\"\nhugepages = { page_size = \"2Mi\" }\n",
+    );
+    assert_eq!(code, 0, "{log}");
+    let r = &j["audit"]["regions"][0];
+    assert_eq!(r["pages_by_node"]["0"], 32, "{r}");
+    assert!(r["violations"].as_array().unwrap().is_empty());
+    for v in j["report"]["vcpus"].as_array().unwrap() {
+        assert_eq!(v["result"]["kind"], "touch", "{v}");
+        assert_eq!(v["result"]["bytes"], 64u64 << 20, "{v}");
+    }
+    assert_eq!(pool(PAGE_2M), before, "hugepages released");
+}
+
+#[test]
+fn guest_cpuid_describes_a_topology_larger_than_the_host() {
+    if !need_kvm("guest_cpuid_describes_a_topology_larger_than_the_host") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let (code, j, log) = run_vm(
+        "big",
+        "[cpu]\nsockets = 2\ncores = 4\nthreads = 2\n[memory]\nguest = \"64Mi\"\n[boot]\npayload = \"halt\"\n",
+    );
+    assert_eq!(code, 0, "{log}");
+    let vcpus = j["report"]["vcpus"].as_array().unwrap();
+    assert_eq!(vcpus.len(), 16);
+    for (i, v) in vcpus.iter().enumerate() {
+        let leaf1 = v["cpuid"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["leaf"] == 1)
+            .unwrap();
+        let apic = leaf1["ebx"].as_u64().unwrap() >> 24;
+        assert_eq!(
+            apic,
+            j["plan"]["vcpus"][i]["apic_id"].as_u64().unwrap(),
+            "vCPU {i}"
+        );
+    }
+}
+
+#[test]
+fn invalid_spec_and_no_fit_leave_no_ledger_entry() {
+    let dir = tmp("nofit");
+    let path = dir.join("vm.toml");
+    std::fs::write(
+        &path,
+        "[cpu]\ncores = 64\ndedicated_cpu_placement = true\n[memory]\nguest = \"32Mi\"\n",
+    )
+    .unwrap();
+    let run_dir = dir.join("run");
+    let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args([
+            "--run-dir",
+            run_dir.to_str().unwrap(),
+            "--config",
+            path.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("dedicated placement needs 64 PUs"),
+        "{}",
+        stderr(&o)
+    );
+    let left: Vec<_> = std::fs::read_dir(run_dir.join("vms"))
+        .map(|d| d.collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
