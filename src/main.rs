@@ -3,6 +3,7 @@
 mod cli;
 mod host;
 mod run;
+mod timeline;
 mod vms;
 
 use std::path::Path;
@@ -32,6 +33,7 @@ struct Exit {
 }
 
 fn main() -> ExitCode {
+    timeline::mark_main();
     let cli = Cli::parse();
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
@@ -189,9 +191,11 @@ fn cmd_run(cli: &Cli) -> Result<u8> {
     let run_dir = vms::run_dir(cli.run_dir.as_deref());
     let opts = plan_options(&PlanArgs::default());
     let (plan, admission) = vms::admit(&run_dir, &spec.spec, &host, &opts, None)?;
+    let mut timeline = timeline::Timeline::start();
+    timeline.admitted_ns = timeline::now_ns();
     let run_opts = run::RunOptions {
         ignore_unknown: cli.ignore_unknown_access,
         json: cli.json,
     };
-    run::run(&plan, &admission, run_opts)
+    run::run(&plan, &admission, run_opts, timeline)
 }

@@ -12,6 +12,8 @@ use serde::Serialize;
 use vmhost_memory::{Audit, GuestMemory, MemoryOptions};
 use vmhost_plan::Plan;
 use vmhost_topology::cpulist;
+
+use crate::timeline::{now_ns, Timeline};
 use vmhost_vcpu::{
     pin_current_thread_to_emulator, stop_on_signals, RunReport, StartHook, ThreadPlacement,
     UnknownAccessPolicy, Vm, VmOptions,
@@ -32,17 +34,24 @@ struct RunOutput<'a> {
     plan: &'a Plan,
     audit: &'a Audit,
     start: Vec<ThreadPlacement>,
+    timeline: Timeline,
     report: &'a RunReport,
     exit_code: u8,
 }
 
 /// Runs the VM of `plan` and returns the process exit status.
-pub fn run(plan: &Plan, admission: &crate::vms::Admission, opts: RunOptions) -> Result<u8> {
+pub fn run(
+    plan: &Plan,
+    admission: &crate::vms::Admission,
+    opts: RunOptions,
+    mut timeline: Timeline,
+) -> Result<u8> {
     pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
     let memory = GuestMemory::new(plan, &MemoryOptions::default())?;
     admission.running()?;
+    timeline.memory_ready_ns = now_ns();
     let audit = memory.audit().context("auditing guest memory residency")?;
-    let started: Arc<Mutex<Vec<ThreadPlacement>>> = Arc::default();
+    let started: Arc<Mutex<(Vec<ThreadPlacement>, u64)>> = Arc::default();
     let hook = {
         let (plan, audit, started, json) =
             (plan.clone(), audit.clone(), Arc::clone(&started), opts.json);
@@ -51,7 +60,7 @@ pub fn run(plan: &Plan, admission: &crate::vms::Admission, opts: RunOptions) -> 
                 print!("{}", placement_table(&plan, &audit, threads));
             }
             if let Ok(mut s) = started.lock() {
-                *s = threads.to_vec();
+                *s = (threads.to_vec(), now_ns());
             }
         }))
     };
@@ -65,16 +74,19 @@ pub fn run(plan: &Plan, admission: &crate::vms::Admission, opts: RunOptions) -> 
         ..Default::default()
     };
     let mut vm = Vm::new(plan, memory, options)?;
+    timeline.vm_created_ns = now_ns();
     stop_on_signals(vm.stop_handle()).context("installing the SIGINT/SIGTERM handler")?;
     let report = vm.run()?;
     drop(vm);
     let code = exit_code(&report);
     if opts.json {
-        let start = started.lock().map(|s| s.clone()).unwrap_or_default();
+        let (start, runnable) = started.lock().map(|s| s.clone()).unwrap_or_default();
+        timeline.vcpus_runnable_ns = runnable;
         let out = RunOutput {
             plan,
             audit: &audit,
             start,
+            timeline,
             report: &report,
             exit_code: code,
         };
