@@ -103,6 +103,8 @@ pub struct RawResources {
     /// Limits.
     #[serde(default)]
     pub limits: RawResourceList,
+    /// Put the VMM in a cgroup of this name (under `vmhost/`) that enforces the envelope.
+    pub cgroup: Option<String>,
 }
 
 /// `resources.requests` / `resources.limits`.

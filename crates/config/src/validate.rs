@@ -217,6 +217,8 @@ pub struct VmSpec {
     pub autoattach_graphics_device: bool,
     /// Boot payload.
     pub boot: BootSpec,
+    /// cgroup (under `vmhost/`) that enforces the envelope, if any.
+    pub cgroup: Option<String>,
 }
 
 impl VmSpec {
@@ -293,6 +295,19 @@ pub fn validate(raw: &RawSpec, dialect: &Dialect) -> Result<VmSpec, Vec<SpecErro
     let cpu = check_cpu(&mut c, raw, &resources);
     let memory = check_memory(&mut c, raw, &resources);
     let boot = check_boot(&mut c, raw);
+    if let Some(cg) = raw
+        .resources
+        .cgroup
+        .as_deref()
+        .filter(|cg| !is_dns_label(cg))
+    {
+        c.fail(
+            "resources.cgroup",
+            format!("{cg:?}"),
+            "must be a DNS label: 1-63 lowercase letters, digits or '-'",
+            "name the cgroup like the VM, e.g. \"db-1\"",
+        );
+    }
     if let Some(memory) = &memory {
         if cpu.numa_passthrough && memory.hugepages.is_none() {
             c.fail(
@@ -311,22 +326,27 @@ pub fn validate(raw: &RawSpec, dialect: &Dialect) -> Result<VmSpec, Vec<SpecErro
             resources,
             autoattach_graphics_device: raw.devices.autoattach_graphics_device.unwrap_or(true),
             boot,
+            cgroup: raw.resources.cgroup.clone(),
         }),
         _ => Err(c.errors),
     }
+}
+
+fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
 }
 
 fn check_name(c: &mut Checker<'_>, name: Option<&str>) -> String {
     let Some(name) = name else {
         return "vm".to_string();
     };
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
+    let ok = is_dns_label(name);
     if !ok {
         c.fail(
             "name",

@@ -14,11 +14,16 @@ use crate::model::{Envelope, HugepageDemand, OverheadModel};
 
 const MI: u64 = 1 << 20;
 
-/// vmhost: fixed cost of the VMM process (text, heap, control plane, emulator thread).
-pub const VMHOST_FIXED: u64 = 6 * MI;
-/// vmhost: cost of one vCPU (thread stack in use, `kvm_run` page, KVM's per-vCPU state).
-pub const VMHOST_PER_VCPU: u64 = MI;
-/// vmhost: bytes of second-level page table per backing page (one 8-byte entry).
+/// vmhost: fixed private memory of the VMM process (heap, stacks of its own threads, page
+/// tables of its own mappings). Measured 1.1–1.7 MiB (release) and 1.7–2.4 MiB (debug build)
+/// over the calibration matrix (`tests/calibration.rs`, `docs/overhead.md`).
+pub const VMHOST_FIXED: u64 = 5 * MI / 2;
+/// vmhost: private memory per vCPU (its thread's stack in use, `kvm_run` page). Measured
+/// about 40 KiB per vCPU.
+pub const VMHOST_PER_VCPU: u64 = 64 << 10;
+/// vmhost: bytes of page table per backing page of guest RAM, in each of the two tables that
+/// map it: the VMM's own page tables and KVM's second-level tables. Measured 8 bytes per 4 KiB
+/// page each (`VmPTE` and `SecPageTables` both grow by guest RAM / 512).
 pub const VMHOST_PTE_BYTES: u64 = 8;
 
 /// KubeVirt's fixed per-VMI process terms (name, bytes), amd64.
@@ -59,6 +64,7 @@ fn vmhost_terms(spec: &VmSpec, terms: &mut BTreeMap<String, u64>) {
     let entries = spec.memory.guest_bytes.div_ceil(page);
     let tables = (entries * VMHOST_PTE_BYTES).div_ceil(4096) * 4096;
     terms.insert("kvm_page_tables".into(), tables);
+    terms.insert("vmm_page_tables".into(), tables);
     terms.insert("vmm_process".into(), VMHOST_FIXED);
     terms.insert("vcpus".into(), VMHOST_PER_VCPU * u64::from(spec.vcpus()));
     if spec.memory.added_overhead_bytes > 0 {
