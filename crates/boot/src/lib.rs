@@ -24,7 +24,10 @@ pub mod linux;
 #[cfg(test)]
 mod testutil;
 
-pub use acpi::{build_acpi, write_tables, AcpiError, AcpiTables, Table};
+pub use acpi::{
+    build_acpi, write_tables, AcpiError, AcpiTables, Table, RESET_PORT, RESET_VALUE, S5_SLEEP_TYPE,
+    SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT, SLP_EN, SLP_TYP_MASK,
+};
 pub use addrs::{ACPI_END, ACPI_START, FIRMWARE_RESERVED};
 pub use cpu::{CpuSetupError, CpuState};
 pub use e820::{e820_map, E820Entry, E820Kind};

@@ -12,7 +12,10 @@ use std::path::Path;
 use std::process::Command;
 
 use vmhost_boot::acpi::IOAPIC_ADDR;
-use vmhost_boot::{build_acpi, write_tables, AcpiTables, ACPI_START};
+use vmhost_boot::{
+    build_acpi, write_tables, AcpiTables, ACPI_START, RESET_PORT, SLEEP_CONTROL_PORT,
+    SLEEP_STATUS_PORT,
+};
 use vmhost_memory::{GuestLayout, MMIO_HOLE_END, MMIO_HOLE_START};
 use vmhost_plan::Plan;
 
@@ -288,10 +291,23 @@ fn iasl_disassembles_the_tables_of_a_two_cell_plan_and_they_match_the_plan() {
         "32-bit and 64-bit DSDT"
     );
     assert_eq!(hex(get(&fadt[0], "Hardware Reduced (V5)")), 1);
+    assert_eq!(hex(get(&fadt[0], "Reset Register Supported (V2)")), 1);
+    let addresses: Vec<u64> = fadt[0]
+        .iter()
+        .filter(|(k, _)| k == "Address")
+        .map(|(_, v)| hex(v))
+        .collect();
+    for port in [RESET_PORT, SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT] {
+        assert!(
+            addresses.contains(&u64::from(port)),
+            "port {port:#x} in {addresses:x?}"
+        );
+    }
 
-    // DSDT: one processor device per vCPU.
+    // DSDT: one processor device per vCPU, and \_S5_ for power-off.
     let dsdt = read_dsl(dir.path(), "dsdt.dsl");
     assert_eq!(dsdt.matches("\"ACPI0007\"").count(), plan.vcpus.len());
+    assert!(dsdt.contains("Name (_S5, Package"), "{dsdt}");
 }
 
 #[test]

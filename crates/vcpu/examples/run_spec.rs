@@ -1,8 +1,13 @@
-//! Runs a spec's payload the way the `vmhost` binary does, and prints the report.
+//! Runs a spec's payload or kernel the way the `vmhost` binary does, and prints the report.
+//! A kernel's serial console is this process's stdout (and stdin, on a terminal).
 //!
 //! ```text
-//! cargo run -p vmhost-vcpu --example run_spec -- vm.toml [--ignore-unknown] [--bench-mib N]
+//! cargo run -p vmhost-vcpu --example run_spec -- vm.toml [--ignore-unknown] [--bench-mib N] \
+//!     [--mask-nested]
 //! ```
+//!
+//! `--mask-nested` clears the CPUID features an emulated guest ring 0 cannot run (nested
+//! hosts; see `VmOptions::mask_for_nested_emulation`).
 //!
 //! Order: plan on this host → pin the main thread to the emulator PUs → guest memory → VM →
 //! SIGINT/SIGTERM stop the VM → run → report → exit code.
@@ -39,8 +44,11 @@ fn run() -> Result<u8, Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let path = args
         .first()
-        .ok_or("usage: run_spec SPEC.toml [--ignore-unknown] [--bench-mib N]")?;
-    let mut options = VmOptions::default();
+        .ok_or("usage: run_spec SPEC.toml [--ignore-unknown] [--bench-mib N] [--mask-nested]")?;
+    let mut options = VmOptions {
+        mask_for_nested_emulation: args.iter().any(|a| a == "--mask-nested"),
+        ..Default::default()
+    };
     if args.iter().any(|a| a == "--ignore-unknown") {
         options.unknown_access = UnknownAccessPolicy::Ignore;
     }

@@ -1,18 +1,29 @@
-//! Stopping a running VM: the stop flag, the per-vCPU kick targets, the start gate, and the
-//! [`StopHandle`] the binary triggers from its SIGINT/SIGTERM handling.
+//! Controlling a running VM: the stop flag, pause and resume, the per-vCPU kick targets, the
+//! start gate, the VM's lifecycle state, and the handles other threads use ([`StopHandle`] for
+//! the binary's SIGINT/SIGTERM handling, [`VmHandle`] for a control API).
 //!
-//! A stop sets the flag, then for every vCPU still registered sets `immediate_exit` in its
-//! `kvm_run` page and sends its thread the kick signal. A vCPU inside `KVM_RUN` returns `EINTR`
-//! on the signal; one about to enter returns at once because `immediate_exit` is set; one
-//! between runs sees the flag. The kick slot is cleared under its lock before the vCPU's
-//! `kvm_run` page is unmapped and before its thread exits, so a kick never touches either after
-//! they are gone.
+//! A kick sets `immediate_exit` in a vCPU's `kvm_run` page and sends its thread the kick
+//! signal. A vCPU inside `KVM_RUN` returns `EINTR` on the signal; one about to enter returns at
+//! once because `immediate_exit` is set; one between runs sees the flag that caused the kick.
+//! The kick slot is cleared under its lock before the vCPU's `kvm_run` page is unmapped and
+//! before its thread exits, so a kick never touches either after they are gone.
+//!
+//! A stop sets the stop flag, then kicks every vCPU; none enters the guest again. A pause sets
+//! the pause request, then kicks every vCPU; each one parks at the top of its run loop (guest
+//! state stays in KVM, nothing is lost) until [`VmHandle::resume`] or a stop. [`VmHandle::pause`]
+//! returns once every vCPU still running has parked.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
 
 use crate::sys;
+
+/// How long [`VmHandle::pause`] waits for every vCPU to park.
+pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why the VM is stopping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +32,45 @@ pub enum StopReason {
     Requested,
     /// A vCPU failed (guest fault, or an unknown access under the `stop` policy).
     GuestFailure,
+    /// The guest powered off or rebooted.
+    GuestEnded,
+}
+
+/// Where a VM is in its life, as [`VmHandle::state`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmState {
+    /// Created; [`crate::Vm::run`] has not started the guest yet.
+    Created,
+    /// The guest runs.
+    Running,
+    /// Every vCPU is parked outside `KVM_RUN` by [`VmHandle::pause`].
+    Paused,
+    /// A stop was requested or the guest ended: the vCPUs are leaving or gone.
+    Stopped,
+}
+
+/// Why a pause or resume was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The VM is not in a state the operation applies to.
+    #[error("cannot {op} a VM that is {state:?}")]
+    State {
+        /// `pause` or `resume`.
+        op: &'static str,
+        /// The state it was in.
+        state: VmState,
+    },
+    /// Not every vCPU parked in time; the pause was withdrawn and the VM keeps running.
+    #[error("only {parked} of {active} vCPUs parked within {timeout:?}; the VM keeps running")]
+    PauseTimeout {
+        /// vCPUs parked.
+        parked: usize,
+        /// vCPUs in their run loop.
+        active: usize,
+        /// How long it waited.
+        timeout: Duration,
+    },
 }
 
 /// Where to kick one vCPU thread.
@@ -35,16 +85,30 @@ pub(crate) struct Kick {
 // the thread exits). Both may be used from any thread.
 unsafe impl Send for Kick {}
 
-/// State shared by the VM, its vCPU threads, the emulator thread and stop handles.
+/// Run phase, pause bookkeeping and thread ids, under one lock.
+struct Lifecycle {
+    started: bool,
+    ended: bool,
+    pause_requested: bool,
+    /// vCPU threads in their run loop (registered).
+    active: usize,
+    /// Of those, parked.
+    parked: usize,
+    tids: Vec<Option<i32>>,
+}
+
+/// State shared by the VM, its vCPU threads, the emulator thread and the handles.
 pub(crate) struct Control {
     stop: AtomicBool,
     reason: Mutex<Option<StopReason>>,
     kicks: Vec<Mutex<Option<Kick>>>,
     ready: AtomicUsize,
+    life: Mutex<Lifecycle>,
+    changed: Condvar,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panicking holder leaves plain data behind: keep going with it.
+/// Locks `m`; a panicking holder leaves plain data behind, so keep going with it.
+pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -55,6 +119,15 @@ impl Control {
             reason: Mutex::new(None),
             kicks: (0..vcpus).map(|_| Mutex::new(None)).collect(),
             ready: AtomicUsize::new(0),
+            life: Mutex::new(Lifecycle {
+                started: false,
+                ended: false,
+                pause_requested: false,
+                active: 0,
+                parked: 0,
+                tids: vec![None; vcpus],
+            }),
+            changed: Condvar::new(),
         }
     }
 
@@ -66,10 +139,20 @@ impl Control {
         *lock(&self.reason)
     }
 
-    /// Sets the flag (the first reason wins) and kicks every registered vCPU.
+    /// Sets the flag (the first reason wins), wakes parked vCPUs and kicks every registered one.
     pub fn request_stop(&self, reason: StopReason) {
         lock(&self.reason).get_or_insert(reason);
         self.stop.store(true, Ordering::SeqCst);
+        // Parked vCPUs check the flag under this lock: notifying under it loses no wakeup.
+        {
+            let _life = lock(&self.life);
+            self.changed.notify_all();
+        }
+        self.kick_all();
+    }
+
+    /// Sets `immediate_exit` and signals every registered vCPU thread.
+    fn kick_all(&self) {
         for (vcpu, slot) in self.kicks.iter().enumerate() {
             let guard = lock(slot);
             if let Some(k) = guard.as_ref() {
@@ -90,6 +173,7 @@ impl Control {
             thread: sys::pthread_self(),
             immediate_exit,
         });
+        lock(&self.life).active += 1;
         KickRegistration {
             control: self,
             vcpu,
@@ -103,6 +187,121 @@ impl Control {
     pub fn ready(&self) -> usize {
         self.ready.load(Ordering::SeqCst)
     }
+
+    /// Records (or, with `None`, forgets) the kernel thread id of vCPU `vcpu`.
+    pub fn set_tid(&self, vcpu: usize, tid: Option<i32>) {
+        if let Some(slot) = lock(&self.life).tids.get_mut(vcpu) {
+            *slot = tid;
+        }
+    }
+
+    /// The guest starts running (the start gate opens).
+    pub fn mark_started(&self) {
+        lock(&self.life).started = true;
+    }
+
+    /// The run is over: every vCPU thread has been joined (or never started).
+    pub fn mark_ended(&self) {
+        let mut l = lock(&self.life);
+        l.ended = true;
+        l.pause_requested = false;
+        self.changed.notify_all();
+    }
+
+    fn state_of(&self, l: &Lifecycle) -> VmState {
+        if l.ended || self.stop_requested() {
+            VmState::Stopped
+        } else if !l.started {
+            VmState::Created
+        } else if l.pause_requested && l.parked == l.active {
+            VmState::Paused
+        } else {
+            VmState::Running
+        }
+    }
+
+    pub fn state(&self) -> VmState {
+        self.state_of(&lock(&self.life))
+    }
+
+    /// Called by a vCPU thread at the top of its run loop: while a pause is requested (and no
+    /// stop), waits parked. Returns true when it parked.
+    pub fn park_if_paused(&self) -> bool {
+        let mut l = lock(&self.life);
+        if !l.pause_requested || self.stop_requested() {
+            return false;
+        }
+        l.parked += 1;
+        self.changed.notify_all();
+        while l.pause_requested && !self.stop_requested() {
+            l = self.changed.wait(l).unwrap_or_else(PoisonError::into_inner);
+        }
+        l.parked -= 1;
+        true
+    }
+
+    /// Requests a pause, kicks every vCPU and waits up to `timeout` for all running ones to
+    /// park. On timeout the request is withdrawn.
+    pub fn pause(&self, timeout: Duration) -> Result<(), ControlError> {
+        {
+            let mut l = lock(&self.life);
+            match self.state_of(&l) {
+                VmState::Running => l.pause_requested = true,
+                VmState::Paused => return Ok(()),
+                state => return Err(ControlError::State { op: "pause", state }),
+            }
+        }
+        self.kick_all();
+        let deadline = Instant::now() + timeout;
+        let mut l = lock(&self.life);
+        loop {
+            match self.state_of(&l) {
+                VmState::Paused => return Ok(()),
+                VmState::Running => {}
+                state => return Err(ControlError::State { op: "pause", state }),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                l.pause_requested = false;
+                self.changed.notify_all();
+                return Err(ControlError::PauseTimeout {
+                    parked: l.parked,
+                    active: l.active,
+                    timeout,
+                });
+            }
+            l = self
+                .changed
+                .wait_timeout(l, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Lets parked vCPUs run again.
+    pub fn resume(&self) -> Result<(), ControlError> {
+        let mut l = lock(&self.life);
+        let state = self.state_of(&l);
+        if state == VmState::Stopped || !l.pause_requested {
+            return Err(ControlError::State {
+                op: "resume",
+                state,
+            });
+        }
+        l.pause_requested = false;
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// `(vCPU index, kernel thread id)` of every live vCPU thread.
+    pub fn vcpu_threads(&self) -> Vec<(u32, i32)> {
+        lock(&self.life)
+            .tids
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| Some((u32::try_from(i).ok()?, (*t)?)))
+            .collect()
+    }
 }
 
 /// Deregisters a vCPU's kick target on drop.
@@ -114,6 +313,9 @@ pub(crate) struct KickRegistration<'a> {
 impl Drop for KickRegistration<'_> {
     fn drop(&mut self) {
         *lock(&self.control.kicks[self.vcpu]) = None;
+        let mut l = lock(&self.control.life);
+        l.active -= 1;
+        self.control.changed.notify_all();
     }
 }
 
@@ -136,7 +338,7 @@ impl StopHandle {
         self.0.request_stop(StopReason::Requested);
     }
 
-    /// True once a stop was requested (by this handle or by a guest failure).
+    /// True once a stop was requested (by this handle, a guest failure or the guest's end).
     pub fn stop_requested(&self) -> bool {
         self.0.stop_requested()
     }
@@ -144,6 +346,54 @@ impl StopHandle {
     /// vCPUs whose payload has reported in (the `Ready` doorbell of `halt` and `idle`).
     pub fn ready_vcpus(&self) -> usize {
         self.0.ready()
+    }
+}
+
+/// Controls a VM from another thread while [`crate::Vm::run`] blocks: stop, pause, resume,
+/// state and the vCPU threads. Cheap to clone; from [`crate::Vm::handle`].
+#[derive(Clone)]
+pub struct VmHandle(pub(crate) Arc<Control>);
+
+impl std::fmt::Debug for VmHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VmHandle")
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl VmHandle {
+    /// Stops the VM (see [`StopHandle::stop`]); a paused VM stops too.
+    pub fn stop(&self) {
+        self.0.request_stop(StopReason::Requested);
+    }
+
+    /// Kicks every vCPU out of `KVM_RUN` and parks it; returns when every vCPU still running
+    /// is parked (at most [`PAUSE_TIMEOUT`], after which the pause is withdrawn). Guest state
+    /// stays in KVM; pausing is not a failure and a paused VM can still be stopped. Pausing a
+    /// paused VM does nothing.
+    pub fn pause(&self) -> Result<(), ControlError> {
+        self.0.pause(PAUSE_TIMEOUT)
+    }
+
+    /// Lets a paused VM run again.
+    pub fn resume(&self) -> Result<(), ControlError> {
+        self.0.resume()
+    }
+
+    /// The VM's state now.
+    pub fn state(&self) -> VmState {
+        self.0.state()
+    }
+
+    /// `(vCPU index, kernel thread id)` of every vCPU thread alive now, by index.
+    pub fn vcpu_threads(&self) -> Vec<(u32, i32)> {
+        self.0.vcpu_threads()
+    }
+
+    /// A stop-only handle to the same VM.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle(Arc::clone(&self.0))
     }
 }
 
@@ -240,6 +490,100 @@ mod tests {
         t.join().unwrap();
         assert_eq!(flag.load(Ordering::SeqCst), 1);
         assert!(lock(&c.kicks[0]).is_none());
+    }
+
+    /// `n` fake vCPU threads that register and loop on `park_if_paused` until a stop, counting
+    /// their iterations.
+    fn fake_vcpus(
+        c: &Arc<Control>,
+        n: usize,
+    ) -> (Vec<Arc<AtomicUsize>>, Vec<std::thread::JoinHandle<()>>) {
+        sys::prepare_kick_signal().unwrap();
+        let counters: Vec<Arc<AtomicUsize>> = (0..n).map(|_| Arc::default()).collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let threads = counters
+            .iter()
+            .enumerate()
+            .map(|(i, count)| {
+                let (c, count, tx) = (Arc::clone(c), Arc::clone(count), tx.clone());
+                std::thread::spawn(move || {
+                    sys::prepare_kick_signal().unwrap();
+                    let flag = AtomicU8::new(0);
+                    c.set_tid(i, Some(sys::gettid()));
+                    let reg = c.register(i, &flag);
+                    tx.send(()).unwrap();
+                    while !c.stop_requested() {
+                        c.park_if_paused();
+                        count.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                    drop(reg);
+                    c.set_tid(i, None);
+                })
+            })
+            .collect();
+        for _ in 0..n {
+            rx.recv().unwrap();
+        }
+        (counters, threads)
+    }
+
+    #[test]
+    fn pause_parks_every_registered_thread_until_resume_or_stop() {
+        let c = Arc::new(Control::new(2));
+        assert_eq!(c.state(), VmState::Created);
+        c.mark_started();
+        let (counters, threads) = fake_vcpus(&c, 2);
+        assert_eq!(c.vcpu_threads().len(), 2);
+        c.pause(Duration::from_secs(5)).unwrap();
+        assert_eq!(c.state(), VmState::Paused);
+        let frozen: Vec<usize> = counters.iter().map(|n| n.load(Ordering::SeqCst)).collect();
+        std::thread::sleep(Duration::from_millis(20));
+        let still: Vec<usize> = counters.iter().map(|n| n.load(Ordering::SeqCst)).collect();
+        assert_eq!(frozen, still, "parked threads make no progress");
+        c.resume().unwrap();
+        assert_eq!(c.state(), VmState::Running);
+        c.pause(Duration::from_secs(5)).unwrap();
+        c.request_stop(StopReason::Requested);
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(c.state(), VmState::Stopped);
+        assert!(c.vcpu_threads().is_empty());
+        assert!(matches!(
+            c.resume(),
+            Err(ControlError::State {
+                state: VmState::Stopped,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_pause_nobody_answers_times_out_and_is_withdrawn() {
+        let c = Control::new(1);
+        c.mark_started();
+        // Registered but never parking: a thread stuck outside its run loop.
+        let flag = AtomicU8::new(0);
+        sys::prepare_kick_signal().unwrap();
+        let reg = c.register(0, &flag);
+        let err = c.pause(Duration::from_millis(50)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ControlError::PauseTimeout {
+                    parked: 0,
+                    active: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(c.state(), VmState::Running);
+        assert_eq!(flag.load(Ordering::SeqCst), 1, "the thread was kicked");
+        drop(reg);
+        c.mark_ended();
+        assert_eq!(c.state(), VmState::Stopped);
     }
 
     #[test]

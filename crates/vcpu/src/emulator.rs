@@ -1,23 +1,22 @@
 //! The emulator thread, `vmhost-emu`: pinned to the plan's emulator PUs, it starts the vCPU
 //! threads, opens the start gate once all of them are pinned and configured (reading thread
 //! placement back from `/proc` at that moment), then runs the event loop: it takes what leaves
-//! the vCPU threads (ready doorbells, ends), stops the whole VM when one vCPU fails, joins every
-//! thread and reads each vCPU's results from its mailbox.
+//! the vCPU threads (ready doorbells, ends), stops the whole VM when one vCPU fails or the guest
+//! powers off or reboots, joins every thread and reads each vCPU's results from its mailbox
+//! (payloads) or the serial console's statistics (Linux guests).
 
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use vm_memory::GuestMemoryMmap;
-
-use crate::arch::BootLayout;
 use crate::control::{Control, Gate, StopReason};
+use crate::devices::serial::SerialStats;
 use crate::payload::{self, PayloadKind, PayloadResult};
 use crate::placement::thread_placements;
-use crate::report::{RunReport, RunStatus, VcpuOutcome, VcpuReport};
+use crate::report::{BootReport, LinuxEntry, RunReport, RunStatus, VcpuOutcome, VcpuReport};
 use crate::sys;
-use crate::vcpu::{thread_main, Event, VcpuConfig, VcpuContext};
+use crate::vcpu::{thread_main, Event, GuestCtx, VcpuConfig, VcpuContext};
 use crate::vm::VmError;
 
 /// Per-vCPU facts the report needs.
@@ -29,15 +28,28 @@ pub(crate) struct VcpuMeta {
     pub guest_cell: u32,
 }
 
+/// What the guest is, for the report.
+pub(crate) enum RunGuest {
+    /// A built-in payload; `bench_cells` are the guest cells in benchmark order.
+    Payload {
+        kind: PayloadKind,
+        bench_cells: Vec<u32>,
+    },
+    /// A Linux kernel.
+    Linux {
+        entry: LinuxEntry,
+        image: String,
+        serial: Arc<SerialStats>,
+    },
+}
+
 /// What the emulator thread runs.
 pub(crate) struct EmulatorInput {
     pub vm_name: String,
-    pub kind: PayloadKind,
+    pub guest: RunGuest,
     pub emulator_cpus: Vec<u32>,
     pub configs: Vec<VcpuConfig>,
     pub meta: Vec<VcpuMeta>,
-    /// Guest cells in benchmark order.
-    pub bench_cells: Vec<u32>,
     pub ctx: VcpuContext,
     pub run_start: Instant,
     pub vm_setup_seconds: f64,
@@ -55,10 +67,13 @@ struct Tally {
 /// Body of the `vmhost-emu` thread.
 pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport, VmError> {
     if !input.emulator_cpus.is_empty() {
-        sys::pin_current_thread(&input.emulator_cpus).map_err(|source| VmError::PinEmulator {
-            cpus: input.emulator_cpus.clone(),
-            source,
-        })?;
+        if let Err(source) = sys::pin_current_thread(&input.emulator_cpus) {
+            input.ctx.control.mark_ended();
+            return Err(VmError::PinEmulator {
+                cpus: input.emulator_cpus.clone(),
+                source,
+            });
+        }
     }
     let n = input.configs.len();
     let gate = Arc::clone(&input.ctx.gate);
@@ -72,6 +87,7 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
         (Some(e), _) | (None, Err(e)) => {
             gate.open(false);
             join_all(threads);
+            ctx.control.mark_ended();
             return Err(e);
         }
     };
@@ -84,32 +100,29 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
         (hook.0)(&placements);
     }
     let start = Instant::now();
+    ctx.control.mark_started();
     gate.open(true);
     let tallies = event_loop(&rx, n, &ctx.control);
-    if let Some(vcpu) = join_all(threads) {
+    let panicked = join_all(threads);
+    ctx.control.mark_ended();
+    if let Some(vcpu) = panicked {
         return Err(VmError::VcpuPanicked { vcpu });
     }
     let run_seconds = start.elapsed().as_secs_f64();
     let clock = Clock { start, run_seconds };
-    let reads = Readout {
-        kind: input.kind,
-        bench_cells: &input.bench_cells,
-        tsc_khz,
-    };
     let vcpus = vcpu_reports(
-        (&ctx.boot_mem, &ctx.boot),
+        &ctx.guest,
+        &input.guest,
         tallies,
         input.meta,
         &clock,
-        &reads,
+        tsc_khz,
     )?;
-    let startup_seconds = vcpus
-        .iter()
-        .map(|v| v.first_doorbell_seconds.unwrap_or(v.seconds))
-        .fold(0.0, f64::max);
+    let (payload, boot, startup_seconds) = boot_report(&input.guest, &vcpus, &clock);
     Ok(RunReport {
         vm: input.vm_name,
-        payload: input.kind,
+        payload,
+        boot,
         status: run_status(&vcpus, ctx.control.reason()),
         vcpus,
         placements,
@@ -153,47 +166,66 @@ impl Clock {
     }
 }
 
-/// How to read payload results.
-struct Readout<'a> {
-    kind: PayloadKind,
-    bench_cells: &'a [u32],
-    tsc_khz: u32,
+/// The report's payload, boot description and start-up time.
+fn boot_report(
+    guest: &RunGuest,
+    vcpus: &[VcpuReport],
+    clock: &Clock,
+) -> (Option<PayloadKind>, BootReport, f64) {
+    match guest {
+        RunGuest::Payload { kind, .. } => {
+            let startup = vcpus
+                .iter()
+                .map(|v| v.first_doorbell_seconds.unwrap_or(v.seconds))
+                .fold(0.0, f64::max);
+            (Some(*kind), BootReport::Payload { payload: *kind }, startup)
+        }
+        RunGuest::Linux {
+            entry,
+            image,
+            serial,
+        } => {
+            let first = clock.since(serial.first_byte());
+            let boot = BootReport::Linux {
+                entry: *entry,
+                image: image.clone(),
+                first_serial_byte_seconds: first,
+                serial_bytes: serial.bytes(),
+            };
+            (None, boot, first.unwrap_or(clock.run_seconds))
+        }
+    }
 }
 
-/// Each vCPU's report, from its tally and its mailbox.
+/// Each vCPU's report, from its tally and, for payloads, its mailbox.
 fn vcpu_reports(
-    (boot_mem, boot): (&GuestMemoryMmap, &BootLayout),
+    ctx: &GuestCtx,
+    guest: &RunGuest,
     tallies: Vec<Tally>,
     meta: Vec<VcpuMeta>,
     clock: &Clock,
-    reads: &Readout<'_>,
+    tsc_khz: u32,
 ) -> Result<Vec<VcpuReport>, VmError> {
     let mut vcpus = Vec::with_capacity(tallies.len());
     for (i, (t, meta)) in tallies.into_iter().zip(meta).enumerate() {
-        let m = payload::read_mailbox(boot_mem, boot.mailbox(i)).map_err(|source| {
-            VmError::Payload {
-                vcpu: Some(i),
-                source,
-            }
-        })?;
         let outcome = t.outcome.unwrap_or(VcpuOutcome::NotStarted);
-        tracing::debug!(
-            vcpu = i,
-            status = m.status,
-            tsc_start = m.tsc_start,
-            tsc_end = m.tsc_end,
-            "mailbox"
-        );
-        let result = if outcome == VcpuOutcome::Done {
-            payload::collect(
-                reads.kind,
-                &m,
-                meta.guest_cell,
-                reads.bench_cells,
-                reads.tsc_khz,
-            )
-        } else {
-            PayloadResult::None
+        let (cpuid, result) = match (ctx, guest) {
+            (GuestCtx::Payload { boot, boot_mem }, RunGuest::Payload { kind, bench_cells }) => {
+                let m = payload::read_mailbox(boot_mem, boot.mailbox(i)).map_err(|source| {
+                    VmError::Payload {
+                        vcpu: Some(i),
+                        source,
+                    }
+                })?;
+                tracing::debug!(vcpu = i, status = m.status, "mailbox");
+                let result = if outcome == VcpuOutcome::Done {
+                    payload::collect(*kind, &m, meta.guest_cell, bench_cells, tsc_khz)
+                } else {
+                    PayloadResult::None
+                };
+                (payload::cpuid_results(&m), result)
+            }
+            _ => (Vec::new(), PayloadResult::None),
         };
         vcpus.push(VcpuReport {
             vcpu: meta.vcpu,
@@ -201,7 +233,7 @@ fn vcpu_reports(
             host_cpu: meta.host_cpu,
             guest_cell: meta.guest_cell,
             outcome,
-            cpuid: payload::cpuid_results(&m),
+            cpuid,
             result,
             exits: t.exits,
             ignored_accesses: t.ignored,
@@ -268,6 +300,9 @@ fn event_loop(rx: &Receiver<Event>, n: usize, control: &Control) -> Vec<Tally> {
                 if outcome.is_failure() {
                     tracing::error!(vcpu, %outcome, "vCPU failed: stopping the VM");
                     control.request_stop(StopReason::GuestFailure);
+                } else if outcome.ends_vm() {
+                    tracing::info!(vcpu, %outcome, "the guest ended: stopping the VM");
+                    control.request_stop(StopReason::GuestEnded);
                 } else {
                     tracing::debug!(vcpu, %outcome, "vCPU ended");
                 }
@@ -297,6 +332,10 @@ fn join_all(threads: Vec<JoinHandle<()>>) -> Option<usize> {
 fn run_status(vcpus: &[VcpuReport], reason: Option<StopReason>) -> RunStatus {
     if vcpus.iter().any(|v| v.outcome.is_failure()) || reason == Some(StopReason::GuestFailure) {
         RunStatus::GuestFailed
+    } else if vcpus.iter().any(|v| v.outcome == VcpuOutcome::PoweredOff) {
+        RunStatus::PoweredOff
+    } else if vcpus.iter().any(|v| v.outcome.ends_vm()) {
+        RunStatus::Rebooted
     } else if vcpus
         .iter()
         .all(|v| matches!(v.outcome, VcpuOutcome::Done | VcpuOutcome::Halted))

@@ -1,15 +1,23 @@
 //! vmhost's VM and vCPUs: a KVM VM created on `/dev/kvm` from a [`vmhost_plan::Plan`], with one
-//! pinned thread per vCPU, CPUID describing the planned topology, and built-in guest payloads
-//! that run in 64-bit ring 3 and report through a mailbox page.
+//! pinned thread per vCPU and CPUID describing the planned topology, that runs either a
+//! built-in guest payload (64-bit ring 3, reporting through a mailbox page) or a Linux kernel
+//! with ACPI tables describing the plan's CPUs and NUMA cells and a serial console.
 //!
-//! The split follows Firecracker's `vstate`: [`vm`] owns the VM (memslots, irqchip, boot area),
-//! [`vcpu`] one vCPU thread and its exits, the emulator thread (`vmhost-emu`) the event loop
-//! that starts, stops and joins them. Architecture specifics sit in [`arch`], payloads in
-//! [`payload`], raw calls in `sys`.
+//! The split follows Firecracker's `vstate`: [`vm`] owns the VM (memslots, irqchip, boot area
+//! or kernel, devices), [`vcpu`] one vCPU thread and `exits` its exits, the emulator thread
+//! (`vmhost-emu`) the event loop that starts, stops and joins them. Architecture specifics sit
+//! in [`arch`], payloads in [`payload`], a Linux guest's devices in [`devices`], raw calls in
+//! `sys`.
 //!
 //! Flow: spec → plan → guest memory → [`Vm::new`] → [`Vm::run`] → [`RunReport`]. Stopping
-//! early: [`Vm::stop_handle`] (or [`stop_on_signals`] for SIGINT/SIGTERM). Placement audit:
-//! [`thread_placements`]; the binary's main thread: [`pin_current_thread_to_emulator`].
+//! early: [`Vm::stop_handle`] (or [`stop_on_signals`] for SIGINT/SIGTERM); pausing, resuming
+//! and the VM's state: [`Vm::handle`]. Placement audit: [`thread_placements`]; the binary's
+//! main thread: [`pin_current_thread_to_emulator`].
+//!
+//! A Linux guest's VM ends when the guest powers off (ACPI S5 through the FADT's sleep control
+//! register) or reboots (FADT reset register, i8042 0xfe, port 0xcf9, or a triple fault):
+//! [`RunStatus::PoweredOff`] / [`RunStatus::Rebooted`], exit status 0. A stop from outside
+//! ends it as [`RunStatus::Stopped`].
 //!
 //! ```
 //! use vmhost_memory::{GuestMemory, MemoryOptions};
@@ -43,23 +51,30 @@
 
 pub mod arch;
 mod control;
+pub mod devices;
 mod emulator;
+mod exits;
+mod linux;
 pub mod payload;
 pub mod placement;
 pub mod report;
+mod setup;
 mod sys;
 pub mod vcpu;
 pub mod vm;
 
 pub use arch::{decode_topology, CpuidResult, DecodedTopology};
-pub use control::{stop_on_signals, StopHandle};
+pub use control::{stop_on_signals, ControlError, StopHandle, VmHandle, VmState, PAUSE_TIMEOUT};
+pub use devices::console::ConsoleInput;
+pub use devices::legacy::RebootVia;
+pub use devices::serial::SerialOut;
 pub use payload::bench::BenchOptions;
 pub use payload::{CellBench, PayloadKind, PayloadResult, TouchResult};
 pub use placement::{
     current_tid, pin_current_thread_to_emulator, render_placements, thread_placements,
     PlacementError, ThreadPlacement,
 };
-pub use report::{RunReport, RunStatus, VcpuOutcome, VcpuReport};
+pub use report::{BootReport, LinuxEntry, RunReport, RunStatus, VcpuOutcome, VcpuReport};
 pub use vcpu::{UnknownAccessPolicy, VcpuError};
 pub use vm::{GuestRam, StartHook, Vm, VmError, VmOptions};
 

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::arch::CpuidResult;
+use crate::devices::legacy::RebootVia;
 use crate::payload::{PayloadKind, PayloadResult};
 use crate::placement::{render_placements, ThreadPlacement};
 
@@ -17,9 +18,14 @@ pub enum RunStatus {
     Completed,
     /// Stopped on request before finishing (SIGINT/SIGTERM; the normal end of `idle`).
     Stopped,
-    /// A vCPU failed: triple fault, guest exception, unknown access under the `stop` policy,
-    /// failed entry or an unexpected exit.
+    /// A vCPU failed: a payload's triple fault, guest exception, unknown access under the
+    /// `stop` policy, failed entry or an unexpected exit.
     GuestFailed,
+    /// A Linux guest powered off (ACPI S5 through the FADT's sleep control register).
+    PoweredOff,
+    /// A Linux guest rebooted (reset register, keyboard controller, port 0xcf9 or triple
+    /// fault); vmhost ends the VM rather than restart it.
+    Rebooted,
 }
 
 /// How one vCPU ended.
@@ -72,6 +78,13 @@ pub enum VcpuOutcome {
         /// Access size in bytes.
         size: usize,
     },
+    /// A Linux guest powered off.
+    PoweredOff,
+    /// A Linux guest rebooted (see [`RebootVia`]).
+    Rebooted {
+        /// How it asked.
+        how: RebootVia,
+    },
     /// `KVM_EXIT_FAIL_ENTRY`.
     EntryFailed {
         /// Hardware entry failure reason.
@@ -106,6 +119,16 @@ impl std::fmt::Display for VcpuOutcome {
             VcpuOutcome::UnknownMmio { gpa, write, size } => {
                 write!(f, "{}-byte {} of unmapped GPA {gpa:#x}", size, dir(*write))
             }
+            VcpuOutcome::PoweredOff => f.write_str("powered off"),
+            VcpuOutcome::Rebooted { how } => match how {
+                RebootVia::KeyboardController => f.write_str("rebooted (keyboard controller)"),
+                RebootVia::AcpiResetRegister => f.write_str("rebooted (ACPI reset register)"),
+                RebootVia::ResetControl => f.write_str("rebooted (port 0xcf9)"),
+                RebootVia::TripleFault { vector, rip } => write!(
+                    f,
+                    "rebooted (triple fault, last exception {vector:?}, RIP {rip:#x})"
+                ),
+            },
             VcpuOutcome::EntryFailed { reason } => write!(f, "entry failed (reason {reason:#x})"),
             VcpuOutcome::Unexpected { what } => write!(f, "unexpected: {what}"),
         }
@@ -121,7 +144,14 @@ impl VcpuOutcome {
                 | VcpuOutcome::Halted
                 | VcpuOutcome::Stopped
                 | VcpuOutcome::NotStarted
+                | VcpuOutcome::PoweredOff
+                | VcpuOutcome::Rebooted { .. }
         )
+    }
+
+    /// True when the guest itself ended the whole VM (power-off or reboot).
+    pub fn ends_vm(&self) -> bool {
+        matches!(self, VcpuOutcome::PoweredOff | VcpuOutcome::Rebooted { .. })
     }
 }
 
@@ -152,13 +182,77 @@ pub struct VcpuReport {
     pub seconds: f64,
 }
 
+/// How a Linux guest was entered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinuxEntry {
+    /// PVH: 32-bit protected mode (a vmlinux with the Xen PVH note).
+    Pvh,
+    /// The Linux 64-bit boot protocol.
+    Linux64,
+}
+
+impl From<vmhost_boot::BootMode> for LinuxEntry {
+    fn from(m: vmhost_boot::BootMode) -> Self {
+        match m {
+            vmhost_boot::BootMode::Pvh => LinuxEntry::Pvh,
+            vmhost_boot::BootMode::Linux64 => LinuxEntry::Linux64,
+        }
+    }
+}
+
+/// What the VM booted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum BootReport {
+    /// A built-in payload.
+    Payload {
+        /// Which.
+        payload: PayloadKind,
+    },
+    /// A Linux kernel.
+    Linux {
+        /// Entry protocol.
+        entry: LinuxEntry,
+        /// Image format: `elf` (vmlinux) or `bz_image`.
+        image: String,
+        /// Seconds from the start of the run to the guest's first serial byte (`None`: it
+        /// wrote none).
+        first_serial_byte_seconds: Option<f64>,
+        /// Bytes the guest wrote to its serial port.
+        serial_bytes: u64,
+    },
+}
+
+impl BootReport {
+    /// One line: the payload, or the kernel's image, entry and serial console numbers.
+    pub fn describe(&self) -> String {
+        match self {
+            BootReport::Payload { payload } => format!("payload {payload:?}"),
+            BootReport::Linux {
+                entry,
+                image,
+                first_serial_byte_seconds,
+                serial_bytes,
+            } => format!(
+                "Linux {image} via {entry:?}, first serial byte {}, {serial_bytes} serial bytes",
+                first_serial_byte_seconds
+                    .map_or_else(|| "never".to_string(), |t| format!("at {t:.3} s"))
+            ),
+        }
+    }
+}
+
 /// The whole run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunReport {
     /// VM name.
     pub vm: String,
-    /// Payload run.
-    pub payload: PayloadKind,
+    /// Payload run (`None`: a Linux guest).
+    pub payload: Option<PayloadKind>,
+    /// What was booted: the payload, or the kernel's entry and its time to the first serial
+    /// byte.
+    pub boot: BootReport,
     /// How it ended.
     pub status: RunStatus,
     /// Per vCPU, by index.
@@ -172,20 +266,23 @@ pub struct RunReport {
     pub vm_setup_seconds: f64,
     /// From `Vm::run` until every vCPU thread was pinned, created and configured.
     pub vcpu_setup_seconds: f64,
-    /// From the start of the run until every vCPU had rung its first doorbell or ended.
+    /// From the start of the run until every vCPU had rung its first doorbell or ended
+    /// (payloads), or until the guest's first serial byte (Linux guests; the run's length
+    /// when it wrote none).
     pub startup_seconds: f64,
     /// From the start of the run until every vCPU ended.
     pub run_seconds: f64,
 }
 
 impl RunReport {
-    /// The exit status the binary should use: 0 completed (and `idle` stopped on request, which
-    /// is how it ends), 130 stopped before finishing, 4 guest failure. (The binary uses 1 for VMM
-    /// errors, 2 for an invalid spec and 3 for a VM that does not fit.)
+    /// The exit status the binary should use: 0 completed, or a Linux guest powered off or
+    /// rebooted (and `idle` stopped on request, which is how it ends), 130 stopped before
+    /// finishing, 4 guest failure. (The binary uses 1 for VMM errors, 2 for an invalid spec and
+    /// 3 for a VM that does not fit.)
     pub fn exit_code(&self) -> i32 {
         match self.status {
-            RunStatus::Completed => 0,
-            RunStatus::Stopped if self.payload == PayloadKind::Idle => 0,
+            RunStatus::Completed | RunStatus::PoweredOff | RunStatus::Rebooted => 0,
+            RunStatus::Stopped if self.payload == Some(PayloadKind::Idle) => 0,
             RunStatus::Stopped => 130,
             RunStatus::GuestFailed => 4,
         }
@@ -202,11 +299,12 @@ impl RunReport {
     /// A human-readable summary: timings, per-vCPU outcome and results, thread placement.
     pub fn render_text(&self) -> String {
         let mut s = String::new();
+        let boot = self.boot.describe();
         let _ = writeln!(
             s,
-            "VM {}: payload {:?}, {:?} (exit code {})\n  setup {:.3} ms, vCPU threads {:.3} ms, start-up {:.3} ms, run {:.3} ms, TSC {} kHz",
+            "VM {}: {}, {:?} (exit code {})\n  setup {:.3} ms, vCPU threads {:.3} ms, start-up {:.3} ms, run {:.3} ms, TSC {} kHz",
             self.vm,
-            self.payload,
+            boot,
             self.status,
             self.exit_code(),
             self.vm_setup_seconds * 1e3,
@@ -277,7 +375,8 @@ mod tests {
     fn report(status: RunStatus, payload: PayloadKind) -> RunReport {
         RunReport {
             vm: "t".into(),
-            payload,
+            payload: Some(payload),
+            boot: BootReport::Payload { payload },
             status,
             vcpus: vec![VcpuReport {
                 vcpu: 0,
@@ -325,5 +424,36 @@ mod tests {
             "{}",
             r.render_text()
         );
+    }
+
+    #[test]
+    fn a_linux_guest_that_powers_off_or_reboots_exits_0() {
+        let mut r = report(RunStatus::PoweredOff, PayloadKind::Halt);
+        r.payload = None;
+        r.boot = BootReport::Linux {
+            entry: LinuxEntry::Pvh,
+            image: "elf".into(),
+            first_serial_byte_seconds: Some(35.25),
+            serial_bytes: 1000,
+        };
+        r.vcpus[0].outcome = VcpuOutcome::PoweredOff;
+        assert_eq!(r.exit_code(), 0);
+        assert_eq!(r.failures().count(), 0);
+        let text = r.render_text();
+        assert!(
+            text.contains("Linux elf via Pvh, first serial byte at 35.250 s"),
+            "{text}"
+        );
+        r.status = RunStatus::Rebooted;
+        r.vcpus[0].outcome = VcpuOutcome::Rebooted {
+            how: RebootVia::TripleFault {
+                vector: Some(13),
+                rip: 0x1000,
+            },
+        };
+        assert_eq!(r.exit_code(), 0);
+        assert!(r.vcpus[0].outcome.ends_vm() && !r.vcpus[0].outcome.is_failure());
+        r.status = RunStatus::Stopped;
+        assert_eq!(r.exit_code(), 130, "a Linux guest stopped from outside");
     }
 }

@@ -1,25 +1,30 @@
 //! One vCPU thread: pinned first, then the vCPU is created and configured in that thread, then
-//! it runs the guest and handles exits until the payload ends, the guest fails, or a stop.
+//! it runs the guest and handles exits (the `exits` module) until the payload ends, the guest
+//! fails, powers off or reboots, or a stop. A pause parks it between two `KVM_RUN`s.
 //!
-//! Exits handled here: the doorbell port (the payload's one `out`), HLT, shutdown (triple
-//! fault), failed entry, and accesses to ports or guest-physical memory nothing handles, which
-//! the [`UnknownAccessPolicy`] either ignores (reads return all ones) or turns into the vCPU's
-//! end. Nothing here panics on a guest's behaviour: every outcome is a [`VcpuOutcome`].
+//! How a vCPU starts: a built-in payload's vCPUs enter 64-bit mode on the boot
+//! area directly; a Linux guest's boot vCPU gets the kernel's entry state
+//! ([`vmhost_boot::LinuxBoot::cpu_state`]) and the others stay in KVM's wait-for-INIT/SIPI state
+//! until the kernel starts them.
 
+use std::collections::HashSet;
 use std::ptr::addr_of_mut;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use kvm_bindings::{kvm_mp_state, CpuId, KVM_MP_STATE_RUNNABLE};
-use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
+use kvm_ioctls::{VcpuFd, VmFd};
 use serde::Serialize;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmhost_boot::CpuState;
 
-use crate::arch::BootLayout;
+use crate::arch::{self, BootLayout};
 use crate::control::{Control, Gate};
-use crate::payload::mailbox::{Doorbell, Mailbox, DOORBELL_PORT};
+use crate::devices::LinuxDevices;
+use crate::exits::{handle_exit, next_exit, note_unknown, Exit, Step};
+use crate::payload::mailbox::Mailbox;
 use crate::report::VcpuOutcome;
 use crate::sys;
 
@@ -27,11 +32,25 @@ use crate::sys;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum UnknownAccessPolicy {
-    /// Log it, return all ones for reads, let the guest go on.
+    /// [`UnknownAccessPolicy::Stop`] for built-in payloads, [`UnknownAccessPolicy::Ignore`] for
+    /// Linux guests (real kernels probe ports that may not exist).
+    #[default]
+    Auto,
+    /// Log it (once per port or 4 KiB page), return all ones for reads, let the guest go on.
     Ignore,
     /// Log it and stop the VM (the run ends as a guest failure).
-    #[default]
     Stop,
+}
+
+impl UnknownAccessPolicy {
+    /// The policy in force for a guest: `Auto` resolved by the guest kind.
+    pub fn resolve(self, linux: bool) -> UnknownAccessPolicy {
+        match (self, linux) {
+            (UnknownAccessPolicy::Auto, true) => UnknownAccessPolicy::Ignore,
+            (UnknownAccessPolicy::Auto, false) => UnknownAccessPolicy::Stop,
+            (p, _) => p,
+        }
+    }
 }
 
 /// Why a vCPU could not be set up.
@@ -81,6 +100,18 @@ pub enum VcpuError {
     },
 }
 
+/// How a vCPU starts.
+#[derive(Debug, Clone)]
+pub(crate) enum VcpuStart {
+    /// A built-in payload's vCPU: 64-bit mode on the boot area, at `entry`; `make_runnable`
+    /// with the in-kernel irqchip (vCPUs other than the BSP would wait for INIT/SIPI).
+    Payload { entry: u64, make_runnable: bool },
+    /// A Linux guest's boot vCPU, at the kernel's entry.
+    LinuxBoot(Box<CpuState>),
+    /// A Linux guest's application processor: left waiting for INIT/SIPI.
+    LinuxWaitForSipi,
+}
+
 /// Everything one vCPU thread needs, prepared by the VM.
 pub(crate) struct VcpuConfig {
     /// vCPU index.
@@ -91,23 +122,37 @@ pub(crate) struct VcpuConfig {
     pub cpus: Vec<u32>,
     /// Its CPUID.
     pub cpuid: CpuId,
-    /// Ring-0 entry point.
-    pub entry: u64,
-    /// Set the MP state to runnable (needed with the in-kernel irqchip for vCPUs other than
-    /// the BSP, which start waiting for INIT/SIPI).
-    pub make_runnable: bool,
+    /// How it starts.
+    pub start: VcpuStart,
+}
+
+/// What the guest runs, as the vCPU threads see it.
+#[derive(Clone)]
+pub(crate) enum GuestCtx {
+    /// A built-in payload: its boot area (tables, code, mailboxes).
+    Payload {
+        boot: Arc<BootLayout>,
+        boot_mem: GuestMemoryMmap,
+    },
+    /// A Linux guest: its port-I/O devices, and its RAM (to show the instruction at a failure).
+    Linux {
+        devices: Arc<LinuxDevices>,
+        ram: GuestMemoryMmap,
+    },
 }
 
 /// Shared by all vCPU threads of a VM.
 #[derive(Clone)]
 pub(crate) struct VcpuContext {
     pub vm: Arc<VmFd>,
-    pub boot: Arc<BootLayout>,
-    pub boot_mem: GuestMemoryMmap,
+    pub guest: GuestCtx,
     pub control: Arc<Control>,
     pub gate: Arc<Gate>,
     pub events: Sender<Event>,
+    /// The resolved policy (never `Auto`).
     pub policy: UnknownAccessPolicy,
+    /// Ports (`port`) and pages (`1 << 63 | gpa >> 12`) already logged under `Ignore`.
+    pub unknown_seen: Arc<Mutex<HashSet<u64>>>,
 }
 
 /// What vCPU threads tell the emulator thread.
@@ -132,9 +177,11 @@ pub(crate) enum Event {
 /// Body of the `vcpu<N>` thread.
 pub(crate) fn thread_main(cfg: VcpuConfig, ctx: VcpuContext) {
     let vcpu = cfg.index;
+    ctx.control.set_tid(vcpu, Some(sys::gettid()));
     let (mut fd, tsc_khz) = match setup(&cfg, &ctx) {
         Ok(v) => v,
         Err(e) => {
+            ctx.control.set_tid(vcpu, None);
             let _ = ctx.events.send(Event::Setup {
                 vcpu,
                 result: Err(e),
@@ -155,10 +202,11 @@ pub(crate) fn thread_main(cfg: VcpuConfig, ctx: VcpuContext) {
             .cast_const();
         // Declared after `fd`, so dropped (deregistered) before `fd` unmaps kvm_run.
         let _kick = ctx.control.register(vcpu, ie);
-        run_loop(&mut fd, &cfg, &ctx, ie, &mut stats)
+        run_loop(&mut fd, vcpu, &ctx, ie, &mut stats)
     } else {
         VcpuOutcome::NotStarted
     };
+    ctx.control.set_tid(vcpu, None);
     let _ = ctx.events.send(Event::Finished {
         vcpu,
         outcome,
@@ -184,91 +232,72 @@ fn setup(cfg: &VcpuConfig, ctx: &VcpuContext) -> Result<(VcpuFd, u32), VcpuError
         .create_vcpu(u64::from(cfg.kvm_id))
         .map_err(kvm("KVM_CREATE_VCPU"))?;
     fd.set_cpuid2(&cfg.cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
-    let mut sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
-    ctx.boot.configure_sregs(&mut sregs, cfg.index);
-    fd.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
-    fd.set_regs(&ctx.boot.initial_regs(cfg.index, cfg.entry))
-        .map_err(kvm("KVM_SET_REGS"))?;
-    if cfg.make_runnable {
-        fd.set_mp_state(kvm_mp_state {
-            mp_state: KVM_MP_STATE_RUNNABLE,
-        })
-        .map_err(kvm("KVM_SET_MP_STATE"))?;
+    let ioctl = |(op, source): arch::linux::IoctlError| VcpuError::Kvm { vcpu, op, source };
+    match (&cfg.start, &ctx.guest) {
+        (
+            VcpuStart::Payload {
+                entry,
+                make_runnable,
+            },
+            GuestCtx::Payload { boot, .. },
+        ) => {
+            let mut sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+            boot.configure_sregs(&mut sregs, cfg.index);
+            fd.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
+            fd.set_regs(&boot.initial_regs(cfg.index, *entry))
+                .map_err(kvm("KVM_SET_REGS"))?;
+            if *make_runnable {
+                fd.set_mp_state(kvm_mp_state {
+                    mp_state: KVM_MP_STATE_RUNNABLE,
+                })
+                .map_err(kvm("KVM_SET_MP_STATE"))?;
+            }
+        }
+        (VcpuStart::LinuxBoot(state), _) => {
+            arch::linux::set_lint(&fd).map_err(ioctl)?;
+            arch::linux::set_boot_state(&fd, state).map_err(ioctl)?;
+        }
+        _ => arch::linux::set_lint(&fd).map_err(ioctl)?,
     }
     let tsc_khz = fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?;
-    let gpa = ctx.boot.mailbox(cfg.index) + std::mem::offset_of!(Mailbox, tsc_khz) as u64;
-    ctx.boot_mem
-        .write_obj(u64::from(tsc_khz), GuestAddress(gpa))
-        .map_err(|source| VcpuError::Mailbox { vcpu, gpa, source })?;
+    if let GuestCtx::Payload { boot, boot_mem } = &ctx.guest {
+        let gpa = boot.mailbox(cfg.index) + std::mem::offset_of!(Mailbox, tsc_khz) as u64;
+        boot_mem
+            .write_obj(u64::from(tsc_khz), GuestAddress(gpa))
+            .map_err(|source| VcpuError::Mailbox { vcpu, gpa, source })?;
+    }
     Ok((fd, tsc_khz))
 }
 
+/// Exits counted for the report.
 #[derive(Default)]
 struct Stats {
     exits: u64,
     ignored: u64,
 }
 
-/// A KVM exit with its data copied out of `kvm_run`.
-enum Exit {
-    PortOut { port: u16, first: u8, size: usize },
-    PortIn { port: u16, size: usize },
-    Mmio { gpa: u64, write: bool, size: usize },
-    Hlt,
-    Shutdown,
-    FailEntry(u64),
-    Interrupted,
-    Other(String),
-}
-
-fn next_exit(fd: &mut VcpuFd) -> Result<Exit, kvm_ioctls::Error> {
-    Ok(match fd.run()? {
-        VcpuExit::IoOut(port, data) => Exit::PortOut {
-            port,
-            first: data.first().copied().unwrap_or(0),
-            size: data.len(),
-        },
-        VcpuExit::IoIn(port, data) => {
-            data.fill(0xff);
-            Exit::PortIn {
-                port,
-                size: data.len(),
-            }
-        }
-        VcpuExit::MmioRead(gpa, data) => {
-            data.fill(0xff);
-            Exit::Mmio {
-                gpa,
-                write: false,
-                size: data.len(),
-            }
-        }
-        VcpuExit::MmioWrite(gpa, data) => Exit::Mmio {
-            gpa,
-            write: true,
-            size: data.len(),
-        },
-        VcpuExit::Hlt => Exit::Hlt,
-        VcpuExit::Shutdown => Exit::Shutdown,
-        VcpuExit::FailEntry(reason, _cpu) => Exit::FailEntry(reason),
-        VcpuExit::Intr => Exit::Interrupted,
-        other => Exit::Other(format!("{other:?}")),
-    })
-}
-
 fn run_loop(
     fd: &mut VcpuFd,
-    cfg: &VcpuConfig,
+    vcpu: usize,
     ctx: &VcpuContext,
     ie: *const AtomicU8,
     stats: &mut Stats,
 ) -> VcpuOutcome {
-    let vcpu = cfg.index;
+    let devices = match &ctx.guest {
+        GuestCtx::Linux { devices, .. } => Some(Arc::clone(devices)),
+        GuestCtx::Payload { .. } => None,
+    };
     loop {
+        if ctx.control.park_if_paused() {
+            // A pause kick may have left `immediate_exit` set; a stop arriving after this
+            // store sets it again, and is seen below or makes KVM_RUN return at once.
+            // SAFETY: `ie` points into this vCPU's kvm_run mapping, live while `fd` is.
+            unsafe { (*ie).store(0, Ordering::SeqCst) };
+        }
         if ctx.control.stop_requested() {
             return VcpuOutcome::Stopped;
         }
-        let exit = match next_exit(fd) {
+        let exit = match next_exit(fd, devices.as_deref()) {
             Ok(exit) => exit,
             Err(e) if e.errno() == libc::EINTR => Exit::Interrupted,
             Err(e) if e.errno() == libc::EAGAIN => continue,
@@ -283,172 +312,12 @@ fn run_loop(
             Step::Continue => {}
             Step::End(outcome) => return outcome,
             Step::Unknown(access) => {
-                log_unknown(vcpu, &access, ctx.policy, stats.ignored);
+                note_unknown(vcpu, &access, ctx);
                 match ctx.policy {
-                    UnknownAccessPolicy::Stop => return access,
                     UnknownAccessPolicy::Ignore => stats.ignored += 1,
+                    _ => return access,
                 }
             }
         }
     }
-}
-
-/// What the run loop does after an exit.
-enum Step {
-    /// Re-enter the guest.
-    Continue,
-    /// The vCPU is done.
-    End(VcpuOutcome),
-    /// An access nothing handles: up to the policy.
-    Unknown(VcpuOutcome),
-}
-
-fn handle_exit(
-    exit: Exit,
-    vcpu: usize,
-    ctx: &VcpuContext,
-    fd: &VcpuFd,
-    ie: *const AtomicU8,
-) -> Step {
-    match exit {
-        Exit::PortOut {
-            port: DOORBELL_PORT,
-            first,
-            size: 1,
-        } => match Doorbell::from_byte(first) {
-            Some(Doorbell::Ready) => {
-                ctx.control.mark_ready();
-                let _ = ctx.events.send(Event::Ready {
-                    vcpu,
-                    at: Instant::now(),
-                });
-                Step::Continue
-            }
-            Some(Doorbell::Done) => Step::End(VcpuOutcome::Done),
-            Some(Doorbell::Fault) => Step::End(fault_outcome(vcpu, ctx)),
-            None => Step::Unknown(VcpuOutcome::UnknownPort {
-                port: DOORBELL_PORT,
-                write: true,
-                size: 1,
-            }),
-        },
-        Exit::PortOut { port, size, .. } => Step::Unknown(VcpuOutcome::UnknownPort {
-            port,
-            write: true,
-            size,
-        }),
-        Exit::PortIn { port, size } => Step::Unknown(VcpuOutcome::UnknownPort {
-            port,
-            write: false,
-            size,
-        }),
-        Exit::Mmio { gpa, write, size } => {
-            Step::Unknown(VcpuOutcome::UnknownMmio { gpa, write, size })
-        }
-        Exit::Hlt => Step::End(VcpuOutcome::Halted),
-        Exit::Shutdown => Step::End(shutdown_outcome(vcpu, fd)),
-        Exit::FailEntry(reason) => {
-            tracing::error!(
-                vcpu,
-                reason = format_args!("{reason:#x}"),
-                "vCPU entry failed"
-            );
-            Step::End(VcpuOutcome::EntryFailed { reason })
-        }
-        Exit::Interrupted => {
-            // A kick: the stop it announces is seen at the top of the loop. Clearing it here
-            // is safe against a racing stop, which sets the flag before `immediate_exit`.
-            // SAFETY: `ie` points into this vCPU's kvm_run mapping, live while `fd` is.
-            unsafe { (*ie).store(0, Ordering::SeqCst) };
-            Step::Continue
-        }
-        Exit::Other(what) => {
-            tracing::error!(vcpu, exit = %what, "unexpected vCPU exit");
-            Step::End(VcpuOutcome::Unexpected { what })
-        }
-    }
-}
-
-fn log_unknown(
-    vcpu: usize,
-    access: &VcpuOutcome,
-    policy: UnknownAccessPolicy,
-    ignored_so_far: u64,
-) {
-    const LOGGED: u64 = 16;
-    if policy == UnknownAccessPolicy::Ignore && ignored_so_far >= LOGGED {
-        return;
-    }
-    match *access {
-        VcpuOutcome::UnknownPort { port, write, size } => {
-            tracing::warn!(
-                vcpu,
-                port = format_args!("{port:#x}"),
-                write,
-                size,
-                ?policy,
-                "guest accessed an unknown I/O port"
-            );
-        }
-        VcpuOutcome::UnknownMmio { gpa, write, size } => {
-            tracing::warn!(
-                vcpu,
-                gpa = format_args!("{gpa:#x}"),
-                write,
-                size,
-                ?policy,
-                "guest accessed unmapped guest-physical memory"
-            );
-        }
-        _ => {}
-    }
-}
-
-fn fault_outcome(vcpu: usize, ctx: &VcpuContext) -> VcpuOutcome {
-    let gpa = ctx.boot.mailbox(vcpu);
-    match ctx.boot_mem.read_obj::<Mailbox>(GuestAddress(gpa)) {
-        Ok(m) => {
-            let f = m.fault;
-            let vector = u8::try_from(f.vector).unwrap_or(u8::MAX);
-            let ring = u8::try_from(f.cs & 3).unwrap_or(0);
-            tracing::error!(
-                vcpu,
-                vector,
-                error_code = format_args!("{:#x}", f.error_code),
-                rip = format_args!("{:#x}", f.rip),
-                cr2 = format_args!("{:#x}", f.cr2),
-                rflags = format_args!("{:#x}", f.rflags),
-                ring,
-                "guest exception"
-            );
-            VcpuOutcome::Exception {
-                vector,
-                error_code: f.error_code,
-                rip: f.rip,
-                ring,
-                cr2: f.cr2,
-            }
-        }
-        Err(e) => VcpuOutcome::Unexpected {
-            what: format!("fault doorbell, but the mailbox at {gpa:#x} is unreadable: {e}"),
-        },
-    }
-}
-
-fn shutdown_outcome(vcpu: usize, fd: &VcpuFd) -> VcpuOutcome {
-    let vector = fd
-        .get_vcpu_events()
-        .ok()
-        .filter(|ev| {
-            ev.exception.injected != 0 || ev.exception.pending != 0 || ev.exception.nr != 0
-        })
-        .map(|ev| ev.exception.nr);
-    let rip = fd.get_regs().map(|r| r.rip).unwrap_or(0);
-    tracing::error!(
-        vcpu,
-        ?vector,
-        rip = format_args!("{rip:#x}"),
-        "guest shut down (triple fault)"
-    );
-    VcpuOutcome::Shutdown { vector, rip }
 }

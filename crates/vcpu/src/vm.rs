@@ -1,36 +1,31 @@
-//! The VM: `/dev/kvm`, the VM file descriptor, memslots for guest RAM and the boot area, the
-//! in-kernel interrupt controller and PIT when the guest needs them, per-vCPU CPUID and
-//! mailboxes; and [`Vm::run`], which hands everything to the emulator thread.
+//! The VM: what it boots (a built-in payload or a Linux kernel), its KVM file descriptors, guest
+//! RAM and devices, and [`Vm::run`], which hands everything to the emulator thread. Building it
+//! is in the `setup` (payloads) and `linux` (kernels) modules; every input is checked
+//! there, before any thread starts.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kvm_bindings::{
-    kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
-};
-use kvm_ioctls::{Cap, Kvm, VmFd};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use kvm_ioctls::{Kvm, VmFd};
+use vm_memory::GuestMemoryMmap;
+use vmhost_boot::LinuxBoot;
 use vmhost_config::BootSpec;
 use vmhost_memory::GuestLayout;
 use vmhost_plan::Plan;
 
-use crate::arch::boot::CODE_BYTES;
-use crate::arch::cpuid::{self, CpuidInputs};
 use crate::arch::{BootError, BootLayout, CpuidError};
-use crate::control::{Control, StopHandle};
-use crate::emulator::{self, EmulatorInput, VcpuMeta};
-use crate::payload::bench::{self, BenchOptions};
-use crate::payload::{self, program, MailboxInputs, PayloadError, PayloadKind};
+use crate::control::{Control, StopHandle, VmHandle};
+use crate::devices::console::{ConsoleInput, ConsoleReader};
+use crate::devices::serial::SerialOut;
+use crate::devices::LinuxDevices;
+use crate::emulator::{self, EmulatorInput, RunGuest, VcpuMeta};
+use crate::linux::{image_name, prepare_linux, KernelSpec};
+use crate::payload::bench::BenchOptions;
+use crate::payload::{PayloadError, PayloadKind};
 use crate::report::RunReport;
-use crate::vcpu::{UnknownAccessPolicy, VcpuConfig, VcpuContext, VcpuError};
-
-/// Where KVM's real-mode TSS goes on Intel (three pages, inside the MMIO hole).
-const TSS_ADDR: usize = 0xfffb_d000;
-/// Seed of the benchmark's chain shuffle (fixed: runs are comparable).
-const BENCH_SEED: u64 = 0x766d_686f_7374;
-/// The boot area must end below the IOAPIC.
-const BOOT_LIMIT: u64 = 0xfec0_0000;
+use crate::setup::prepare_payload;
+use crate::vcpu::{GuestCtx, UnknownAccessPolicy, VcpuConfig, VcpuContext, VcpuError};
 
 /// Guest RAM a VM runs on: the mapping and its guest-physical layout.
 ///
@@ -64,8 +59,18 @@ impl GuestRam for (GuestMemoryMmap, GuestLayout) {
 /// Settings of a VM that are not in the plan.
 #[derive(Debug, Clone, Default)]
 pub struct VmOptions {
-    /// What to do on an access to an unknown port or unmapped guest-physical memory.
+    /// What to do on an access to an unknown port or unmapped guest-physical memory (default
+    /// `Auto`: stop for payloads, ignore and log once per port for Linux guests).
     pub unknown_access: UnknownAccessPolicy,
+    /// Clear the CPUID features an emulated ring 0 cannot run (`cx16`, XSAVE, AVX, ...; see
+    /// [`crate::arch::mask_for_nested_emulation`]): for kernels on a nested host whose KVM
+    /// emulates guest ring 0 instruction by instruction. Off by default.
+    pub mask_for_nested_emulation: bool,
+    /// Where a Linux guest's serial output goes (`None`: this process's stdout).
+    pub serial_out: Option<SerialOut>,
+    /// Where a Linux guest's serial input comes from (default: stdin when it is a terminal
+    /// and the output goes to stdout).
+    pub console_input: ConsoleInput,
     /// numa-bench sizes.
     pub bench: BenchOptions,
     /// Run this payload instead of the plan's (test payloads).
@@ -92,12 +97,36 @@ impl std::fmt::Debug for StartHook {
 /// Why a VM cannot be created or run.
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
-    /// The plan boots a kernel; this crate runs built-in payloads only.
-    #[error("VM {vm}: booting a kernel is not supported by vmhost-vcpu (use a built-in payload)")]
-    UnsupportedBoot {
+    /// The ACPI tables cannot be built from the plan.
+    #[error("VM {vm}: cannot build the guest's ACPI tables")]
+    Acpi {
+        /// VM name.
+        vm: String,
+        /// The cause.
+        #[source]
+        source: vmhost_boot::AcpiError,
+    },
+    /// The kernel, initramfs or command line is unusable, or does not fit guest RAM.
+    #[error("VM {vm}: cannot load the guest kernel")]
+    Kernel {
+        /// VM name.
+        vm: String,
+        /// The cause.
+        #[source]
+        source: vmhost_boot::BootError,
+    },
+    /// No vCPU has APIC ID 0, KVM's boot processor.
+    #[error("VM {vm}: no vCPU has APIC ID 0 to boot the kernel on")]
+    NoBootVcpu {
         /// VM name.
         vm: String,
     },
+    /// The serial port's interrupt eventfd could not be created.
+    #[error("cannot create the serial port's interrupt eventfd")]
+    Serial(#[source] std::io::Error),
+    /// The console input thread could not be started.
+    #[error("cannot start the console input thread")]
+    ConsoleInput(#[source] std::io::Error),
     /// The plan has no vCPUs.
     #[error("VM {vm}: the plan has no vCPUs")]
     NoVcpus {
@@ -210,26 +239,49 @@ pub enum VmError {
     EmulatorPanicked,
 }
 
-fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+pub(crate) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { op, source }
 }
 
-/// A KVM VM ready to run a plan's payload.
+/// What a VM boots, with what its vCPU threads need of it.
+pub(crate) enum Guest {
+    /// A built-in payload on the boot area.
+    Payload {
+        kind: PayloadKind,
+        boot: Arc<BootLayout>,
+        boot_mem: GuestMemoryMmap,
+        /// Guest cells in benchmark order.
+        bench_cells: Vec<u32>,
+    },
+    /// A Linux kernel and its devices.
+    Linux {
+        boot: Box<LinuxBoot>,
+        devices: Arc<LinuxDevices>,
+    },
+}
+
+/// A VM built but not yet wrapped: what [`crate::setup`] and [`crate::linux`] return.
+pub(crate) struct Prepared {
+    pub kvm: Kvm,
+    pub fd: VmFd,
+    pub guest: Guest,
+    pub configs: Vec<VcpuConfig>,
+}
+
+/// A KVM VM ready to run a plan's payload or kernel.
 pub struct Vm {
     // Field order is drop order: the VM fd closes before the memory it maps goes away.
     fd: Arc<VmFd>,
     _kvm: Kvm,
     name: String,
-    kind: PayloadKind,
-    boot: Arc<BootLayout>,
-    boot_mem: GuestMemoryMmap,
+    guest: Guest,
     configs: Option<Vec<VcpuConfig>>,
     meta: Vec<VcpuMeta>,
-    bench_cells: Vec<u32>,
     emulator_cpus: Vec<u32>,
     control: Arc<Control>,
     policy: UnknownAccessPolicy,
     on_start: Option<StartHook>,
+    console_input: ConsoleInput,
     setup_seconds: f64,
     ram: Box<dyn GuestRam>,
 }
@@ -238,52 +290,47 @@ impl std::fmt::Debug for Vm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Vm")
             .field("name", &self.name)
-            .field("payload", &self.kind)
+            .field("payload", &self.payload())
             .field("vcpus", &self.meta.len())
             .finish()
     }
 }
 
 impl Vm {
-    /// Creates the VM of `plan` on `ram`: KVM VM, memslots, irqchip/PIT when the payload needs
-    /// them, boot area, payload code and parameters, per-vCPU CPUID. No thread starts yet.
+    /// Creates the VM of `plan` on `ram`. For a built-in payload: KVM VM, memslots,
+    /// irqchip/PIT when the payload needs them, boot area, payload code and parameters,
+    /// per-vCPU CPUID. For a kernel (`plan.boot` is [`BootSpec::Kernel`]): ACPI tables, kernel,
+    /// initramfs and command line in guest RAM (bad input fails here, before KVM is opened),
+    /// then KVM VM, irqchip and PIT, memslots, COM1 and per-vCPU CPUID. No thread starts yet.
     pub fn new(plan: &Plan, ram: impl GuestRam, options: VmOptions) -> Result<Vm, VmError> {
         let t0 = Instant::now();
-        let kind = payload_kind(plan, &options)?;
-        let (kvm, fd) = open_vm(plan, kind)?;
-        let layout = ram.guest_layout();
-        let (boot, boot_mem, program) = build_boot_area(layout, plan.vcpus.len(), kind)?;
-        register_memslots(&fd, ram.guest_memory(), &boot_mem)?;
-        let (chains, bench_cells) = if kind == PayloadKind::NumaBench {
-            let chains = bench::prepare(
-                ram.guest_memory(),
-                layout,
-                &options.bench,
-                BENCH_SEED,
-                plan.vcpus.len(),
-            )
-            .map_err(|source| VmError::Payload { vcpu: None, source })?;
-            let mut cells: Vec<u32> = layout.regions.iter().map(|r| r.cell).collect();
-            cells.dedup();
-            (chains, cells)
-        } else {
-            (Vec::new(), Vec::new())
+        if plan.vcpus.is_empty() {
+            return Err(VmError::NoVcpus {
+                vm: plan.name.clone(),
+            });
+        }
+        let prepared = match (&options.payload_override, &plan.boot) {
+            (
+                None,
+                BootSpec::Kernel {
+                    kernel,
+                    initrd,
+                    cmdline,
+                },
+            ) => {
+                let spec = KernelSpec {
+                    kernel,
+                    initrd: initrd.as_deref(),
+                    cmdline,
+                };
+                prepare_linux(plan, &ram, &options, &spec)?
+            }
+            (Some(kind), _) => prepare_payload(plan, &ram, &options, *kind)?,
+            (None, BootSpec::Payload { payload }) => {
+                prepare_payload(plan, &ram, &options, PayloadKind::from(*payload))?
+            }
         };
-        let inputs = MailboxInputs {
-            plan,
-            layout,
-            boot: &boot,
-            user_entry: program.user_entry,
-            bench: &chains,
-        };
-        let configs = vcpu_configs(
-            &kvm,
-            plan,
-            &inputs,
-            &boot_mem,
-            program.entry,
-            kind.needs_irqchip(),
-        )?;
+        let linux = matches!(prepared.guest, Guest::Linux { .. });
         let meta = plan
             .vcpus
             .iter()
@@ -294,20 +341,22 @@ impl Vm {
                 guest_cell: v.guest_cell,
             })
             .collect();
+        let console_input = match options.serial_out {
+            Some(_) => ConsoleInput::None,
+            None => options.console_input,
+        };
         Ok(Vm {
-            fd: Arc::new(fd),
-            _kvm: kvm,
+            fd: Arc::new(prepared.fd),
+            _kvm: prepared.kvm,
             name: plan.name.clone(),
-            kind,
-            boot: Arc::new(boot),
-            boot_mem,
-            configs: Some(configs),
+            guest: prepared.guest,
+            configs: Some(prepared.configs),
             meta,
-            bench_cells,
             emulator_cpus: plan.emulator.host_cpus.clone(),
             control: Arc::new(Control::new(plan.vcpus.len())),
-            policy: options.unknown_access,
+            policy: options.unknown_access.resolve(linux),
             on_start: options.on_start.clone(),
+            console_input,
             setup_seconds: t0.elapsed().as_secs_f64(),
             ram: Box::new(ram),
         })
@@ -318,9 +367,31 @@ impl Vm {
         StopHandle(Arc::clone(&self.control))
     }
 
-    /// The payload this VM runs.
-    pub fn payload(&self) -> PayloadKind {
-        self.kind
+    /// A handle that stops, pauses and resumes the VM and reports its state and vCPU threads
+    /// from another thread while [`Vm::run`] blocks.
+    pub fn handle(&self) -> VmHandle {
+        VmHandle(Arc::clone(&self.control))
+    }
+
+    /// The payload this VM runs (`None`: a Linux kernel).
+    pub fn payload(&self) -> Option<PayloadKind> {
+        match &self.guest {
+            Guest::Payload { kind, .. } => Some(*kind),
+            Guest::Linux { .. } => None,
+        }
+    }
+
+    /// Where the kernel, initramfs and boot parameters were loaded (`None`: a payload).
+    pub fn linux_boot(&self) -> Option<&LinuxBoot> {
+        match &self.guest {
+            Guest::Linux { boot, .. } => Some(boot),
+            Guest::Payload { .. } => None,
+        }
+    }
+
+    /// The unknown-access policy in force (`Auto` resolved).
+    pub fn unknown_access(&self) -> UnknownAccessPolicy {
+        self.policy
     }
 
     /// The guest RAM (for checks after the run).
@@ -328,218 +399,93 @@ impl Vm {
         self.ram.as_ref()
     }
 
-    /// The VMM-owned boot area (page tables, descriptor tables, code, mailboxes): reserved
-    /// guest-physical space in the MMIO hole, never RAM.
-    pub fn boot_area(&self) -> Range<u64> {
-        self.boot.range()
+    /// A payload's VMM-owned boot area (page tables, descriptor tables, code, mailboxes):
+    /// reserved guest-physical space in the MMIO hole, never RAM. `None` for a Linux guest.
+    pub fn boot_area(&self) -> Option<Range<u64>> {
+        match &self.guest {
+            Guest::Payload { boot, .. } => Some(boot.range()),
+            Guest::Linux { .. } => None,
+        }
     }
 
-    /// Runs the payload to its end: starts the `vmhost-emu` thread, which starts one pinned
+    /// Runs the guest to its end: starts the `vmhost-emu` thread, which starts one pinned
     /// `vcpu<N>` thread per vCPU, and returns when every thread has been joined. Guest failures
-    /// are in the report ([`crate::RunStatus::GuestFailed`]), not errors. A VM runs once.
+    /// are in the report ([`crate::RunStatus::GuestFailed`]), not errors; so are a Linux
+    /// guest's power-off and reboot. A VM runs once.
     pub fn run(&mut self) -> Result<RunReport, VmError> {
         let configs = self.configs.take().ok_or(VmError::AlreadyRun)?;
         let run_start = Instant::now();
         let (events, rx, gate) = emulator::channel();
+        let (guest, ctx_guest, devices) = self.run_guest();
         let input = EmulatorInput {
             vm_name: self.name.clone(),
-            kind: self.kind,
+            guest,
             emulator_cpus: self.emulator_cpus.clone(),
             configs,
             meta: self.meta.clone(),
-            bench_cells: self.bench_cells.clone(),
             ctx: VcpuContext {
                 vm: Arc::clone(&self.fd),
-                boot: Arc::clone(&self.boot),
-                boot_mem: self.boot_mem.clone(),
+                guest: ctx_guest,
                 control: Arc::clone(&self.control),
                 gate,
                 events,
                 policy: self.policy,
+                unknown_seen: Arc::new(Mutex::new(Default::default())),
             },
             run_start,
             vm_setup_seconds: self.setup_seconds,
             on_start: self.on_start.clone(),
         };
+        let console = match &devices {
+            Some(d) => ConsoleReader::start(self.console_input, d.serial())
+                .map_err(VmError::ConsoleInput)?,
+            None => None,
+        };
         let emu = std::thread::Builder::new()
             .name("vmhost-emu".into())
-            .spawn(move || emulator::run(input, rx))
-            .map_err(VmError::SpawnEmulator)?;
-        emu.join().map_err(|_| VmError::EmulatorPanicked)?
-    }
-}
-
-fn payload_kind(plan: &Plan, options: &VmOptions) -> Result<PayloadKind, VmError> {
-    if plan.vcpus.is_empty() {
-        return Err(VmError::NoVcpus {
-            vm: plan.name.clone(),
-        });
-    }
-    match (&options.payload_override, &plan.boot) {
-        (Some(k), _) => Ok(*k),
-        (None, BootSpec::Payload { payload }) => Ok(PayloadKind::from(*payload)),
-        (None, BootSpec::Kernel { .. }) => Err(VmError::UnsupportedBoot {
-            vm: plan.name.clone(),
-        }),
-    }
-}
-
-/// Opens KVM and creates the VM, with the in-kernel irqchip and PIT when `kind` needs them.
-fn open_vm(plan: &Plan, kind: PayloadKind) -> Result<(Kvm, VmFd), VmError> {
-    let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
-    if !kvm.check_extension(Cap::ImmediateExit) {
-        return Err(VmError::MissingCap {
-            cap: "KVM_CAP_IMMEDIATE_EXIT",
-        });
-    }
-    let max = kvm.get_max_vcpu_id();
-    if let Some(v) = plan
-        .vcpus
-        .iter()
-        .find(|v| usize::try_from(v.apic_id).map_or(true, |id| id >= max))
-    {
-        return Err(VmError::VcpuId {
-            vcpu: v.vcpu,
-            apic_id: v.apic_id,
-            max,
-        });
-    }
-    let fd = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
-    if kvm.check_extension(Cap::SetTssAddr) {
-        fd.set_tss_address(TSS_ADDR)
-            .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
-    }
-    if kind.needs_irqchip() {
-        fd.create_irq_chip()
-            .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
-        let pit = kvm_pit_config {
-            flags: KVM_PIT_SPEAKER_DUMMY,
-            ..Default::default()
+            .spawn(move || emulator::run(input, rx));
+        let result = match emu {
+            Ok(t) => t.join().map_err(|_| VmError::EmulatorPanicked),
+            Err(e) => Err(VmError::SpawnEmulator(e)),
         };
-        fd.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+        if let Some(c) = console {
+            c.finish();
+        }
+        self.control.mark_ended();
+        result?
     }
-    Ok((kvm, fd))
-}
 
-/// Lays out and fills the boot area in the MMIO hole: tables, code, mailboxes come later.
-fn build_boot_area(
-    layout: &GuestLayout,
-    vcpus: usize,
-    kind: PayloadKind,
-) -> Result<(BootLayout, GuestMemoryMmap, program::Program), VmError> {
-    let hole = layout.mmio_hole();
-    if hole.end <= hole.start || hole.start >= BOOT_LIMIT {
-        return Err(VmError::NoHole { hole });
+    /// What the emulator thread and the vCPU threads need of the guest.
+    fn run_guest(&self) -> (RunGuest, GuestCtx, Option<Arc<LinuxDevices>>) {
+        match &self.guest {
+            Guest::Payload {
+                kind,
+                boot,
+                boot_mem,
+                bench_cells,
+            } => (
+                RunGuest::Payload {
+                    kind: *kind,
+                    bench_cells: bench_cells.clone(),
+                },
+                GuestCtx::Payload {
+                    boot: Arc::clone(boot),
+                    boot_mem: boot_mem.clone(),
+                },
+                None,
+            ),
+            Guest::Linux { boot, devices } => (
+                RunGuest::Linux {
+                    entry: boot.mode.into(),
+                    image: image_name(boot).to_string(),
+                    serial: devices.serial().stats(),
+                },
+                GuestCtx::Linux {
+                    devices: Arc::clone(devices),
+                    ram: self.ram.guest_memory().clone(),
+                },
+                Some(Arc::clone(devices)),
+            ),
+        }
     }
-    // Identity-map RAM and the whole hole (boot area included): guest MMIO accesses then reach
-    // the VMM as MMIO exits instead of page faults.
-    let mut mapped: Vec<Range<u64>> = layout.regions.iter().map(|r| r.gpa_range()).collect();
-    mapped.push(hole.clone());
-    let boot = BootLayout::new(hole.start, BOOT_LIMIT.min(hole.end), vcpus, &mapped)
-        .map_err(VmError::Boot)?;
-    if boot.range().contains(&program::UNMAPPED_GPA) {
-        return Err(VmError::NoHole { hole });
-    }
-    let program = program::assemble(kind, boot.code).map_err(|source| VmError::Payload {
-        vcpu: None,
-        source: PayloadError::Assemble { kind, source },
-    })?;
-    if program.code.len() as u64 > CODE_BYTES {
-        let source = PayloadError::CodeTooLarge {
-            kind,
-            bytes: program.code.len(),
-            max: CODE_BYTES,
-        };
-        return Err(VmError::Payload { vcpu: None, source });
-    }
-    let boot_mem = boot.build(&program.handlers).map_err(VmError::Boot)?;
-    boot_mem
-        .write_slice(&program.code, GuestAddress(boot.code))
-        .map_err(|source| {
-            VmError::Boot(BootError::Write {
-                gpa: boot.code,
-                source,
-            })
-        })?;
-    Ok((boot, boot_mem, program))
-}
-
-/// One memslot per RAM region, then one for the boot area.
-fn register_memslots(
-    fd: &VmFd,
-    ram: &GuestMemoryMmap,
-    boot_mem: &GuestMemoryMmap,
-) -> Result<(), VmError> {
-    for (slot, region) in (0u32..).zip(ram.iter().chain(boot_mem.iter())) {
-        let gpa = region.start_addr().0;
-        let size = region.len();
-        let err = |source| VmError::Memslot {
-            slot,
-            gpa,
-            size,
-            source,
-        };
-        let host = region
-            .get_host_address(vm_memory::MemoryRegionAddress(0))
-            .map_err(|_| err(kvm_ioctls::Error::new(libc::EFAULT)))?;
-        let mem = kvm_userspace_memory_region {
-            slot,
-            flags: 0,
-            guest_phys_addr: gpa,
-            memory_size: size,
-            userspace_addr: host as u64,
-        };
-        // SAFETY: `host..host + size` is a live mapping owned by a GuestMemoryMmap that the Vm
-        // keeps (in `ram` or `boot_mem`) until after the VM fd, declared first, is closed; the
-        // slots do not overlap because the RAM regions and the boot area are disjoint.
-        unsafe { fd.set_user_memory_region(mem) }.map_err(err)?;
-    }
-    Ok(())
-}
-
-fn vcpu_configs(
-    kvm: &Kvm,
-    plan: &Plan,
-    inputs: &MailboxInputs<'_>,
-    boot_mem: &GuestMemoryMmap,
-    entry: u64,
-    irqchip: bool,
-) -> Result<Vec<VcpuConfig>, VmError> {
-    let supported = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
-    let dedicated = plan.vcpus.iter().all(|v| v.host_cpu.is_some());
-    let mut configs = Vec::with_capacity(plan.vcpus.len());
-    for (i, v) in plan.vcpus.iter().enumerate() {
-        let cpuid = cpuid::vcpu_cpuid(
-            &supported,
-            &CpuidInputs {
-                topology: plan.guest_topology,
-                vcpu: v,
-                dedicated,
-            },
-            &cpuid::host_cpuid,
-        )
-        .map_err(VmError::Cpuid)?;
-        let mut m = payload::initial_mailbox(inputs, i).map_err(|source| VmError::Payload {
-            vcpu: Some(i),
-            source,
-        })?;
-        payload::set_cpuid_requests(&mut m, &cpuid::reported_leaves(&cpuid));
-        payload::write_mailbox(boot_mem, &m).map_err(|source| VmError::Payload {
-            vcpu: Some(i),
-            source,
-        })?;
-        configs.push(VcpuConfig {
-            index: i,
-            kvm_id: v.apic_id,
-            cpus: v
-                .host_cpu
-                .map_or_else(|| plan.floating_cpus.clone(), |c| vec![c]),
-            cpuid,
-            entry,
-            make_runnable: irqchip,
-        });
-    }
-    Ok(configs)
 }

@@ -10,13 +10,13 @@
 //! The DSDT declares one processor device (`_HID "ACPI0007"`) per vCPU under `\_SB`, with the
 //! same `_UID` as the MADT entry.
 
-use acpi_tables::aml::{Device, Name, Path, Scope};
+use acpi_tables::aml::{Device, Name, Package, Path, Scope};
 use acpi_tables::madt::{EnabledStatus, IoApic, ProcessorLocalApic};
 use acpi_tables::sdt::Sdt;
 use acpi_tables::Aml;
 use vmhost_plan::Plan;
 
-use super::{aml_bytes, OEM_ID, OEM_REVISION, OEM_TABLE_ID};
+use super::{aml_bytes, OEM_ID, OEM_REVISION, OEM_TABLE_ID, S5_SLEEP_TYPE};
 
 /// Guest-physical address of the I/O APIC (KVM's in-kernel I/O APIC).
 pub const IOAPIC_ADDR: u32 = 0xfec0_0000;
@@ -81,7 +81,9 @@ fn local_x2apic(uid: u32, x2apic_id: u32) -> [u8; 16] {
     b
 }
 
-/// The DSDT: a processor device per vCPU under `\_SB`.
+/// The DSDT: a processor device per vCPU under `\_SB`, and `\_S5_` (soft off) with
+/// `SLP_TYP` = [`S5_SLEEP_TYPE`], which Linux needs before it powers off through the FADT's
+/// sleep control register.
 ///
 /// Device names are `C` and the vCPU index in three hex digits, so indices must be below
 /// 0x1000 (checked by the caller).
@@ -112,6 +114,11 @@ pub(super) fn dsdt(plan: &Plan) -> Vec<u8> {
         OEM_REVISION,
     );
     t.append_slice(&aml_bytes(&scope));
+    let s5 = Name::new(
+        "_S5_".into(),
+        &Package::new(vec![&S5_SLEEP_TYPE, &S5_SLEEP_TYPE, &0u8, &0u8]),
+    );
+    t.append_slice(&aml_bytes(&s5));
     t.as_slice().to_vec()
 }
 

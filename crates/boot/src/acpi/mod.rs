@@ -1,7 +1,9 @@
 //! ACPI tables that describe the guest's CPUs and NUMA cells, built from the plan.
 //!
 //! This module owns the firmware tables of a Linux guest: RSDP, XSDT, FADT (hardware-reduced
-//! ACPI, no FACS), a minimal DSDT, MADT, SRAT and SLIT. [`build_acpi`] lays them out from a base
+//! ACPI, no FACS; power-off through the sleep control register at [`SLEEP_CONTROL_PORT`] and
+//! reboot through the reset register at [`RESET_PORT`]), a minimal DSDT (processors and
+//! `\_S5_`), MADT, SRAT and SLIT. [`build_acpi`] lays them out from a base
 //! address (normally [`ACPI_START`], in the e820-reserved BIOS area) with the right pointers and
 //! checksums; [`AcpiTables::write_to`] copies them into guest memory and [`write_tables`] writes
 //! them as `.dat` files that ACPICA's `iasl -d` disassembles.
@@ -61,6 +63,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use acpi_tables::fadt::{FADTBuilder, Flags};
+use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
 use acpi_tables::rsdp::Rsdp;
 use acpi_tables::xsdt::XSDT;
 use acpi_tables::Aml;
@@ -80,6 +83,22 @@ pub const OEM_TABLE_ID: [u8; 8] = *b"VMHOSTVM";
 pub const OEM_REVISION: u32 = 1;
 /// Most vCPUs the tables describe (DSDT processor names carry three hex digits).
 pub const MAX_ACPI_VCPUS: usize = 0x1000;
+
+/// I/O port of the FADT's `SLEEP_CONTROL_REG` (hardware-reduced ACPI): the guest powers off by
+/// writing `SLP_TYP << 2 | SLP_EN` here, with `SLP_TYP` = [`S5_SLEEP_TYPE`].
+pub const SLEEP_CONTROL_PORT: u16 = 0x600;
+/// I/O port of the FADT's `SLEEP_STATUS_REG` (the guest writes `WAK_STS` there before sleeping).
+pub const SLEEP_STATUS_PORT: u16 = 0x601;
+/// I/O port of the FADT's `RESET_REG`: the guest reboots by writing [`RESET_VALUE`] here.
+pub const RESET_PORT: u16 = 0x602;
+/// The FADT's `RESET_VALUE`.
+pub const RESET_VALUE: u8 = 0x01;
+/// `SLP_TYP` of S5 (soft off), as the DSDT's `\_S5_` package gives it.
+pub const S5_SLEEP_TYPE: u8 = 5;
+/// `SLP_EN` bit of the sleep control register.
+pub const SLP_EN: u8 = 1 << 5;
+/// Bits of `SLP_TYP` in the sleep control register.
+pub const SLP_TYP_MASK: u8 = 0x7 << 2;
 
 /// Tables are placed on this alignment (the RSDP must be 16-byte aligned to be found by a scan).
 const TABLE_ALIGN: u64 = 16;
@@ -372,14 +391,32 @@ fn check_plan(plan: &Plan) -> Result<Vec<&GuestCell>, AcpiError> {
     Ok(cells)
 }
 
-/// A hardware-reduced FADT pointing at the DSDT.
+/// A one-byte register in I/O space.
+fn io_byte(port: u16) -> GAS {
+    GAS::new(
+        AddressSpace::SystemIo,
+        8,
+        0,
+        AccessSize::ByteAccess,
+        u64::from(port),
+    )
+}
+
+/// A hardware-reduced FADT pointing at the DSDT, with the sleep control/status registers (the
+/// guest's way to power off, with the DSDT's `\_S5_`) and a reset register (its way to reboot)
+/// in I/O space.
 fn fadt(dsdt_addr: u64) -> Vec<u8> {
     let mut b = FADTBuilder::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION)
         .dsdt_64(dsdt_addr)
         .flag(Flags::HwReducedAcpi)
+        .flag(Flags::ResetRegSup)
         .flag(Flags::PwrButton)
         .flag(Flags::SlpButton);
     b.iapc_boot_arch = IAPC_BOOT_ARCH.into();
+    b.sleep_control_reg = io_byte(SLEEP_CONTROL_PORT);
+    b.sleep_status_reg = io_byte(SLEEP_STATUS_PORT);
+    b.reset_reg = io_byte(RESET_PORT);
+    b.reset_value = RESET_VALUE;
     b.hypervisor_vendor_identity = u64::from_le_bytes(HYPERVISOR_VENDOR).into();
     aml_bytes(&b.finalize())
 }

@@ -53,6 +53,31 @@ fn every_checksum_and_length_is_right() {
     }
 }
 
+/// A generic address structure at `off`: (space, bit width, address).
+fn gas_at(b: &[u8], off: usize) -> (u8, u8, u64) {
+    (b[off], b[off + 1], u64_at(b, off + 4))
+}
+
+#[test]
+fn fadt_names_the_power_off_and_reset_ports_and_dsdt_has_s5() {
+    let t = build(&two_cell_plan(64 * MIB));
+    let f = &t.fadt.bytes;
+    assert_ne!(u32_at(f, 112) & (1 << 10), 0, "RESET_REG_SUP");
+    assert_eq!(gas_at(f, 116), (1, 8, u64::from(RESET_PORT)), "RESET_REG");
+    assert_eq!(f[128], RESET_VALUE);
+    assert_eq!(gas_at(f, 244), (1, 8, u64::from(SLEEP_CONTROL_PORT)));
+    assert_eq!(gas_at(f, 256), (1, 8, u64::from(SLEEP_STATUS_PORT)));
+    // Name (_S5_, Package (4) {5, 5, 0, 0})
+    let s5 = [
+        0x08, b'_', b'S', b'5', b'_', 0x12, 0x08, 0x04, 0x0a, 5, 0x0a, 5, 0x00, 0x00,
+    ];
+    assert!(
+        t.dsdt.bytes.windows(s5.len()).any(|w| w == s5),
+        "{:x?}",
+        t.dsdt.bytes
+    );
+}
+
 #[test]
 fn pointers_chain_rsdp_xsdt_tables_and_fadt_dsdt() {
     let t = build(&two_cell_plan(64 * MIB));

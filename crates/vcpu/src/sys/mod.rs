@@ -1,5 +1,6 @@
 //! Thin wrappers over the raw calls this crate makes outside kvm-ioctls: CPU affinity, thread
-//! ids, and the real-time signal that kicks a vCPU thread out of `KVM_RUN`.
+//! ids, the real-time signal that kicks a vCPU thread out of `KVM_RUN`, and the terminal calls
+//! of the serial console's input (`poll`, `read`, termios).
 //!
 //! Everything `unsafe` in the crate that is not a KVM call lives here (the memslot registration
 //! in `vm.rs` and the `kvm_run` pointer in `vcpu.rs` are the exceptions, next to their data).
@@ -148,9 +149,99 @@ pub unsafe fn kick_thread(thread: libc::pthread_t) -> io::Result<()> {
     }
 }
 
+/// Waits up to `timeout` for `fd` to become readable; true when it is (or has hung up).
+pub fn poll_readable(fd: c_int, timeout: std::time::Duration) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX);
+    // SAFETY: `p` is one valid pollfd owned by this frame and the count passed is 1.
+    let rc = unsafe { libc::poll(&mut p, 1, ms) };
+    match rc {
+        0 => Ok(false),
+        r if r > 0 => Ok(true),
+        _ => {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+/// One `read` from `fd` into `buf`.
+pub fn read_fd(fd: c_int, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the whole call.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast::<c_void>(), buf.len()) };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// A terminal switched to non-canonical input without echo (signal keys kept); the previous
+/// mode comes back on drop.
+pub struct RawTerminal {
+    fd: c_int,
+    saved: libc::termios,
+}
+
+impl RawTerminal {
+    /// Switches the terminal on `fd`.
+    pub fn enter(fd: c_int) -> io::Result<RawTerminal> {
+        // SAFETY: termios is plain data; tcgetattr fills it before any use.
+        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: `saved` is a valid termios owned by this frame.
+        if unsafe { libc::tcgetattr(fd, &mut saved) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut raw = saved;
+        raw.c_lflag &= !(libc::ICANON | libc::ECHO);
+        raw.c_iflag &= !libc::ICRNL;
+        raw.c_cc[libc::VMIN] = 1;
+        raw.c_cc[libc::VTIME] = 0;
+        // SAFETY: `raw` is an initialised termios copied from the terminal's own.
+        if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &raw) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(RawTerminal { fd, saved })
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        // SAFETY: `saved` is the termios tcgetattr returned for this terminal.
+        unsafe { libc::tcsetattr(self.fd, libc::TCSANOW, &self.saved) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pipe_polls_readable_once_written() {
+        let mut fds = [0 as c_int; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let short = std::time::Duration::from_millis(1);
+        assert!(!poll_readable(fds[0], short).unwrap());
+        // SAFETY: fds[1] is the pipe's open write end; the buffer is one valid byte.
+        assert_eq!(unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) }, 1);
+        assert!(poll_readable(fds[0], short).unwrap());
+        let mut b = [0u8; 4];
+        assert_eq!(read_fd(fds[0], &mut b).unwrap(), 1);
+        assert_eq!(b[0], b'x');
+        assert!(
+            RawTerminal::enter(fds[0]).is_err(),
+            "a pipe is not a terminal"
+        );
+        for fd in fds {
+            // SAFETY: both descriptors are open and owned by this test.
+            unsafe { libc::close(fd) };
+        }
+    }
 
     #[test]
     fn empty_cpu_list_is_rejected() {

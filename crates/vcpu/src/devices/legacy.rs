@@ -1,0 +1,244 @@
+//! The legacy PC ports a Linux guest pokes while it boots, reboots and powers off, other than
+//! COM1 (see [`super::serial`]) and what KVM's in-kernel irqchip and PIT already handle (PIC
+//! 0x20/0xa0, ELCR 0x4d0, PIT 0x40-0x43, speaker 0x61).
+//!
+//! | ports | what | reads | writes |
+//! |---|---|---|---|
+//! | 0x80 | POST code / `io_delay` | all ones | ignored |
+//! | 0x70, 0x71 | CMOS RTC ([`Cmos`]) | the host's UTC time in BCD, status A/B/D | index, ignored |
+//! | 0x60, 0x64 | i8042 keyboard controller | 0 (no data, input buffer empty) | 0xfe to 0x64: reboot |
+//! | 0x2f8, 0x3e8, 0x2e8 (+0..7) | COM2-COM4, absent | all ones | ignored |
+//! | 0xcf8-0xcff | PCI configuration mechanism 1, no bus | all ones | ignored; 0xcf9 with bit 2: reboot |
+//! | [`SLEEP_CONTROL_PORT`] | ACPI sleep control register | 0 | `SLP_EN` with `SLP_TYP` = S5: power-off |
+//! | [`SLEEP_STATUS_PORT`] | ACPI sleep status register | 0 | ignored |
+//! | [`RESET_PORT`] | ACPI reset register | 0 | [`RESET_VALUE`]: reboot |
+//!
+//! The sleep and reset registers are the ones the FADT built by `vmhost_boot::build_acpi` names.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use vmhost_boot::{
+    RESET_PORT, RESET_VALUE, S5_SLEEP_TYPE, SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT, SLP_EN,
+    SLP_TYP_MASK,
+};
+
+/// How a guest asked to be rebooted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "via", rename_all = "snake_case")]
+pub enum RebootVia {
+    /// 0xfe written to the i8042 command port 0x64 (Linux's `reboot=k`, its default fallback).
+    KeyboardController,
+    /// The FADT reset register (Linux's `reboot=a`, its first choice).
+    AcpiResetRegister,
+    /// A reset through port 0xcf9 (Linux's `reboot=p`).
+    ResetControl,
+    /// `KVM_EXIT_SHUTDOWN`: a triple fault, which resets a PC (`reboot=t`, or a crash before the
+    /// kernel has an IDT).
+    TripleFault {
+        /// Exception vector KVM last recorded, if any.
+        vector: Option<u8>,
+        /// Guest RIP.
+        rip: u64,
+    },
+}
+
+/// What a port write asks of the VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortAction {
+    /// Handled; the guest goes on.
+    Handled,
+    /// No device here.
+    Unknown,
+    /// The guest powers off.
+    PowerOff,
+    /// The guest reboots.
+    Reboot(RebootVia),
+}
+
+/// i8042 command: pulse the CPU reset line.
+const I8042_RESET: u8 = 0xfe;
+/// Port 0xcf9 bit: reset CPU.
+const CF9_RESET: u8 = 1 << 2;
+const COM_PORTS: [u16; 3] = [0x2f8, 0x3e8, 0x2e8];
+
+/// A minimal MC146818 CMOS RTC: the index register and read-only time and status registers.
+#[derive(Debug, Default)]
+pub struct Cmos {
+    index: u8,
+}
+
+impl Cmos {
+    /// CMOS register `reg` with the current UTC time in BCD, 24-hour mode.
+    fn read(&self, now_secs: u64) -> u8 {
+        let days = now_secs / 86_400;
+        let secs = now_secs % 86_400;
+        let (year, month, day) = civil_from_days(days);
+        let bcd = |v: u64| {
+            let v = u8::try_from(v % 100).unwrap_or(0);
+            ((v / 10) << 4) | (v % 10)
+        };
+        match self.index & 0x7f {
+            0x00 => bcd(secs % 60),
+            0x02 => bcd(secs / 60 % 60),
+            0x04 => bcd(secs / 3600),
+            0x06 => bcd((days + 4) % 7 + 1), // 1970-01-01 was a Thursday (day 5 of 1..7)
+            0x07 => bcd(day),
+            0x08 => bcd(month),
+            0x09 => bcd(year % 100),
+            0x32 => bcd(year / 100),
+            0x0a => 0x26, // divider on, 1024 Hz, update not in progress
+            0x0b => 0x02, // 24-hour mode, BCD, no interrupts
+            0x0d => 0x80, // battery good, time valid
+            _ => 0,
+        }
+    }
+}
+
+/// Year, month (1-12) and day (1-31) of `days` since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+/// The legacy ports' state.
+#[derive(Debug, Default)]
+pub struct Legacy {
+    cmos: Cmos,
+}
+
+fn in_range(port: u16, base: u16, len: u16) -> bool {
+    port >= base && port - base < len
+}
+
+impl Legacy {
+    /// True when `port` is one of this module's ports.
+    pub fn claims(port: u16) -> bool {
+        matches!(
+            port,
+            0x80 | 0x70 | 0x71 | 0x60 | 0x64 | SLEEP_CONTROL_PORT | SLEEP_STATUS_PORT | RESET_PORT
+        ) || in_range(port, 0xcf8, 8)
+            || COM_PORTS.iter().any(|&b| in_range(port, b, 8))
+    }
+
+    /// A read of `data.len()` bytes from `port`; false when the port is not ours.
+    pub fn read(&mut self, port: u16, data: &mut [u8]) -> bool {
+        if !Self::claims(port) {
+            return false;
+        }
+        let value = match port {
+            0x71 => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                self.cmos.read(now)
+            }
+            0x60 | 0x64 | SLEEP_CONTROL_PORT | SLEEP_STATUS_PORT | RESET_PORT => 0,
+            _ => 0xff,
+        };
+        data.fill(value);
+        true
+    }
+
+    /// A write of `data` to `port`.
+    pub fn write(&mut self, port: u16, data: &[u8]) -> PortAction {
+        if !Self::claims(port) {
+            return PortAction::Unknown;
+        }
+        let first = data.first().copied().unwrap_or(0);
+        match port {
+            0x70 => self.cmos.index = first,
+            0x64 if first == I8042_RESET => {
+                return PortAction::Reboot(RebootVia::KeyboardController)
+            }
+            0xcf9 if data.len() == 1 && first & CF9_RESET != 0 => {
+                return PortAction::Reboot(RebootVia::ResetControl)
+            }
+            SLEEP_CONTROL_PORT
+                if first & SLP_EN != 0 && (first & SLP_TYP_MASK) >> 2 == S5_SLEEP_TYPE =>
+            {
+                return PortAction::PowerOff
+            }
+            RESET_PORT if first == RESET_VALUE => {
+                return PortAction::Reboot(RebootVia::AcpiResetRegister)
+            }
+            _ => {}
+        }
+        PortAction::Handled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reboot_and_power_off_writes_are_recognised() {
+        let mut l = Legacy::default();
+        assert_eq!(
+            l.write(0x64, &[0xfe]),
+            PortAction::Reboot(RebootVia::KeyboardController)
+        );
+        assert_eq!(l.write(0x64, &[0xd1]), PortAction::Handled);
+        let s5 = SLP_EN | (S5_SLEEP_TYPE << 2);
+        assert_eq!(l.write(SLEEP_CONTROL_PORT, &[s5]), PortAction::PowerOff);
+        assert_eq!(
+            l.write(SLEEP_CONTROL_PORT, &[S5_SLEEP_TYPE << 2]),
+            PortAction::Handled,
+            "no SLP_EN"
+        );
+        assert_eq!(l.write(SLEEP_STATUS_PORT, &[0x80]), PortAction::Handled);
+        assert_eq!(
+            l.write(RESET_PORT, &[RESET_VALUE]),
+            PortAction::Reboot(RebootVia::AcpiResetRegister)
+        );
+        assert_eq!(
+            l.write(0xcf9, &[0x06]),
+            PortAction::Reboot(RebootVia::ResetControl)
+        );
+        assert_eq!(l.write(0xcf8, &[0, 0, 0, 0x80]), PortAction::Handled);
+        assert_eq!(l.write(0x1234, &[0]), PortAction::Unknown);
+    }
+
+    #[test]
+    fn absent_devices_read_all_ones_and_the_keyboard_controller_is_idle() {
+        let mut l = Legacy::default();
+        let mut d = [0u8; 4];
+        assert!(l.read(0xcfc, &mut d));
+        assert_eq!(d, [0xff; 4]);
+        let mut b = [0u8; 1];
+        assert!(l.read(0x2fd, &mut b));
+        assert_eq!(b, [0xff]);
+        assert!(l.read(0x64, &mut b));
+        assert_eq!(b, [0]);
+        assert!(!l.read(0x3f8, &mut b), "COM1 is the serial device's");
+    }
+
+    #[test]
+    fn cmos_reads_the_time_in_bcd() {
+        let mut c = Cmos::default();
+        // 2026-11-29 13:45:07 UTC
+        let t = 1_795_959_907;
+        let read = |c: &mut Cmos, i: u8| {
+            c.index = i;
+            c.read(t)
+        };
+        assert_eq!(read(&mut c, 0x09), 0x26);
+        assert_eq!(read(&mut c, 0x08), 0x11);
+        assert_eq!(read(&mut c, 0x07), 0x29);
+        assert_eq!(read(&mut c, 0x04), 0x13);
+        assert_eq!(read(&mut c, 0x02), 0x45);
+        assert_eq!(read(&mut c, 0x00), 0x07);
+        assert_eq!(read(&mut c, 0x32), 0x20);
+        assert_eq!(read(&mut c, 0x0a) & 0x80, 0, "update not in progress");
+        assert_eq!(read(&mut c, 0x80), 0x07, "bit 7 (NMI mask) is ignored");
+    }
+}

@@ -1,0 +1,79 @@
+//! The emulated devices of a Linux guest, all on port I/O: COM1 ([`serial`]), the legacy
+//! ports the kernel probes, and the ACPI power-off and reset registers ([`legacy`]). The
+//! console input thread is in [`console`].
+//!
+//! The in-kernel irqchip and PIT (created for every Linux guest) handle the PIC, I/O APIC,
+//! local APICs, PIT and speaker port without exits. Ports nothing here claims go to the VM's
+//! unknown-access policy.
+
+pub mod console;
+pub mod legacy;
+pub mod serial;
+
+use std::sync::{Arc, Mutex};
+
+use crate::control::lock;
+use legacy::{Legacy, PortAction};
+use serial::SerialConsole;
+
+/// The port-I/O bus of a Linux guest.
+#[derive(Debug)]
+pub struct LinuxDevices {
+    serial: Arc<SerialConsole>,
+    legacy: Mutex<Legacy>,
+}
+
+impl LinuxDevices {
+    /// The devices around `serial`.
+    pub fn new(serial: SerialConsole) -> Self {
+        LinuxDevices {
+            serial: Arc::new(serial),
+            legacy: Mutex::new(Legacy::default()),
+        }
+    }
+
+    /// COM1.
+    pub fn serial(&self) -> &Arc<SerialConsole> {
+        &self.serial
+    }
+
+    /// A guest `in` from `port`; false (and `data` untouched) when no device has the port.
+    pub fn pio_read(&self, port: u16, data: &mut [u8]) -> bool {
+        if SerialConsole::claims(port) {
+            self.serial.read(port, data);
+            return true;
+        }
+        lock(&self.legacy).read(port, data)
+    }
+
+    /// A guest `out` to `port`.
+    pub fn pio_write(&self, port: u16, data: &[u8]) -> PortAction {
+        if SerialConsole::claims(port) {
+            self.serial.write(port, data);
+            return PortAction::Handled;
+        }
+        lock(&self.legacy).write(port, data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use legacy::RebootVia;
+
+    #[test]
+    fn ports_are_routed_to_their_device() {
+        let out = serial::SerialOut(Arc::new(Mutex::new(std::io::sink())));
+        let d = LinuxDevices::new(SerialConsole::new(Some(out)).unwrap());
+        assert_eq!(d.pio_write(0x3f8, b"x"), PortAction::Handled);
+        assert_eq!(d.serial().stats().bytes(), 1);
+        assert_eq!(
+            d.pio_write(0x64, &[0xfe]),
+            PortAction::Reboot(RebootVia::KeyboardController)
+        );
+        assert_eq!(d.pio_write(0x5a5a, &[1]), PortAction::Unknown);
+        let mut b = [0u8; 1];
+        assert!(d.pio_read(0x3fd, &mut b));
+        assert!(!d.pio_read(0x5a5a, &mut b));
+    }
+}

@@ -1,0 +1,244 @@
+//! COM1: a 16550A UART (vm-superio's `Serial`) at port [`COM1_BASE`], its interrupt on GSI
+//! [`COM1_GSI`] through an eventfd registered with `KVM_IRQFD`, its output to the process's
+//! stdout or a writer given in [`crate::VmOptions::serial_out`], and its input queue, which the
+//! console thread ([`super::console`]) fills from a terminal.
+//!
+//! Every byte the guest transmits is counted, and the moment of the first one is kept for the
+//! run report (how long the guest took to say anything).
+
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use vm_superio::serial::NoEvents;
+use vm_superio::{Serial, Trigger};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::control::lock;
+
+/// First port of COM1.
+pub const COM1_BASE: u16 = 0x3f8;
+/// Ports of one UART.
+pub const UART_PORTS: u16 = 8;
+/// COM1's interrupt: ISA IRQ 4, which KVM's default routing sends to I/O APIC pin 4.
+pub const COM1_GSI: u32 = 4;
+
+/// Where a Linux guest's serial output goes (see [`crate::VmOptions::serial_out`]).
+#[derive(Clone)]
+pub struct SerialOut(pub Arc<Mutex<dyn Write + Send>>);
+
+impl std::fmt::Debug for SerialOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SerialOut(..)")
+    }
+}
+
+/// What the guest transmitted: how many bytes, and when the first one came.
+#[derive(Debug, Default)]
+pub struct SerialStats {
+    first: OnceLock<Instant>,
+    bytes: AtomicU64,
+}
+
+impl SerialStats {
+    /// When the guest transmitted its first byte.
+    pub fn first_byte(&self) -> Option<Instant> {
+        self.first.get().copied()
+    }
+
+    /// Bytes transmitted so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    fn record(&self, n: usize) {
+        if n > 0 {
+            self.first.get_or_init(Instant::now);
+            self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The UART's output: counts, then forwards to the writer or stdout.
+struct ConsoleWriter {
+    out: Option<SerialOut>,
+    stats: Arc<SerialStats>,
+}
+
+impl Write for ConsoleWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stats.record(buf.len());
+        match &self.out {
+            Some(o) => lock(&o.0).write_all(buf)?,
+            None => io::stdout().lock().write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match &self.out {
+            Some(o) => lock(&o.0).flush(),
+            None => io::stdout().lock().flush(),
+        }
+    }
+}
+
+/// The UART's interrupt line: one eventfd write per edge, which KVM turns into GSI 4.
+struct IrqLine(EventFd);
+
+impl Trigger for IrqLine {
+    type E = io::Error;
+
+    fn trigger(&self) -> io::Result<()> {
+        self.0.write(1)
+    }
+}
+
+type Uart = Serial<IrqLine, NoEvents, ConsoleWriter>;
+
+/// COM1 and its interrupt eventfd.
+pub struct SerialConsole {
+    uart: Mutex<Uart>,
+    irq: EventFd,
+    stats: Arc<SerialStats>,
+    warned: AtomicBool,
+}
+
+impl std::fmt::Debug for SerialConsole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SerialConsole")
+            .field("bytes", &self.stats.bytes())
+            .finish()
+    }
+}
+
+impl SerialConsole {
+    /// A UART writing to `out` (stdout when `None`), with a fresh interrupt eventfd.
+    pub fn new(out: Option<SerialOut>) -> io::Result<Self> {
+        let irq = EventFd::new(EFD_NONBLOCK)?;
+        let stats = Arc::new(SerialStats::default());
+        let writer = ConsoleWriter {
+            out,
+            stats: Arc::clone(&stats),
+        };
+        Ok(SerialConsole {
+            uart: Mutex::new(Serial::new(IrqLine(irq.try_clone()?), writer)),
+            irq,
+            stats,
+            warned: AtomicBool::new(false),
+        })
+    }
+
+    /// The eventfd to register as the irqfd of [`COM1_GSI`].
+    pub fn irq_fd(&self) -> &EventFd {
+        &self.irq
+    }
+
+    /// What the guest transmitted.
+    pub fn stats(&self) -> Arc<SerialStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// True for COM1's ports.
+    pub fn claims(port: u16) -> bool {
+        port >= COM1_BASE && port - COM1_BASE < UART_PORTS
+    }
+
+    fn offset(port: u16) -> u8 {
+        u8::try_from(port - COM1_BASE).unwrap_or(0)
+    }
+
+    /// A guest read of UART register `port` (the value goes in the first byte).
+    pub fn read(&self, port: u16, data: &mut [u8]) {
+        let value = lock(&self.uart).read(Self::offset(port));
+        data.fill(0);
+        if let Some(b) = data.first_mut() {
+            *b = value;
+        }
+    }
+
+    /// A guest write to UART register `port` (only the first byte counts).
+    pub fn write(&self, port: u16, data: &[u8]) {
+        let Some(&value) = data.first() else {
+            return;
+        };
+        if let Err(e) = lock(&self.uart).write(Self::offset(port), value) {
+            self.warn_once(&e);
+        }
+    }
+
+    /// Queues host input for the guest; returns how many bytes fit in the receive FIFO.
+    pub fn enqueue(&self, bytes: &[u8]) -> usize {
+        let mut uart = lock(&self.uart);
+        if uart.fifo_capacity() == 0 {
+            return 0;
+        }
+        match uart.enqueue_raw_bytes(bytes) {
+            Ok(n) => n,
+            Err(e) => {
+                drop(uart);
+                self.warn_once(&e);
+                0
+            }
+        }
+    }
+
+    fn warn_once(&self, e: &vm_superio::serial::Error<io::Error>) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %e, "serial console error (reported once)");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Capture(Vec<u8>);
+
+    impl Write for Capture {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn transmitted_bytes_reach_the_writer_and_raise_the_interrupt() {
+        let capture = Arc::new(Mutex::new(Capture::default()));
+        let s = SerialConsole::new(Some(SerialOut(capture.clone()))).unwrap();
+        assert!(s.stats().first_byte().is_none());
+        s.write(COM1_BASE + 1, &[0x02]); // IER: THR empty interrupt
+        for b in b"hi\n" {
+            s.write(COM1_BASE, &[*b]);
+        }
+        assert_eq!(lock(&capture).0, b"hi\n");
+        assert_eq!(s.stats().bytes(), 3);
+        assert!(s.stats().first_byte().is_some());
+        assert!(s.irq_fd().read().unwrap() >= 1, "interrupt raised");
+        let mut lsr = [0u8; 1];
+        s.read(COM1_BASE + 5, &mut lsr);
+        assert_ne!(lsr[0] & 0x20, 0, "THR empty");
+    }
+
+    #[test]
+    fn queued_input_is_read_back_by_the_guest() {
+        let s = SerialConsole::new(Some(SerialOut(Arc::new(Mutex::new(io::sink()))))).unwrap();
+        assert_eq!(s.enqueue(b"ls\n"), 3);
+        let mut b = [0u8; 1];
+        s.read(COM1_BASE + 5, &mut b);
+        assert_ne!(b[0] & 1, 0, "data ready");
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            s.read(COM1_BASE, &mut b);
+            got.push(b[0]);
+        }
+        assert_eq!(got, b"ls\n");
+        assert!(SerialConsole::claims(0x3ff) && !SerialConsole::claims(0x400));
+    }
+}

@@ -1,0 +1,103 @@
+//! Preparing a Linux guest (`[boot] kernel = ...`): ACPI tables built from the plan and
+//! written at [`vmhost_boot::ACPI_START`], the kernel, initramfs and command line loaded by
+//! [`vmhost_boot::load_linux`], all checked before KVM is opened; then the KVM VM with the
+//! in-kernel irqchip and PIT, RAM memslots, COM1 with its irqfd on GSI 4, and per-vCPU CPUID.
+//!
+//! The vCPU whose APIC ID is 0 (KVM's boot processor) starts at the kernel's entry with
+//! [`vmhost_boot::LinuxBoot::cpu_state`] (PVH for Debian's vmlinux); every other vCPU stays in
+//! KVM's wait-for-INIT/SIPI state, and Linux brings it up. See [`crate::exits`] for what
+//! ends the guest.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use vmhost_boot::{build_acpi, load_linux, LinuxBoot, ACPI_START};
+use vmhost_plan::Plan;
+
+use crate::devices::serial::{SerialConsole, COM1_GSI};
+use crate::devices::LinuxDevices;
+use crate::setup::{open_vm, register_memslots, vcpu_cpuids, vcpu_cpus};
+use crate::vcpu::{VcpuConfig, VcpuStart};
+use crate::vm::{kvm_err, Guest, GuestRam, Prepared, VmError, VmOptions};
+
+/// What `[boot]` names for a Linux guest.
+pub(crate) struct KernelSpec<'a> {
+    pub kernel: &'a Path,
+    pub initrd: Option<&'a Path>,
+    pub cmdline: &'a str,
+}
+
+/// Loads the kernel into `ram` and prepares the VM around it.
+pub(crate) fn prepare_linux(
+    plan: &Plan,
+    ram: &dyn GuestRam,
+    options: &VmOptions,
+    spec: &KernelSpec<'_>,
+) -> Result<Prepared, VmError> {
+    let vm = || plan.name.clone();
+    let layout = ram.guest_layout();
+    let acpi = build_acpi(plan, layout, ACPI_START)
+        .map_err(|source| VmError::Acpi { vm: vm(), source })?;
+    let boot = load_linux(
+        ram.guest_memory(),
+        layout,
+        spec.kernel,
+        spec.initrd,
+        spec.cmdline,
+        &acpi,
+    )
+    .map_err(|source| VmError::Kernel { vm: vm(), source })?;
+    tracing::info!(
+        kernel = %spec.kernel.display(),
+        mode = ?boot.mode,
+        entry = format_args!("{:#x}", boot.entry),
+        footprint = format_args!("{:#x}..{:#x}", boot.kernel.start, boot.kernel.end),
+        "kernel loaded"
+    );
+    let bsp = plan
+        .vcpus
+        .iter()
+        .position(|v| v.apic_id == 0)
+        .ok_or_else(|| VmError::NoBootVcpu { vm: vm() })?;
+
+    let (kvm, fd) = open_vm(plan, true)?;
+    register_memslots(&fd, ram.guest_memory(), None)?;
+    let serial = SerialConsole::new(options.serial_out.clone()).map_err(VmError::Serial)?;
+    fd.register_irqfd(serial.irq_fd(), COM1_GSI)
+        .map_err(kvm_err("KVM_IRQFD"))?;
+    let cpuids = vcpu_cpuids(&kvm, plan, options.mask_for_nested_emulation)?;
+    let configs = plan
+        .vcpus
+        .iter()
+        .zip(cpuids)
+        .enumerate()
+        .map(|(i, (v, cpuid))| VcpuConfig {
+            index: i,
+            kvm_id: v.apic_id,
+            cpus: vcpu_cpus(plan, v),
+            cpuid,
+            start: if i == bsp {
+                VcpuStart::LinuxBoot(Box::new(boot.cpu_state()))
+            } else {
+                VcpuStart::LinuxWaitForSipi
+            },
+        })
+        .collect();
+    Ok(Prepared {
+        kvm,
+        fd,
+        guest: Guest::Linux {
+            boot: Box::new(boot),
+            devices: Arc::new(LinuxDevices::new(serial)),
+        },
+        configs,
+    })
+}
+
+/// The image format's name in reports.
+pub(crate) fn image_name(boot: &LinuxBoot) -> &'static str {
+    match boot.format {
+        vmhost_boot::KernelFormat::Elf => "elf",
+        vmhost_boot::KernelFormat::BzImage => "bz_image",
+    }
+}

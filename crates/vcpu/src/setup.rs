@@ -1,0 +1,245 @@
+//! Building a VM before it runs: what every guest needs (the KVM VM with its irqchip and PIT,
+//! memslots, per-vCPU CPUID) and what a built-in payload needs on top (boot area, code,
+//! mailboxes). Linux guests are prepared in [`crate::linux`].
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
+    KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::{Cap, Kvm, VmFd};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmhost_memory::GuestLayout;
+use vmhost_plan::{Plan, VcpuPlacement};
+
+use crate::arch::boot::CODE_BYTES;
+use crate::arch::cpuid::{self, CpuidInputs};
+use crate::arch::{mask_for_nested_emulation, BootError, BootLayout};
+use crate::payload::bench;
+use crate::payload::{self, program, MailboxInputs, PayloadError, PayloadKind};
+use crate::vcpu::{VcpuConfig, VcpuStart};
+use crate::vm::{kvm_err, Guest, GuestRam, Prepared, VmError, VmOptions};
+
+/// Where KVM's real-mode TSS goes on Intel (three pages, inside the MMIO hole).
+const TSS_ADDR: usize = 0xfffb_d000;
+/// Seed of the benchmark's chain shuffle (fixed: runs are comparable).
+const BENCH_SEED: u64 = 0x766d_686f_7374;
+/// The boot area must end below the IOAPIC.
+const BOOT_LIMIT: u64 = 0xfec0_0000;
+
+/// Opens KVM and creates the VM, with the in-kernel irqchip and PIT when `irqchip` is set.
+pub(crate) fn open_vm(plan: &Plan, irqchip: bool) -> Result<(Kvm, VmFd), VmError> {
+    let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+    if !kvm.check_extension(Cap::ImmediateExit) {
+        return Err(VmError::MissingCap {
+            cap: "KVM_CAP_IMMEDIATE_EXIT",
+        });
+    }
+    let max = kvm.get_max_vcpu_id();
+    if let Some(v) = plan
+        .vcpus
+        .iter()
+        .find(|v| usize::try_from(v.apic_id).map_or(true, |id| id >= max))
+    {
+        return Err(VmError::VcpuId {
+            vcpu: v.vcpu,
+            apic_id: v.apic_id,
+            max,
+        });
+    }
+    let fd = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    if kvm.check_extension(Cap::SetTssAddr) {
+        fd.set_tss_address(TSS_ADDR)
+            .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+    }
+    if irqchip {
+        fd.create_irq_chip()
+            .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        fd.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+    }
+    Ok((kvm, fd))
+}
+
+/// One memslot per RAM region, then one per region of `extra` (the payload boot area).
+pub(crate) fn register_memslots(
+    fd: &VmFd,
+    ram: &GuestMemoryMmap,
+    extra: Option<&GuestMemoryMmap>,
+) -> Result<(), VmError> {
+    let extra = extra.into_iter().flat_map(|m| m.iter());
+    for (slot, region) in (0u32..).zip(ram.iter().chain(extra)) {
+        let gpa = region.start_addr().0;
+        let size = region.len();
+        let err = |source| VmError::Memslot {
+            slot,
+            gpa,
+            size,
+            source,
+        };
+        let host = region
+            .get_host_address(vm_memory::MemoryRegionAddress(0))
+            .map_err(|_| err(kvm_ioctls::Error::new(libc::EFAULT)))?;
+        let mem = kvm_userspace_memory_region {
+            slot,
+            flags: 0,
+            guest_phys_addr: gpa,
+            memory_size: size,
+            userspace_addr: host as u64,
+        };
+        // SAFETY: `host..host + size` is a live mapping owned by a GuestMemoryMmap that the Vm
+        // keeps (its RAM, or the boot area in its guest) until after the VM fd, declared first,
+        // is closed; the slots do not overlap because the RAM regions and the boot area are
+        // disjoint.
+        unsafe { fd.set_user_memory_region(mem) }.map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Each vCPU's CPUID: the planned topology, the host's features, and with `nested` what an
+/// emulated ring 0 cannot run masked.
+pub(crate) fn vcpu_cpuids(kvm: &Kvm, plan: &Plan, nested: bool) -> Result<Vec<CpuId>, VmError> {
+    let supported = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    let dedicated = plan.vcpus.iter().all(|v| v.host_cpu.is_some());
+    plan.vcpus
+        .iter()
+        .map(|v| {
+            let inputs = CpuidInputs {
+                topology: plan.guest_topology,
+                vcpu: v,
+                dedicated,
+            };
+            let mut c = cpuid::vcpu_cpuid(&supported, &inputs, &cpuid::host_cpuid)
+                .map_err(VmError::Cpuid)?;
+            if nested {
+                mask_for_nested_emulation(&mut c);
+            }
+            Ok(c)
+        })
+        .collect()
+}
+
+/// The PUs vCPU `v`'s thread is pinned to: its own, or the plan's floating set.
+pub(crate) fn vcpu_cpus(plan: &Plan, v: &VcpuPlacement) -> Vec<u32> {
+    v.host_cpu
+        .map_or_else(|| plan.floating_cpus.clone(), |c| vec![c])
+}
+
+/// Prepares a built-in payload: KVM VM, boot area, memslots, payload data, per-vCPU CPUID
+/// and mailbox.
+pub(crate) fn prepare_payload(
+    plan: &Plan,
+    ram: &dyn GuestRam,
+    options: &VmOptions,
+    kind: PayloadKind,
+) -> Result<Prepared, VmError> {
+    let (kvm, fd) = open_vm(plan, kind.needs_irqchip())?;
+    let layout = ram.guest_layout();
+    let (boot, boot_mem, program) = build_boot_area(layout, plan.vcpus.len(), kind)?;
+    register_memslots(&fd, ram.guest_memory(), Some(&boot_mem))?;
+    let (chains, bench_cells) = if kind == PayloadKind::NumaBench {
+        let chains = bench::prepare(
+            ram.guest_memory(),
+            layout,
+            &options.bench,
+            BENCH_SEED,
+            plan.vcpus.len(),
+        )
+        .map_err(|source| VmError::Payload { vcpu: None, source })?;
+        let mut cells: Vec<u32> = layout.regions.iter().map(|r| r.cell).collect();
+        cells.dedup();
+        (chains, cells)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let inputs = MailboxInputs {
+        plan,
+        layout,
+        boot: &boot,
+        user_entry: program.user_entry,
+        bench: &chains,
+    };
+    let cpuids = vcpu_cpuids(&kvm, plan, options.mask_for_nested_emulation)?;
+    let mut configs = Vec::with_capacity(plan.vcpus.len());
+    for (i, (v, cpuid)) in plan.vcpus.iter().zip(cpuids).enumerate() {
+        let payload_err = |source| VmError::Payload {
+            vcpu: Some(i),
+            source,
+        };
+        let mut m = payload::initial_mailbox(&inputs, i).map_err(payload_err)?;
+        payload::set_cpuid_requests(&mut m, &cpuid::reported_leaves(&cpuid));
+        payload::write_mailbox(&boot_mem, &m).map_err(payload_err)?;
+        configs.push(VcpuConfig {
+            index: i,
+            kvm_id: v.apic_id,
+            cpus: vcpu_cpus(plan, v),
+            cpuid,
+            start: VcpuStart::Payload {
+                entry: program.entry,
+                make_runnable: kind.needs_irqchip(),
+            },
+        });
+    }
+    let guest = Guest::Payload {
+        kind,
+        boot: Arc::new(boot),
+        boot_mem,
+        bench_cells,
+    };
+    Ok(Prepared {
+        kvm,
+        fd,
+        guest,
+        configs,
+    })
+}
+
+/// Lays out and fills the boot area in the MMIO hole: tables, code, mailboxes come later.
+fn build_boot_area(
+    layout: &GuestLayout,
+    vcpus: usize,
+    kind: PayloadKind,
+) -> Result<(BootLayout, GuestMemoryMmap, program::Program), VmError> {
+    let hole = layout.mmio_hole();
+    if hole.end <= hole.start || hole.start >= BOOT_LIMIT {
+        return Err(VmError::NoHole { hole });
+    }
+    // Identity-map RAM and the whole hole (boot area included): guest MMIO accesses then reach
+    // the VMM as MMIO exits instead of page faults.
+    let mut mapped: Vec<Range<u64>> = layout.regions.iter().map(|r| r.gpa_range()).collect();
+    mapped.push(hole.clone());
+    let boot = BootLayout::new(hole.start, BOOT_LIMIT.min(hole.end), vcpus, &mapped)
+        .map_err(VmError::Boot)?;
+    if boot.range().contains(&program::UNMAPPED_GPA) {
+        return Err(VmError::NoHole { hole });
+    }
+    let program = program::assemble(kind, boot.code).map_err(|source| VmError::Payload {
+        vcpu: None,
+        source: PayloadError::Assemble { kind, source },
+    })?;
+    if program.code.len() as u64 > CODE_BYTES {
+        let source = PayloadError::CodeTooLarge {
+            kind,
+            bytes: program.code.len(),
+            max: CODE_BYTES,
+        };
+        return Err(VmError::Payload { vcpu: None, source });
+    }
+    let boot_mem = boot.build(&program.handlers).map_err(VmError::Boot)?;
+    boot_mem
+        .write_slice(&program.code, GuestAddress(boot.code))
+        .map_err(|source| {
+            VmError::Boot(BootError::Write {
+                gpa: boot.code,
+                source,
+            })
+        })?;
+    Ok((boot, boot_mem, program))
+}
