@@ -16,6 +16,7 @@ use serde::Serialize;
 use vmhost_config::format_bytes;
 
 use crate::backing::MappedRegion;
+use crate::policy::{normalize_numa_maps_policy, policy_string, PolicyOverride};
 use crate::sys;
 
 /// Why the audit could not be made.
@@ -152,6 +153,11 @@ pub struct RegionAudit {
     pub page_size_bytes: u64,
     /// The node the plan binds it to.
     pub expected_node: Option<u32>,
+    /// The policy the audit expects, as `numa_maps` spells it (`bind:0`, or the override's,
+    /// such as `interleave:0,1`).
+    pub expected_policy: String,
+    /// Nodes its pages may sit on (empty: any).
+    pub allowed_nodes: Vec<u32>,
     /// Policy in force, as `numa_maps` would print it (`bind:0`).
     pub policy: String,
     /// Pages of `page_size_bytes` in the region.
@@ -167,12 +173,15 @@ pub struct RegionAudit {
 }
 
 impl RegionAudit {
-    /// Share of the region's pages on its bound node (1.0 when unbound and fully present).
+    /// Share of the region's pages on its allowed nodes (the bound node, or the nodes of a
+    /// policy override; 1.0 when unbound and fully present).
     pub fn fraction_on_node(&self) -> f64 {
-        let on = match self.expected_node {
-            Some(n) => self.pages_by_node.get(&n).copied().unwrap_or(0),
-            None => self.pages_by_node.values().sum(),
-        };
+        let on: u64 = self
+            .pages_by_node
+            .iter()
+            .filter(|(n, _)| self.allowed_nodes.is_empty() || self.allowed_nodes.contains(n))
+            .map(|(_, p)| p)
+            .sum();
         if self.pages == 0 {
             return 1.0;
         }
@@ -199,16 +208,6 @@ impl Audit {
             .iter()
             .flat_map(|r| r.violations.iter().map(move |v| (r.cell, r.gpa, v)))
     }
-}
-
-/// Formats a policy like `numa_maps` does (`bind:0-1` is printed here as `bind:0,1`).
-fn policy_string(mode: i32, nodes: &[u32]) -> String {
-    let name = sys::policy_name(mode);
-    if nodes.is_empty() || mode == sys::MPOL_DEFAULT || mode == sys::MPOL_LOCAL {
-        return name.to_string();
-    }
-    let list: Vec<String> = nodes.iter().map(u32::to_string).collect();
-    format!("{name}:{}", list.join(","))
 }
 
 /// Parses the `numa_maps` lines whose start address lies in `[start, end)` and merges them.
@@ -290,31 +289,23 @@ fn check_region(a: &mut RegionAudit, hugetlb: bool) {
             pages: a.pages_not_present,
         });
     }
-    if let Some(bound) = a.expected_node {
+    if !a.allowed_nodes.is_empty() {
         for (&node, &pages) in &a.pages_by_node {
-            if node != bound {
+            if !a.allowed_nodes.contains(&node) {
                 v.push(Violation::PagesOffNode { node, pages });
             }
         }
     }
-    let expected = policy_string(
-        if a.expected_node.is_some() {
-            sys::MPOL_BIND
-        } else {
-            sys::MPOL_DEFAULT
-        },
-        a.expected_node.as_slice(),
-    );
-    if a.policy != expected {
+    if a.policy != a.expected_policy {
         v.push(Violation::Policy {
-            expected,
+            expected: a.expected_policy.clone(),
             found: a.policy.clone(),
         });
     }
     match &a.numa_maps {
         None => v.push(Violation::NumaMapsMissing),
         Some(nm) => {
-            if nm.policy != a.policy {
+            if normalize_numa_maps_policy(&nm.policy) != a.policy {
                 v.push(Violation::NumaMapsPolicy {
                     policy: a.policy.clone(),
                     numa_maps: nm.policy.clone(),
@@ -347,8 +338,19 @@ fn check_region(a: &mut RegionAudit, hugetlb: bool) {
     a.violations = v;
 }
 
-/// Audits the residency of `regions` (hugetlb-backed when `hugetlb`).
+/// Audits the residency of `regions` (hugetlb-backed when `hugetlb`), each bound to its
+/// cell's node.
 pub fn audit(regions: &[&MappedRegion], hugetlb: bool) -> Result<Audit, AuditError> {
+    audit_with_policy(regions, hugetlb, None)
+}
+
+/// Audits the residency of `regions` under `policy` (`None`: each bound to its cell's node,
+/// as [`audit`]).
+pub fn audit_with_policy(
+    regions: &[&MappedRegion],
+    hugetlb: bool,
+    policy: Option<&PolicyOverride>,
+) -> Result<Audit, AuditError> {
     let mut out = Vec::with_capacity(regions.len());
     for region in regions {
         let l = &region.layout;
@@ -359,6 +361,11 @@ pub fn audit(regions: &[&MappedRegion], hugetlb: bool) -> Result<Audit, AuditErr
                 source,
             })?;
         let (pages_by_node, pages_not_present) = count_pages(region)?;
+        let (expected_policy, allowed_nodes) = match (policy, l.host_node) {
+            (Some(p), _) => (p.policy_string(), p.nodes()),
+            (None, Some(n)) => (policy_string(sys::MPOL_BIND, &[n]), vec![n]),
+            (None, None) => (policy_string(sys::MPOL_DEFAULT, &[]), Vec::new()),
+        };
         out.push(RegionAudit {
             cell: l.cell,
             gpa: l.gpa,
@@ -366,6 +373,8 @@ pub fn audit(regions: &[&MappedRegion], hugetlb: bool) -> Result<Audit, AuditErr
             host_addr: region.host_addr() as u64,
             page_size_bytes: region.page_size_bytes,
             expected_node: l.host_node,
+            expected_policy,
+            allowed_nodes,
             policy: policy_string(mode, &nodes),
             pages: region.len() as u64 / region.page_size_bytes.max(1),
             pages_by_node,
@@ -423,6 +432,8 @@ mod tests {
             host_addr: 0,
             page_size_bytes: 2 << 20,
             expected_node: Some(0),
+            expected_policy: "bind:0".to_string(),
+            allowed_nodes: vec![0],
             policy: policy.to_string(),
             pages: 4,
             pages_by_node: by_node.iter().copied().collect(),
@@ -475,6 +486,30 @@ mod tests {
         assert_eq!(audit.violations().count(), 5);
         let missing = sample_audit(&[(0, 4)], "bind:0", None);
         assert_eq!(missing.violations, vec![Violation::NumaMapsMissing]);
+    }
+
+    #[test]
+    fn interleaved_region_accepts_pages_on_every_policy_node() {
+        let nm = NumaMapsEntry {
+            policy: "interleave:0-1".into(),
+            huge: true,
+            kernel_page_size_bytes: 2 << 20,
+            pages_by_node: BTreeMap::from([(0, 2), (1, 2)]),
+        };
+        let mut a = sample_audit(&[(0, 2), (1, 2)], "interleave:0,1", Some(nm));
+        a.expected_policy = "interleave:0,1".into();
+        a.allowed_nodes = vec![0, 1];
+        check_region(&mut a, true);
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+        assert_eq!(a.fraction_on_node(), 1.0);
+        // The same pages under the plan's bind to node 0: node 1 is off-node.
+        a.expected_policy = "bind:0".into();
+        a.allowed_nodes = vec![0];
+        check_region(&mut a, true);
+        assert!(a
+            .violations
+            .contains(&Violation::PagesOffNode { node: 1, pages: 2 }));
+        assert_eq!(a.fraction_on_node(), 0.5);
     }
 
     #[test]

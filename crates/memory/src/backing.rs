@@ -30,6 +30,7 @@ use vmhost_config::format_bytes;
 use vmhost_plan::Backing;
 
 use crate::layout::LayoutRegion;
+use crate::policy::PolicyOverride;
 use crate::sys;
 
 /// Why a cell's memory could not be set up.
@@ -134,6 +135,19 @@ pub enum BackingError {
     AdviseHugepage {
         /// Cell number.
         cell: u32,
+        /// Guest-physical start.
+        gpa: u64,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// `mbind` with a [`PolicyOverride`] failed.
+    #[error("cannot set memory policy {policy} on guest cell {cell} (GPA {gpa:#x})")]
+    Policy {
+        /// Cell number.
+        cell: u32,
+        /// The policy, as `numa_maps` spells it.
+        policy: String,
         /// Guest-physical start.
         gpa: u64,
         /// The cause.
@@ -337,6 +351,32 @@ pub fn bind_region(region: &MappedRegion) -> Result<(), BackingError> {
     Ok(())
 }
 
+/// Sets the memory policy of a mapped region before its first touch: `policy` when given
+/// (for example `MPOL_INTERLEAVE` over several nodes), else [`bind_region`]'s `MPOL_BIND` to the
+/// cell's node.
+pub fn apply_policy(
+    region: &MappedRegion,
+    policy: Option<&PolicyOverride>,
+) -> Result<(), BackingError> {
+    let Some(policy) = policy else {
+        return bind_region(region);
+    };
+    let l = region.layout;
+    sys::mbind(
+        region.host_addr(),
+        region.len(),
+        policy.mode(),
+        &policy.nodes(),
+        sys::MPOL_MF_STRICT | sys::MPOL_MF_MOVE,
+    )
+    .map_err(|source| BackingError::Policy {
+        cell: l.cell,
+        policy: policy.policy_string(),
+        gpa: l.gpa,
+        source,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,6 +467,30 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "cannot bind guest cell 1 (GPA 0x10000000) to host node999"
+        );
+    }
+
+    #[test]
+    fn interleave_override_replaces_the_bind() {
+        let file = Arc::new(create_file("unit", 2, 1 << 20, &Backing::Anonymous).unwrap());
+        let m = map_region(&file, region(2, Some(0), 1 << 20, 0), &Backing::Anonymous).unwrap();
+        let interleave = PolicyOverride::Interleave(vec![0]);
+        apply_policy(&m, Some(&interleave)).unwrap();
+        assert_eq!(
+            sys::policy_at(m.host_addr()).unwrap(),
+            (sys::MPOL_INTERLEAVE, vec![0])
+        );
+        apply_policy(&m, None).unwrap();
+        assert_eq!(
+            sys::policy_at(m.host_addr()).unwrap(),
+            (sys::MPOL_BIND, vec![0])
+        );
+        // The kernel drops nodes without memory from the set and fails only when none is
+        // left (admission rejects any missing node before this).
+        let err = apply_policy(&m, Some(&PolicyOverride::Interleave(vec![999]))).unwrap_err();
+        assert!(
+            matches!(&err, BackingError::Policy { cell: 2, policy, .. } if policy == "interleave:999"),
+            "{err:?}"
         );
     }
 

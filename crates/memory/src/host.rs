@@ -20,6 +20,7 @@ use serde::Serialize;
 use vmhost_config::format_bytes;
 use vmhost_plan::{Backing, Plan};
 
+use crate::policy::PolicyOverride;
 use crate::sys;
 
 /// `statfs` magic of hugetlbfs.
@@ -63,6 +64,18 @@ pub enum AdmissionError {
     NodeMissing {
         /// Cell number.
         cell: u32,
+        /// The missing node.
+        node: u32,
+        /// The host's nodes.
+        nodes: Vec<u32>,
+    },
+    /// A memory-policy override names a node the host does not have.
+    #[error(
+        "memory policy {policy} names host node{node}, which does not exist (nodes: {nodes:?})"
+    )]
+    PolicyNodeMissing {
+        /// The policy, as `numa_maps` spells it.
+        policy: String,
         /// The missing node.
         node: u32,
         /// The host's nodes.
@@ -420,6 +433,19 @@ pub fn check_admission(plan: &Plan, host: &HostState) -> Result<Admission, Admis
         });
     }
     Ok(Admission { pools })
+}
+
+/// Checks that every node of a memory-policy override exists on the host.
+pub fn check_policy(policy: &PolicyOverride, host: &HostState) -> Result<(), AdmissionError> {
+    let nodes = host.nodes();
+    match policy.nodes().into_iter().find(|n| !nodes.contains(n)) {
+        Some(node) => Err(AdmissionError::PolicyNodeMissing {
+            policy: policy.policy_string(),
+            node,
+            nodes,
+        }),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@
 //! 1. **admission** ([`host`]): the plan is re-checked against the live pools, the nodes and the
 //!    hugetlbfs mount; bad input fails here, before anything is allocated;
 //! 2. **allocate** ([`backing`]): backing files are created and mapped, reserving hugepages;
-//! 3. **bind**: each mapping gets `mbind(MPOL_BIND, node)` before its first touch;
+//! 3. **bind**: each mapping gets `mbind(MPOL_BIND, node)` before its first touch (or the
+//!    [`PolicyOverride`] of [`MemoryOptions::policy_override`], e.g. `MPOL_INTERLEAVE`);
 //! 4. **prefault** ([`prefault`]): pinned workers on each cell's node fault every page in.
 //!
 //! If a step fails, everything allocated so far is released before the error is returned (all
@@ -60,6 +61,7 @@ pub mod audit;
 pub mod backing;
 pub mod host;
 pub mod layout;
+pub mod policy;
 pub mod prefault;
 mod report;
 pub mod sys;
@@ -78,6 +80,7 @@ pub use audit::{Audit, AuditError, RegionAudit, Violation};
 pub use backing::{BackingError, MappedRegion};
 pub use host::{Admission, AdmissionError, HostState};
 pub use layout::{GuestLayout, LayoutError, LayoutRegion, MMIO_HOLE_END, MMIO_HOLE_START};
+pub use policy::PolicyOverride;
 pub use prefault::{
     PrefaultError, PrefaultMethod, PrefaultOptions, PrefaultStats, Progress, ProgressHook,
 };
@@ -152,6 +155,9 @@ pub struct MemoryOptions {
     /// The guest-physical hole below 4 GiB kept free of RAM (default
     /// [`MMIO_HOLE_START`]..[`MMIO_HOLE_END`]); its bounds must be multiples of the page size.
     pub mmio_hole: Range<u64>,
+    /// A memory policy for every cell instead of `MPOL_BIND` to the cell's node (default
+    /// `None`); the audit then expects this policy and accepts pages on its nodes.
+    pub policy_override: Option<PolicyOverride>,
 }
 
 impl Default for MemoryOptions {
@@ -160,6 +166,7 @@ impl Default for MemoryOptions {
             prefault: PrefaultOptions::default(),
             host: HostState::default(),
             mmio_hole: MMIO_HOLE_START..MMIO_HOLE_END,
+            policy_override: None,
         }
     }
 }
@@ -171,6 +178,7 @@ pub struct GuestMemory {
     layout: GuestLayout,
     regions: Vec<MappedRegion>,
     hugetlb: bool,
+    policy: Option<PolicyOverride>,
     admission: Admission,
     prefault: PrefaultStats,
     timings: Vec<StepTime>,
@@ -216,6 +224,9 @@ impl GuestMemory {
         let vm = || plan.name.clone();
         let mut timings = Vec::new();
         let admission = timed(&mut timings, Step::Admission, || {
+            if let Some(policy) = &opts.policy_override {
+                host::check_policy(policy, &opts.host)?;
+            }
             host::check_admission(plan, &opts.host)
         })
         .map_err(|source| MemoryError::Admission { vm: vm(), source })?;
@@ -224,7 +235,9 @@ impl GuestMemory {
         let regions = timed(&mut timings, Step::Allocate, || allocate(plan, &layout))
             .map_err(|source| MemoryError::Backing { vm: vm(), source })?;
         timed(&mut timings, Step::Bind, || {
-            regions.iter().try_for_each(backing::bind_region)
+            regions
+                .iter()
+                .try_for_each(|r| backing::apply_policy(r, opts.policy_override.as_ref()))
         })
         .map_err(|source| MemoryError::Backing { vm: vm(), source })?;
         let mut cells: Vec<_> = plan.guest_cells.iter().collect();
@@ -256,6 +269,7 @@ impl GuestMemory {
             layout,
             regions,
             hugetlb: matches!(plan.backing, Backing::Hugetlb { .. }),
+            policy: opts.policy_override.clone(),
             admission,
             prefault: stats,
             timings,
@@ -292,10 +306,15 @@ impl GuestMemory {
         &self.timings
     }
 
+    /// The memory-policy override in force (`None`: each cell bound to its node).
+    pub fn policy_override(&self) -> Option<&PolicyOverride> {
+        self.policy.as_ref()
+    }
+
     /// Reads back where every page of guest RAM sits, and the policy in force.
     pub fn audit(&self) -> Result<Audit, AuditError> {
         let regions: Vec<&MappedRegion> = self.regions.iter().collect();
-        audit::audit(&regions, self.hugetlb)
+        audit::audit_with_policy(&regions, self.hugetlb, self.policy.as_ref())
     }
 }
 

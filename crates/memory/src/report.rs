@@ -133,6 +133,17 @@ fn node_name(node: Option<u32>) -> String {
     node.map_or_else(|| "any node".to_string(), |n| format!("node{n}"))
 }
 
+fn nodes_name(nodes: &[u32]) -> String {
+    match nodes {
+        [] => "any node".to_string(),
+        [n] => format!("node{n}"),
+        _ => {
+            let list: Vec<String> = nodes.iter().map(u32::to_string).collect();
+            format!("nodes {}", list.join(","))
+        }
+    }
+}
+
 fn backing_text(b: &Backing) -> String {
     match b {
         Backing::Hugetlb {
@@ -177,7 +188,7 @@ impl MemoryReport {
                 format_bytes(r.page_size_bytes),
                 nodes.join(" "),
                 100.0 * r.fraction_on_node(),
-                node_name(r.expected_node),
+                nodes_name(&r.allowed_nodes),
                 r.policy
             )?;
             if let Some(nm) = &r.numa_maps {

@@ -11,8 +11,8 @@ mod common;
 use common::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmhost_memory::{
-    AdmissionError, BackingError, GuestMemory, MemoryError, MemoryOptions, PrefaultError,
-    PrefaultMethod, PrefaultOptions, Progress,
+    AdmissionError, BackingError, GuestMemory, MemoryError, MemoryOptions, PolicyOverride,
+    PrefaultError, PrefaultMethod, PrefaultOptions, Progress,
 };
 use vmhost_plan::Backing;
 
@@ -268,6 +268,70 @@ fn node_that_does_not_exist_is_rejected() {
         "{source:?}"
     );
     assert!(err.to_string().contains("nonode"), "{err}");
+}
+
+#[test]
+fn interleave_override_reads_back_from_numa_maps_and_passes_the_audit() {
+    let _lock = lock_pool();
+    if !need_pages("interleave_override", PAGE_2M, 8) {
+        return;
+    }
+    let plan = plan("interleave", &[(Some(0), 16 * MIB)], hugetlb_2m());
+    let mut o = opts();
+    o.policy_override = Some(PolicyOverride::Interleave(vec![0]));
+    let mem = GuestMemory::new(&plan, &o).expect("guest memory");
+    assert_eq!(
+        mem.policy_override(),
+        Some(&PolicyOverride::Interleave(vec![0]))
+    );
+    let audit = mem.audit().expect("audit");
+    assert!(
+        audit.is_clean(),
+        "violations: {:?}",
+        audit.violations().collect::<Vec<_>>()
+    );
+    let r = &audit.regions[0];
+    assert_eq!(r.policy, "interleave:0");
+    assert_eq!(r.expected_policy, "interleave:0");
+    assert_eq!(r.allowed_nodes, vec![0]);
+    assert_eq!(r.fraction_on_node(), 1.0);
+    // Read numa_maps ourselves: the kernel prints the interleave policy, not bind.
+    let line = numa_maps_line(r.host_addr);
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields[1], "interleave:0", "{line}");
+    assert!(fields.contains(&"N0=8"), "{line}");
+    // Without the override the same plan is bound as usual.
+    drop(mem);
+    let mem = GuestMemory::new(&plan, &opts()).expect("guest memory");
+    assert_eq!(mem.audit().expect("audit").regions[0].policy, "bind:0");
+}
+
+#[test]
+fn interleave_over_a_missing_node_is_rejected_before_allocating() {
+    let _lock = lock_pool();
+    let plan = plan("interleave-bad", &[(Some(0), 4 * MIB)], hugetlb_2m());
+    let mut o = opts();
+    o.policy_override = Some(PolicyOverride::Interleave(vec![0, 63]));
+    let before = pool(PAGE_2M);
+    let err = GuestMemory::new(&plan, &o).expect_err("node63 does not exist");
+    assert_eq!(
+        pool(PAGE_2M),
+        before,
+        "pool changed by a failed start: {err}"
+    );
+    let MemoryError::Admission { source, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        matches!(source, AdmissionError::PolicyNodeMissing { node: 63, .. }),
+        "{source:?}"
+    );
+    assert!(
+        source
+            .to_string()
+            .starts_with("memory policy interleave:0,63 names host node63"),
+        "{source}"
+    );
 }
 
 #[test]
