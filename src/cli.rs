@@ -18,6 +18,21 @@ pub struct Cli {
     /// Run directory of the host ledger (default: $VMHOST_RUN_DIR, else /run/vmhost).
     #[arg(long, global = true)]
     pub run_dir: Option<PathBuf>,
+    /// Serve the control API (HTTP/JSON) on this Unix socket while the VM runs (mode 0600).
+    #[arg(long, global = true)]
+    pub api_socket: Option<PathBuf>,
+    /// Enforce the envelope in cgroup `vmhost/NAME`: cpuset = the plan's PUs and nodes,
+    /// memory and hugetlb limits = the envelope (overrides `resources.cgroup`).
+    #[arg(long)]
+    pub cgroup: Option<String>,
+    /// Testing aid: replace the cgroup's memory limit (bytes) to check what happens when the
+    /// envelope is too small.
+    #[arg(long, hide = true)]
+    pub cgroup_memory_limit: Option<u64>,
+    /// Hide CPU features (cx16, XSAVE, ...) from the guest that a nested KVM whose guest ring 0
+    /// is emulated cannot run (for Linux guests on such hosts; see docs/host-facts).
+    #[arg(long)]
+    pub mask_nested_cpuid: bool,
     /// Keep the VM running when the guest touches an unknown I/O port or unmapped memory
     /// (logged); by default such an access stops the VM.
     #[arg(long)]
@@ -47,6 +62,18 @@ pub enum Command {
     /// The VMs running on this host: name, pid, state, vCPUs → PUs, emulator PUs, memory per
     /// node, API socket (from the host ledger, checked against /proc).
     Ps,
+    /// Benchmarks.
+    Bench {
+        /// Which benchmark.
+        #[command(subcommand)]
+        which: BenchCommand,
+    },
+    /// Talk to a running VM's control API (`--api-socket PATH` of that VM).
+    Ctl {
+        /// `info` (GET /vm), `placement`, `resources`, `pause`, `resume`, `shutdown`.
+        #[arg(value_parser = ["info", "placement", "resources", "pause", "resume", "shutdown"])]
+        command: String,
+    },
     /// The host ledger's raw state; `vmhost ledger gc` reclaims entries of dead VMs.
     Ledger {
         /// `gc`: remove entries whose process is gone.
@@ -121,4 +148,33 @@ pub struct CheckTargetArgs {
     /// The source host (default: this host).
     #[arg(long)]
     pub source_topology: Option<String>,
+}
+
+/// `vmhost bench …`.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// NUMA locality from inside the guest: latency and bandwidth per vCPU × guest cell, next
+    /// to the same kernels on host threads pinned to the same PUs over the same nodes.
+    Numa(NumaBenchArgs),
+}
+
+/// `vmhost bench numa`.
+#[derive(Debug, Args)]
+pub struct NumaBenchArgs {
+    /// Scenarios to run side by side (pinned, floating, remote, interleave).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "pinned,floating,remote,interleave"
+    )]
+    pub scenarios: Vec<String>,
+    /// Runs per scenario (medians, min and max are reported).
+    #[arg(long, default_value_t = 5)]
+    pub repeat: u32,
+    /// Write an SVG heatmap per matrix to this file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Only the host-side baseline: every allowed PU × every node (no VM).
+    #[arg(long)]
+    pub host_only: bool,
 }

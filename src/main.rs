@@ -1,8 +1,13 @@
 //! The `vmhost` binary: CLI and orchestration of spec → plan → apply → run → audit.
 
 mod cli;
+mod control;
+mod enforce;
 mod host;
+mod output;
+mod overhead;
 mod run;
+mod sys;
 mod timeline;
 mod vms;
 
@@ -34,6 +39,8 @@ struct Exit {
 
 fn main() -> ExitCode {
     timeline::mark_main();
+    // Before any thread exists (it sets an environment variable).
+    vmhost_topology::skip_unneeded_hwloc_plugins();
     let cli = Cli::parse();
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
@@ -59,6 +66,10 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Result<u8> {
     match &cli.command {
         None => cmd_run(cli),
+        Some(Command::Ctl { command }) => cmd_ctl(cli, command),
+        Some(Command::Bench {
+            which: cli::BenchCommand::Numa(args),
+        }) => cmd_bench_numa(cli, args),
         Some(Command::Ps) => vms::ps(&vms::run_dir(cli.run_dir.as_deref()), cli.json),
         Some(Command::Ledger { action }) => vms::ledger(
             &vms::run_dir(cli.run_dir.as_deref()),
@@ -190,12 +201,80 @@ fn cmd_run(cli: &Cli) -> Result<u8> {
     let host = host::load(&Default::default()).context("discovering this host's topology")?;
     let run_dir = vms::run_dir(cli.run_dir.as_deref());
     let opts = plan_options(&PlanArgs::default());
-    let (plan, admission) = vms::admit(&run_dir, &spec.spec, &host, &opts, None)?;
+    let api = cli.api_socket.clone();
+    let (plan, admission) = vms::admit(&run_dir, &spec.spec, &host, &opts, api.clone())?;
     let mut timeline = timeline::Timeline::start();
     timeline.admitted_ns = timeline::now_ns();
     let run_opts = run::RunOptions {
         ignore_unknown: cli.ignore_unknown_access,
+        mask_nested_cpuid: cli.mask_nested_cpuid,
         json: cli.json,
+        api_socket: api,
+        cgroup: cli.cgroup.clone().or_else(|| spec.spec.cgroup.clone()),
+        cgroup_memory_limit: cli.cgroup_memory_limit,
+        run_dir,
     };
-    run::run(&plan, &admission, run_opts, timeline)
+    run::run(&spec.spec, &plan, &admission, &run_opts, timeline)
+}
+
+/// `vmhost ctl`: one request to a running VM's control API.
+fn cmd_ctl(cli: &Cli, command: &str) -> Result<u8> {
+    let socket = cli.api_socket.as_deref().ok_or_else(|| {
+        anyhow::anyhow!("vmhost ctl needs --api-socket PATH (the socket the VM was started with)")
+    })?;
+    let (method, uri) = match command {
+        "info" => ("GET", "/vm"),
+        "placement" => ("GET", "/vm/placement"),
+        "resources" => ("GET", "/vm/resources"),
+        other => (
+            "PUT",
+            match other {
+                "pause" => "/vm/pause",
+                "resume" => "/vm/resume",
+                _ => "/vm/shutdown",
+            },
+        ),
+    };
+    let resp = vmhost_api::request(socket, method, uri)?;
+    println!("{}", serde_json::to_string_pretty(&resp.body)?);
+    Ok(if resp.is_success() { 0 } else { 1 })
+}
+
+/// `vmhost bench numa`.
+fn cmd_bench_numa(cli: &Cli, args: &cli::NumaBenchArgs) -> Result<u8> {
+    let host = host::load(&Default::default()).context("discovering this host's topology")?;
+    if args.host_only {
+        let mut ha = vmhost_bench::HostOnlyArgs::new(host);
+        ha.repeat = args.repeat;
+        let report = vmhost_bench::host_only(&ha)?;
+        return bench_output(cli, &report, args.plot.as_deref());
+    }
+    let plan = plan_here(cli, &PlanArgs::default())?;
+    let mut ba = vmhost_bench::BenchArgs::new(plan, host);
+    ba.repeat = args.repeat;
+    ba.scenarios = args
+        .scenarios
+        .iter()
+        .map(|s| s.parse::<vmhost_bench::Scenario>())
+        .collect::<Result<_, _>>()
+        .context("--scenarios")?;
+    let report = vmhost_bench::run(&ba)?;
+    bench_output(cli, &report, args.plot.as_deref())
+}
+
+fn bench_output<R>(cli: &Cli, report: &R, plot: Option<&Path>) -> Result<u8>
+where
+    R: serde::Serialize + std::fmt::Display + vmhost_bench::Matrices,
+{
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        print!("{report}");
+    }
+    if let Some(path) = plot {
+        vmhost_bench::write_svg(report, path)
+            .with_context(|| format!("writing --plot {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(0)
 }

@@ -4,15 +4,20 @@
 //! anything else starts, so every thread it spawns (signal thread, emulator thread) inherits
 //! that placement; vCPU threads pin themselves to their own PUs before their vCPU is created.
 
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
+
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use vmhost_api::ServerLimits;
+use vmhost_config::VmSpec;
 use vmhost_memory::{Audit, GuestMemory, MemoryOptions};
 use vmhost_plan::Plan;
-use vmhost_topology::cpulist;
 
+use crate::control::Control;
+use crate::enforce::{Enforcement, EXIT_LIMIT};
+use crate::output::placement_table;
 use crate::timeline::{now_ns, Timeline};
 use vmhost_vcpu::{
     pin_current_thread_to_emulator, stop_on_signals, RunReport, StartHook, ThreadPlacement,
@@ -20,12 +25,22 @@ use vmhost_vcpu::{
 };
 
 /// Run-time settings from the command line.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// Keep running when the guest touches an unknown port or unmapped memory.
     pub ignore_unknown: bool,
+    /// Mask CPU features a nested, emulating KVM cannot run (Linux guests on such hosts).
+    pub mask_nested_cpuid: bool,
     /// JSON output.
     pub json: bool,
+    /// Serve the control API on this Unix socket.
+    pub api_socket: Option<PathBuf>,
+    /// Enforce the envelope in this cgroup (under `vmhost/`).
+    pub cgroup: Option<String>,
+    /// Replace the cgroup's memory limit (testing aid).
+    pub cgroup_memory_limit: Option<u64>,
+    /// The ledger's run directory (released on the memory-limit exit path).
+    pub run_dir: PathBuf,
 }
 
 /// What `vmhost --json` prints.
@@ -35,19 +50,43 @@ struct RunOutput<'a> {
     audit: &'a Audit,
     start: Vec<ThreadPlacement>,
     timeline: Timeline,
+    overhead: crate::overhead::MeasuredOverhead,
     report: &'a RunReport,
     exit_code: u8,
 }
 
 /// Runs the VM of `plan` and returns the process exit status.
 pub fn run(
+    spec: &VmSpec,
     plan: &Plan,
     admission: &crate::vms::Admission,
-    opts: RunOptions,
+    opts: &RunOptions,
     mut timeline: Timeline,
 ) -> Result<u8> {
+    let sec_at_start = crate::overhead::sec_page_tables();
     pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
-    let memory = GuestMemory::new(plan, &MemoryOptions::default())?;
+    let enforcement = match &opts.cgroup {
+        Some(name) => Some(Enforcement::enter(
+            name,
+            plan,
+            opts.cgroup_memory_limit,
+            (opts.run_dir.clone(), plan.name.clone()),
+        )?),
+        None => None,
+    };
+    let memory = match GuestMemory::new(plan, &MemoryOptions::default()) {
+        Ok(m) => m,
+        Err(e) => {
+            if let Some(msg) = enforcement.as_ref().and_then(|e| e.limit_reached()) {
+                let err = anyhow::Error::new(e).context(msg.clone());
+                return Err(err.context(crate::Exit {
+                    code: EXIT_LIMIT,
+                    message: msg,
+                }));
+            }
+            return Err(e.into());
+        }
+    };
     admission.running()?;
     timeline.memory_ready_ns = now_ns();
     let audit = memory.audit().context("auditing guest memory residency")?;
@@ -65,19 +104,42 @@ pub fn run(
         }))
     };
     let options = VmOptions {
+        // Auto: payloads stop on unknown accesses, Linux guests (which probe) ignore them.
         unknown_access: if opts.ignore_unknown {
             UnknownAccessPolicy::Ignore
         } else {
-            UnknownAccessPolicy::Stop
+            UnknownAccessPolicy::Auto
         },
+        mask_for_nested_emulation: opts.mask_nested_cpuid,
         on_start: Some(hook),
         ..Default::default()
     };
     let mut vm = Vm::new(plan, memory, options)?;
     timeline.vm_created_ns = now_ns();
+    let api = match &opts.api_socket {
+        Some(path) => {
+            let control = Control::new(
+                spec.clone(),
+                plan.clone(),
+                audit.clone(),
+                vm.handle(),
+                vm.stop_handle(),
+                enforcement.clone(),
+            );
+            Some(
+                vmhost_api::serve(path, Arc::new(control), ServerLimits::default(), None)
+                    .with_context(|| format!("serving the control API on {}", path.display()))?,
+            )
+        }
+        None => None,
+    };
     stop_on_signals(vm.stop_handle()).context("installing the SIGINT/SIGTERM handler")?;
+    move_kvm_workers_off_vcpu_pus(plan);
     let report = vm.run()?;
+    let overhead = crate::overhead::measure(plan, sec_at_start);
+    drop(api);
     drop(vm);
+    drop(enforcement);
     let code = exit_code(&report);
     if opts.json {
         let (start, runnable) = started.lock().map(|s| s.clone()).unwrap_or_default();
@@ -87,6 +149,7 @@ pub fn run(
             audit: &audit,
             start,
             timeline,
+            overhead,
             report: &report,
             exit_code: code,
         };
@@ -102,86 +165,29 @@ fn exit_code(report: &RunReport) -> u8 {
     u8::try_from(report.exit_code()).unwrap_or(1)
 }
 
-/// The start-up table: vCPU → thread → PU → node, the other threads, guest cells → residency.
-fn placement_table(plan: &Plan, audit: &Audit, threads: &[ThreadPlacement]) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "VM {}: placement read back from /proc at start",
-        plan.name
-    );
-    let _ = writeln!(s, "  vCPU  thread id  allowed PUs  planned PU  host node");
-    for v in &plan.vcpus {
-        let t = threads.iter().find(|t| t.vcpu_index() == Some(v.vcpu));
-        let planned = v
-            .host_cpu
-            .map_or_else(|| "float".to_string(), |c| c.to_string());
-        let node = v
-            .host_node
-            .map_or_else(|| "-".to_string(), |n| n.to_string());
-        let (tid, allowed) = t.map_or(("?".to_string(), "?".to_string()), |t| {
-            (t.tid.to_string(), t.cpus_allowed_list.clone())
-        });
-        let _ = writeln!(
-            s,
-            "  {:>4}  {:>9}  {:>11}  {:>10}  {:>9}",
-            v.vcpu, tid, allowed, planned, node
-        );
+/// Moves KVM's per-VM worker threads (`kvm-nx-lpage-recovery`, created by the kernel at the
+/// first `KVM_RUN` with the affinity of the vCPU thread that ran it) onto the emulator PUs, so
+/// that with dedicated placement nothing but the vCPU runs on a vCPU's PU. Watches for one
+/// second after the guest is released.
+fn move_kvm_workers_off_vcpu_pus(plan: &Plan) {
+    if !plan.vcpus.iter().any(|v| v.host_cpu.is_some()) || plan.emulator.host_cpus.is_empty() {
+        return;
     }
-    for t in threads.iter().filter(|t| t.vcpu_index().is_none()) {
-        let _ = writeln!(
-            s,
-            "  thread {:<12} {:>9}  allowed PUs {}",
-            t.name, t.tid, t.cpus_allowed_list
-        );
-    }
-    let _ = writeln!(
-        s,
-        "  emulator PUs (plan): {}{}",
-        cpulist::format(&plan.emulator.host_cpus),
-        if plan.emulator.isolated {
-            " (isolated)"
-        } else {
-            ""
-        }
-    );
-    let _ = writeln!(s, "  cell  host node  memory     page   residency");
-    for c in &plan.guest_cells {
-        let regions: Vec<_> = audit.regions.iter().filter(|r| r.cell == c.cell).collect();
-        let pages: u64 = regions.iter().map(|r| r.pages).sum();
-        let by_node = regions.iter().flat_map(|r| r.pages_by_node.iter()).fold(
-            std::collections::BTreeMap::<u32, u64>::new(),
-            |mut m, (n, p)| {
-                *m.entry(*n).or_default() += p;
-                m
-            },
-        );
-        let residency: Vec<String> = by_node
-            .iter()
-            .map(|(n, p)| {
-                format!(
-                    "node{n} {:.1}%",
-                    100.0 * (*p as f64) / (pages.max(1) as f64)
-                )
-            })
-            .collect();
-        let _ = writeln!(
-            s,
-            "  {:>4}  {:>9}  {:>9}  {:>5}   {}",
-            c.cell,
-            c.host_node
-                .map_or_else(|| "-".to_string(), |n| n.to_string()),
-            vmhost_config::format_bytes(c.memory_bytes),
-            vmhost_config::format_bytes(plan.backing.page_size_bytes()),
-            if residency.is_empty() {
-                "not faulted in".to_string()
-            } else {
-                residency.join(", ")
+    let emulator = plan.emulator.host_cpus.clone();
+    let spawned = std::thread::Builder::new().name("vmhost-kvmpin".into()).spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while std::time::Instant::now() < deadline {
+            for t in vmhost_vcpu::thread_placements().unwrap_or_default() {
+                if t.name.starts_with("kvm-") && t.cpus_allowed != emulator {
+                    if let Err(e) = crate::sys::set_thread_affinity(t.tid, &emulator) {
+                        tracing::warn!(tid = t.tid, error = %e, "cannot move a KVM worker thread");
+                    }
+                }
             }
-        );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the KVM worker pinning thread");
     }
-    for (cell, gpa, v) in audit.violations() {
-        let _ = writeln!(s, "  VIOLATION cell {cell} GPA {gpa:#x}: {v}");
-    }
-    s
 }

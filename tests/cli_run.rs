@@ -75,6 +75,27 @@ fn quickstart_runs_a_real_vm() {
 }
 
 #[test]
+fn the_default_command_runs_the_embedded_quickstart() {
+    if !need_kvm("the_default_command_runs_the_embedded_quickstart") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let run_dir = tmp("default").join("run");
+    let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(["--run-dir", run_dir.to_str().unwrap()])
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("VM quickstart: placement read back from /proc at start"),
+        "{out}"
+    );
+    assert!(out.contains("Completed"), "{out}");
+}
+
+#[test]
 fn dedicated_vcpu_threads_are_pinned_to_their_planned_pus() {
     if !need_kvm("dedicated_vcpu_threads_are_pinned_to_their_planned_pus") {
         return;

@@ -1,0 +1,250 @@
+//! The control API's view of a running VM (`--api-socket`): state, live placement read from
+//! `/proc`, the envelope next to measured figures, and pause/resume/shutdown.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use vmhost_api::{ControlError, VmControl};
+use vmhost_config::VmSpec;
+use vmhost_memory::audit::parse_numa_maps;
+use vmhost_memory::Audit;
+use vmhost_plan::{Backing, Plan};
+use vmhost_vcpu::{thread_placements, StopHandle, ThreadPlacement, VmHandle, VmState};
+
+/// A running VM as the API sees it.
+pub struct Control {
+    spec: VmSpec,
+    plan: Plan,
+    audit: Audit,
+    started: Instant,
+    handle: VmHandle,
+    stop: StopHandle,
+    envelope_guard: Option<Arc<crate::enforce::Enforcement>>,
+}
+
+impl Control {
+    /// The API view of the VM of `plan`.
+    pub fn new(
+        spec: VmSpec,
+        plan: Plan,
+        audit: Audit,
+        handle: VmHandle,
+        stop: StopHandle,
+        envelope_guard: Option<Arc<crate::enforce::Enforcement>>,
+    ) -> Self {
+        Control {
+            spec,
+            plan,
+            audit,
+            started: Instant::now(),
+            handle,
+            stop,
+            envelope_guard,
+        }
+    }
+
+    fn state(&self) -> &'static str {
+        match self.handle.state() {
+            VmState::Created => "created",
+            VmState::Running => "running",
+            VmState::Paused => "paused",
+            VmState::Stopped => "stopped",
+        }
+    }
+}
+
+/// A number from `/proc/self/status` (kB → bytes).
+fn status_bytes(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Nanoseconds a thread has run (`/proc/self/task/TID/schedstat`).
+fn cpu_ns(tid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+impl Control {
+    fn thread_deviation(&self, t: &ThreadPlacement) -> Option<String> {
+        let vcpu_pus: Vec<u32> = self.plan.vcpus.iter().filter_map(|v| v.host_cpu).collect();
+        match t.vcpu_index().and_then(|i| self.plan.vcpus.get(i as usize)) {
+            Some(v) => {
+                let want = v
+                    .host_cpu
+                    .map_or_else(|| self.plan.floating_cpus.clone(), |c| vec![c]);
+                (t.cpus_allowed != want)
+                    .then(|| format!("allowed on {:?}, the plan says {want:?}", t.cpus_allowed))
+            }
+            None if self.plan.emulator.isolated => {
+                let bad: Vec<u32> = t
+                    .cpus_allowed
+                    .iter()
+                    .copied()
+                    .filter(|c| vcpu_pus.contains(c))
+                    .collect();
+                (!bad.is_empty()).then(|| format!("allowed on vCPU PUs {bad:?} of an isolated VM"))
+            }
+            None => None,
+        }
+    }
+
+    fn memory_regions(&self) -> Vec<Value> {
+        let maps = std::fs::read_to_string("/proc/self/numa_maps").unwrap_or_default();
+        self.audit
+            .regions
+            .iter()
+            .map(|r| {
+                let entry = parse_numa_maps(&maps, r.host_addr, r.host_addr + r.size_bytes);
+                let by_node: BTreeMap<u32, u64> = entry.as_ref().map(|e| e.pages_by_node.clone()).unwrap_or_default();
+                let off: u64 = by_node.iter().filter(|(n, _)| r.expected_node.is_some_and(|e| e != **n)).map(|(_, p)| p).sum();
+                json!({
+                    "cell": r.cell, "gpa": r.gpa, "size_bytes": r.size_bytes,
+                    "expected_node": r.expected_node,
+                    "policy": entry.as_ref().map(|e| e.policy.clone()),
+                    "page_size_bytes": entry.as_ref().map(|e| e.kernel_page_size_bytes),
+                    "pages_by_node": by_node,
+                    "deviation": (off > 0).then(|| format!("{off} pages off node {:?}", r.expected_node)),
+                })
+            })
+            .collect()
+    }
+}
+
+impl VmControl for Control {
+    fn info(&self) -> Value {
+        json!({
+            "name": self.plan.name,
+            "state": self.state(),
+            "uptime_seconds": self.started.elapsed().as_secs_f64(),
+            "pid": std::process::id(),
+            "spec": self.spec,
+        })
+    }
+
+    fn placement(&self) -> Value {
+        let threads = thread_placements().unwrap_or_default();
+        let describe = |t: &ThreadPlacement| {
+            json!({
+                "tid": t.tid, "name": t.name, "cpus_allowed": t.cpus_allowed, "last_cpu": t.last_cpu,
+                "deviation": self.thread_deviation(t),
+            })
+        };
+        let vcpus: Vec<Value> = self
+            .plan
+            .vcpus
+            .iter()
+            .map(|v| {
+                let t = threads.iter().find(|t| t.vcpu_index() == Some(v.vcpu));
+                json!({
+                    "vcpu": v.vcpu, "planned_cpu": v.host_cpu, "planned_node": v.host_node,
+                    "thread": t.map(describe),
+                    "deviation": if t.is_none() { Some("no thread".to_string()) } else { t.and_then(|t| self.thread_deviation(t)) },
+                })
+            })
+            .collect();
+        let others: Vec<Value> = threads
+            .iter()
+            .filter(|t| t.vcpu_index().is_none())
+            .map(describe)
+            .collect();
+        let memory = self.memory_regions();
+        let deviations = vcpus
+            .iter()
+            .chain(&others)
+            .chain(&memory)
+            .filter(|v| !v["deviation"].is_null())
+            .count();
+        json!({
+            "vcpus": vcpus,
+            "emulator": { "planned_cpus": self.plan.emulator.host_cpus, "isolated": self.plan.emulator.isolated, "threads": others },
+            "memory": memory,
+            "deviations": deviations,
+        })
+    }
+
+    fn resources(&self) -> Value {
+        let guest = self.plan.envelope.guest_memory_bytes;
+        let (rss, hwm, shmem) = (
+            status_bytes("VmRSS:"),
+            status_bytes("VmHWM:"),
+            status_bytes("RssShmem:"),
+        );
+        // Anonymous guest RAM is shared memory counted in RSS; hugetlb pages are not in RSS.
+        let guest_resident = match self.plan.backing {
+            Backing::Anonymous => shmem.min(guest),
+            Backing::Hugetlb { .. } => 0,
+        };
+        let peak_guest = if matches!(self.plan.backing, Backing::Anonymous) {
+            guest
+        } else {
+            0
+        };
+        let threads: Vec<Value> = thread_placements()
+            .unwrap_or_default()
+            .iter()
+            .map(|t| json!({"tid": t.tid, "name": t.name, "cpu_seconds": cpu_ns(t.tid) as f64 / 1e9}))
+            .collect();
+        let cgroup = self.envelope_guard.as_ref().map(|e| e.readings());
+        json!({
+            "envelope": self.plan.envelope,
+            "measured": {
+                "guest_memory_bytes": guest,
+                "hugetlb_bytes": status_bytes("HugetlbPages:"),
+                "rss_bytes": rss,
+                "rss_beyond_guest_bytes": rss.saturating_sub(guest_resident),
+                "peak_rss_beyond_guest_bytes": hwm.saturating_sub(peak_guest),
+                "threads": threads,
+                "cgroup": cgroup,
+            },
+        })
+    }
+
+    fn pause(&self) -> Result<Value, ControlError> {
+        match self.handle.state() {
+            VmState::Running => {}
+            VmState::Paused => {
+                return Err(ControlError::Conflict("the VM is already paused".into()))
+            }
+            s => {
+                return Err(ControlError::Conflict(format!(
+                    "the VM is {s:?}, not running"
+                )))
+            }
+        }
+        self.handle.pause().map_err(|e| ControlError::Failed {
+            action: "pausing the vCPUs".into(),
+            source: Box::new(e),
+        })?;
+        Ok(json!({"state": self.state()}))
+    }
+
+    fn resume(&self) -> Result<Value, ControlError> {
+        if self.handle.state() != VmState::Paused {
+            return Err(ControlError::Conflict(format!(
+                "the VM is {}, not paused",
+                self.state()
+            )));
+        }
+        self.handle.resume().map_err(|e| ControlError::Failed {
+            action: "resuming the vCPUs".into(),
+            source: Box::new(e),
+        })?;
+        Ok(json!({"state": self.state()}))
+    }
+
+    fn shutdown(&self) -> Result<Value, ControlError> {
+        if self.handle.state() == VmState::Stopped {
+            return Err(ControlError::Conflict("the VM is already stopped".into()));
+        }
+        self.stop.stop();
+        Ok(json!({"state": "stopping"}))
+    }
+}

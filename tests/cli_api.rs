@@ -1,0 +1,208 @@
+//! The control API and envelope enforcement on a real running VM: `vmhost --api-socket`,
+//! `vmhost ctl`, `--cgroup` (this host's cgroups), the memory limit's clear stop.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vmhost_testsupport::{lock_cpus, lock_pool, need_kvm, need_pages};
+
+const PAGE_2M: u64 = 2 << 20;
+
+fn dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vmhost-api-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn ctl(sock: &Path, cmd: &str) -> (i32, Value) {
+    let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(["ctl", "--api-socket", sock.to_str().unwrap(), cmd])
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    (o.status.code().unwrap(), v)
+}
+
+fn start(d: &Path, spec: &str, extra: &[&str]) -> (Child, PathBuf) {
+    let path = d.join("vm.toml");
+    std::fs::write(&path, spec).unwrap();
+    let sock = d.join("api.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args([
+            "--run-dir",
+            d.join("run").to_str().unwrap(),
+            "--api-socket",
+            sock.to_str().unwrap(),
+        ])
+        .args(extra)
+        .args(["--config", path.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ctl(&sock, "info").1["state"] != "running" {
+        assert!(Instant::now() < deadline, "the VM never reported running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, sock)
+}
+
+const IDLE: &str = "name = \"api-vm\"\n[cpu]\ncores = 1\ndedicated_cpu_placement = true\nisolate_emulator_thread = true\n\
+     [memory]\nguest = \"32Mi\"\nhugepages = { page_size = \"2Mi\" }\n[boot]\npayload = \"idle\"\n";
+
+#[test]
+fn api_reports_live_placement_and_resources_and_controls_the_vm() {
+    if !need_kvm("api") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_pool();
+    if !need_pages("api", PAGE_2M, 16) {
+        return;
+    }
+    let d = dir("routes");
+    let (mut child, sock) = start(&d, IDLE, &["--cgroup", "vmhost-api-test"]);
+    let mode = std::fs::metadata(&sock)
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+        .unwrap();
+    assert_eq!(mode, 0o600);
+
+    let (code, info) = ctl(&sock, "info");
+    assert_eq!(code, 0);
+    assert_eq!(info["name"], "api-vm");
+    assert_eq!(info["pid"], child.id());
+
+    // KVM's worker thread appears at the first KVM_RUN and is moved within a second.
+    std::thread::sleep(Duration::from_millis(1200));
+    let (_, p) = ctl(&sock, "placement");
+    assert_eq!(p["deviations"], 0, "{p:#}");
+    let vcpu = &p["vcpus"][0];
+    assert_eq!(
+        vcpu["thread"]["cpus_allowed"],
+        serde_json::json!([vcpu["planned_cpu"]])
+    );
+    assert_eq!(p["memory"][0]["pages_by_node"]["0"], 16, "{p:#}");
+    assert_eq!(p["memory"][0]["policy"], "bind:0");
+
+    let (_, r) = ctl(&sock, "resources");
+    assert_eq!(r["measured"]["guest_memory_bytes"], 32 << 20);
+    assert_eq!(r["measured"]["hugetlb_bytes"], 32 << 20);
+    assert!(r["measured"]["rss_beyond_guest_bytes"].as_u64().unwrap() > 0);
+    assert!(r["measured"]["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["name"] == "vcpu0"));
+    // The cgroup's limits read back equal the plan.
+    let limits = &r["measured"]["cgroup"]["limits"];
+    let env = &r["envelope"];
+    let mut cpus: Vec<u64> = vec![vcpu["planned_cpu"].as_u64().unwrap()];
+    cpus.extend(
+        p["emulator"]["planned_cpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_u64().unwrap()),
+    );
+    cpus.sort_unstable();
+    assert_eq!(limits["cpus"], serde_json::json!(cpus), "{r:#}");
+    assert_eq!(limits["mems"], serde_json::json!([0]));
+    assert_eq!(
+        limits["memory_max_bytes"].as_u64().unwrap(),
+        env["memory_limit_bytes"].as_u64().unwrap().div_ceil(4096) * 4096
+    );
+    assert_eq!(
+        limits["hugetlb"],
+        serde_json::json!([[PAGE_2M, 32u64 << 20]])
+    );
+
+    assert_eq!(
+        ctl(&sock, "pause"),
+        (0, serde_json::json!({"state": "paused"}))
+    );
+    let (code, again) = ctl(&sock, "pause");
+    assert_eq!(code, 1);
+    assert_eq!(again["error"], "the VM is already paused");
+    assert_eq!(ctl(&sock, "info").1["state"], "paused");
+    assert_eq!(
+        ctl(&sock, "resume"),
+        (0, serde_json::json!({"state": "running"}))
+    );
+    assert_eq!(ctl(&sock, "shutdown").0, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(!sock.exists(), "the socket is removed at stop");
+    assert!(
+        !Path::new("/sys/fs/cgroup/cpuset/vmhost/vmhost-api-test").exists(),
+        "the cgroup is removed at stop"
+    );
+}
+
+#[test]
+fn ctl_without_a_running_vm_says_so() {
+    let d = dir("nosock");
+    let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args([
+            "ctl",
+            "--api-socket",
+            d.join("none.sock").to_str().unwrap(),
+            "info",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--api-socket"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn a_too_small_envelope_stops_the_vm_with_a_clear_message() {
+    if !need_kvm("limit") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let d = dir("limit");
+    let path = d.join("vm.toml");
+    // Anonymous guest RAM is charged to the memory cgroup: 64 MiB cannot fit in 32 MiB.
+    std::fs::write(
+        &path,
+        "name = \"tight\"\n[cpu]\ncores = 1\n[memory]\nguest = \"64Mi\"\n",
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args([
+            "--run-dir",
+            d.join("run").to_str().unwrap(),
+            "--cgroup",
+            "vmhost-limit-test",
+            "--cgroup-memory-limit",
+            "33554432",
+        ])
+        .args(["--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(5), "{err}");
+    assert!(
+        err.contains("reached the memory limit of its envelope (33554432 bytes"),
+        "{err}"
+    );
+    assert!(
+        err.contains("raise memory.reserved_overhead.added_overhead"),
+        "{err}"
+    );
+    assert!(
+        !Path::new("/sys/fs/cgroup/memory/vmhost/vmhost-limit-test").exists(),
+        "cgroup removed on the error path"
+    );
+}
