@@ -7,9 +7,9 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::Serialize;
-use vmhost_config::{format_bytes, BootSpec, CpuTopology, Payload};
+use vmhost_config::format_bytes;
 use vmhost_memory::{MemoryOptions, Progress};
-use vmhost_plan::{Backing, EmulatorPlacement, Envelope, GuestCell, OverheadModel, Plan};
+use vmhost_plan::{Backing, GuestCell, Plan};
 use vmhost_topology::HostTopology;
 
 use crate::guest::cell_policies;
@@ -18,7 +18,6 @@ use crate::kernel::calibrate_tsc_khz;
 use crate::matrix::{render_side_by_side, Better, Matrices, Matrix};
 use crate::report::CellPolicy;
 use crate::runner::sizes;
-use crate::scenario::hugepage_demand;
 use crate::stats::Spread;
 use crate::BenchError;
 
@@ -112,31 +111,9 @@ fn node_plan(host: &HostTopology, node: u32, ws: u64, backing: &Backing) -> Plan
                 .collect()
         })
         .unwrap_or_default();
-    let mut plan = Plan {
-        name: format!("bench-host-node{node}"),
-        guest_topology: CpuTopology {
-            sockets: 1,
-            cores: 1,
-            threads: 1,
-        },
-        envelope: Envelope {
-            overhead_model: OverheadModel::default(),
-            guest_memory_bytes: ws,
-            overhead_bytes: 0,
-            overhead_terms: BTreeMap::new(),
-            memory_request_bytes: 0,
-            memory_limit_bytes: None,
-            cpus: 0.0,
-            dedicated_cpus: 0,
-            hugepages: Vec::new(),
-        },
-        vcpus: Vec::new(),
-        floating_cpus: Vec::new(),
-        emulator: EmulatorPlacement {
-            host_cpus: Vec::new(),
-            isolated: false,
-        },
-        guest_cells: vec![GuestCell {
+    Plan::memory_only(
+        format!("bench-host-node{node}"),
+        vec![GuestCell {
             cell: 0,
             host_node: Some(node),
             vcpus: Vec::new(),
@@ -144,14 +121,8 @@ fn node_plan(host: &HostTopology, node: u32, ws: u64, backing: &Backing) -> Plan
             prefault_cpus,
             distances: vec![10],
         }],
-        backing: backing.clone(),
-        boot: BootSpec::Payload {
-            payload: Payload::NumaBench,
-        },
-        notes: Vec::new(),
-    };
-    plan.envelope.hugepages = hugepage_demand(&plan);
-    plan
+        backing.clone(),
+    )
 }
 
 /// The PUs to measure from.

@@ -8,7 +8,7 @@ use std::str::FromStr;
 use serde::Serialize;
 use vmhost_config::{BootSpec, Payload};
 use vmhost_memory::PolicyOverride;
-use vmhost_plan::{Backing, HugepageDemand, Plan};
+use vmhost_plan::Plan;
 use vmhost_topology::HostTopology;
 
 /// A placement scenario.
@@ -219,31 +219,8 @@ fn move_cells_remote(p: &mut Plan, host: &HostTopology) -> Result<(), String> {
             .filter(|x| host.allowed_cpus.contains(x))
             .collect();
     }
-    p.envelope.hugepages = hugepage_demand(p);
+    p.refresh_memory_demand();
     Ok(())
-}
-
-/// Hugepages per node the plan's cells take (empty for anonymous memory).
-pub fn hugepage_demand(p: &Plan) -> Vec<HugepageDemand> {
-    let Backing::Hugetlb {
-        page_size_bytes, ..
-    } = p.backing
-    else {
-        return Vec::new();
-    };
-    let mut out: Vec<HugepageDemand> = Vec::new();
-    for c in &p.guest_cells {
-        let count = c.memory_bytes / page_size_bytes.max(1);
-        match out.iter_mut().find(|d| d.node == c.host_node) {
-            Some(d) => d.count += count,
-            None => out.push(HugepageDemand {
-                node: c.host_node,
-                page_size_bytes,
-                count,
-            }),
-        }
-    }
-    out
 }
 
 /// The plan the host baseline allocates for a setup: the same cells, nodes, backing and
@@ -254,8 +231,7 @@ pub fn baseline_plan(setup: &ScenarioSetup, ws: u64) -> Plan {
     for c in &mut p.guest_cells {
         c.memory_bytes = ws;
     }
-    p.envelope.guest_memory_bytes = ws * p.guest_cells.len() as u64;
-    p.envelope.hugepages = hugepage_demand(&p);
+    p.refresh_memory_demand();
     p
 }
 

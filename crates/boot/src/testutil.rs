@@ -1,13 +1,8 @@
 //! Plans and guest memory built by hand for unit tests.
 
-use std::collections::BTreeMap;
-
 use vm_memory::{GuestAddress, GuestMemoryMmap};
-use vmhost_config::{BootSpec, CpuTopology, Payload};
 use vmhost_memory::{GuestLayout, MMIO_HOLE_END, MMIO_HOLE_START};
-use vmhost_plan::{
-    Backing, EmulatorPlacement, Envelope, GuestCell, OverheadModel, Plan, VcpuPlacement,
-};
+use vmhost_plan::{Backing, GuestCell, Plan, VcpuPlacement};
 
 /// A plan with vCPUs `(apic_id, guest_cell)` and cells `(memory_bytes, distances)`.
 pub fn plan(vcpus: &[(u32, u32)], cells: &[(u64, Vec<u32>)]) -> Plan {
@@ -41,37 +36,10 @@ pub fn plan(vcpus: &[(u32, u32)], cells: &[(u64, Vec<u32>)]) -> Plan {
             distances: distances.clone(),
         })
         .collect();
-    Plan {
-        name: "test".to_string(),
-        guest_topology: CpuTopology {
-            sockets: 1,
-            cores: u32::try_from(vcpus.len()).unwrap(),
-            threads: 1,
-        },
-        envelope: Envelope {
-            overhead_model: OverheadModel::default(),
-            guest_memory_bytes: cells.iter().map(|c| c.0).sum(),
-            overhead_bytes: 0,
-            overhead_terms: BTreeMap::new(),
-            memory_request_bytes: 0,
-            memory_limit_bytes: None,
-            cpus: 0.0,
-            dedicated_cpus: 0,
-            hugepages: Vec::new(),
-        },
-        vcpus,
-        floating_cpus: Vec::new(),
-        emulator: EmulatorPlacement {
-            host_cpus: Vec::new(),
-            isolated: false,
-        },
-        guest_cells,
-        backing: Backing::Anonymous,
-        boot: BootSpec::Payload {
-            payload: Payload::Touch,
-        },
-        notes: Vec::new(),
-    }
+    let mut plan = Plan::memory_only("test", guest_cells, Backing::Anonymous);
+    plan.guest_topology.cores = u32::try_from(vcpus.len()).unwrap();
+    plan.vcpus = vcpus;
+    plan
 }
 
 /// Two cells of `cell_bytes` each, two vCPUs per cell (APIC IDs 0..4), distances 10/21.

@@ -66,56 +66,19 @@ impl Row {
 }
 
 fn plan(bytes: u64, cpus: &[u32]) -> vmhost_plan::Plan {
-    let mut p = plan_skeleton(bytes);
-    p.guest_cells[0].prefault_cpus = cpus.to_vec();
-    p
-}
-
-fn plan_skeleton(bytes: u64) -> vmhost_plan::Plan {
-    use std::collections::BTreeMap;
-    use vmhost_config::{BootSpec, CpuTopology, Payload};
-    use vmhost_plan::{EmulatorPlacement, Envelope, GuestCell, OverheadModel, Plan};
-    Plan {
-        name: "bench".into(),
-        guest_topology: CpuTopology {
-            sockets: 1,
-            cores: 1,
-            threads: 1,
-        },
-        envelope: Envelope {
-            overhead_model: OverheadModel::default(),
-            guest_memory_bytes: bytes,
-            overhead_bytes: 0,
-            overhead_terms: BTreeMap::new(),
-            memory_request_bytes: 0,
-            memory_limit_bytes: None,
-            cpus: 0.0,
-            dedicated_cpus: 0,
-            hugepages: Vec::new(),
-        },
-        vcpus: Vec::new(),
-        floating_cpus: Vec::new(),
-        emulator: EmulatorPlacement {
-            host_cpus: Vec::new(),
-            isolated: false,
-        },
-        guest_cells: vec![GuestCell {
-            cell: 0,
-            host_node: Some(0),
-            vcpus: vec![0],
-            memory_bytes: bytes,
-            prefault_cpus: Vec::new(),
-            distances: vec![10],
-        }],
-        backing: Backing::Hugetlb {
-            page_size_bytes: PAGE,
-            hugetlbfs: None,
-        },
-        boot: BootSpec::Payload {
-            payload: Payload::Touch,
-        },
-        notes: Vec::new(),
-    }
+    let cell = vmhost_plan::GuestCell {
+        cell: 0,
+        host_node: Some(0),
+        vcpus: vec![0],
+        memory_bytes: bytes,
+        prefault_cpus: cpus.to_vec(),
+        distances: vec![10],
+    };
+    let backing = Backing::Hugetlb {
+        page_size_bytes: PAGE,
+        hugetlbfs: None,
+    };
+    vmhost_plan::Plan::memory_only("bench", vec![cell], backing)
 }
 
 /// vmhost: `(prefault step, whole start)` seconds.

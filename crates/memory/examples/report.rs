@@ -3,11 +3,8 @@
 //!
 //! `cargo run -p vmhost-memory --example report -- [MiB] [2M|1G|anon]` (default: 64 2M).
 
-use std::collections::BTreeMap;
-
-use vmhost_config::{BootSpec, CpuTopology, Payload};
 use vmhost_memory::{run_report, MemoryOptions};
-use vmhost_plan::{Backing, EmulatorPlacement, Envelope, GuestCell, OverheadModel, Plan};
+use vmhost_plan::{Backing, GuestCell, Plan};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -25,31 +22,9 @@ fn main() {
     };
     let bytes = mib << 20;
     let cpus = vmhost_memory::sys::current_affinity().unwrap_or_default();
-    let plan = Plan {
-        name: "example".into(),
-        guest_topology: CpuTopology {
-            sockets: 1,
-            cores: 1,
-            threads: 1,
-        },
-        envelope: Envelope {
-            overhead_model: OverheadModel::default(),
-            guest_memory_bytes: bytes,
-            overhead_bytes: 0,
-            overhead_terms: BTreeMap::new(),
-            memory_request_bytes: 0,
-            memory_limit_bytes: None,
-            cpus: 0.0,
-            dedicated_cpus: 0,
-            hugepages: Vec::new(),
-        },
-        vcpus: Vec::new(),
-        floating_cpus: Vec::new(),
-        emulator: EmulatorPlacement {
-            host_cpus: Vec::new(),
-            isolated: false,
-        },
-        guest_cells: vec![GuestCell {
+    let plan = Plan::memory_only(
+        "example",
+        vec![GuestCell {
             cell: 0,
             host_node: Some(0),
             vcpus: vec![0],
@@ -58,11 +33,7 @@ fn main() {
             distances: vec![10],
         }],
         backing,
-        boot: BootSpec::Payload {
-            payload: Payload::Touch,
-        },
-        notes: Vec::new(),
-    };
+    );
     match run_report(&plan, &MemoryOptions::default()) {
         Ok(report) => {
             println!("{report}");

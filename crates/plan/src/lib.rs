@@ -192,6 +192,67 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
     }
 }
 
+impl Plan {
+    /// Recomputes `envelope.hugepages` (and `guest_memory_bytes`) from the guest cells, after
+    /// a caller moved cells to other nodes or resized them (benchmark scenarios do).
+    pub fn refresh_memory_demand(&mut self) {
+        self.envelope.hugepages = cells::hugepage_demand(&self.guest_cells, &self.backing);
+        self.envelope.guest_memory_bytes = self.guest_cells.iter().map(|c| c.memory_bytes).sum();
+    }
+
+    /// A plan that holds guest memory only: `guest_cells` as given, no vCPUs, an empty
+    /// overhead. For tools that allocate memory exactly as a VM would without running one
+    /// (host-side benchmark baselines, memory benchmarks, tests).
+    ///
+    /// ```
+    /// use vmhost_plan::{Backing, GuestCell, Plan};
+    /// let cell = GuestCell { cell: 0, host_node: Some(0), vcpus: vec![], memory_bytes: 64 << 20,
+    ///     prefault_cpus: vec![], distances: vec![10] };
+    /// let plan = Plan::memory_only("baseline", vec![cell], Backing::Hugetlb { page_size_bytes: 2 << 20, hugetlbfs: None });
+    /// assert_eq!(plan.envelope.hugepages[0].count, 32);
+    /// assert!(plan.vcpus.is_empty());
+    /// ```
+    pub fn memory_only(
+        name: impl Into<String>,
+        guest_cells: Vec<GuestCell>,
+        backing: Backing,
+    ) -> Plan {
+        let hugepages = cells::hugepage_demand(&guest_cells, &backing);
+        let guest_memory_bytes = guest_cells.iter().map(|c| c.memory_bytes).sum();
+        Plan {
+            name: name.into(),
+            guest_topology: vmhost_config::CpuTopology {
+                sockets: 1,
+                cores: 1,
+                threads: 1,
+            },
+            envelope: Envelope {
+                overhead_model: OverheadModel::default(),
+                guest_memory_bytes,
+                overhead_bytes: 0,
+                overhead_terms: Default::default(),
+                memory_request_bytes: 0,
+                memory_limit_bytes: None,
+                cpus: 0.0,
+                dedicated_cpus: 0,
+                hugepages,
+            },
+            vcpus: Vec::new(),
+            floating_cpus: Vec::new(),
+            emulator: EmulatorPlacement {
+                host_cpus: Vec::new(),
+                isolated: false,
+            },
+            guest_cells,
+            backing,
+            boot: vmhost_config::BootSpec::Payload {
+                payload: vmhost_config::Payload::Touch,
+            },
+            notes: Vec::new(),
+        }
+    }
+}
+
 fn sorted(it: impl Iterator<Item = u32>) -> Vec<u32> {
     let set: BTreeSet<u32> = it.collect();
     set.into_iter().collect()

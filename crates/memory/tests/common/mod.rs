@@ -2,13 +2,11 @@
 //! sysfs, the opt-out variable, and plans built by hand.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
-use vmhost_config::{BootSpec, CpuTopology, Payload};
-use vmhost_plan::{Backing, EmulatorPlacement, Envelope, GuestCell, OverheadModel, Plan};
+use vmhost_plan::{Backing, GuestCell, Plan};
 
 pub const MIB: u64 = 1 << 20;
 pub const PAGE_2M: u64 = 2 << 20;
@@ -121,37 +119,7 @@ pub fn plan(name: &str, cells: &[(Option<u32>, u64)], backing: Backing) -> Plan 
             distances: vec![10; n],
         })
         .collect();
-    Plan {
-        name: name.to_string(),
-        guest_topology: CpuTopology {
-            sockets: 1,
-            cores: 1,
-            threads: 1,
-        },
-        envelope: Envelope {
-            overhead_model: OverheadModel::default(),
-            guest_memory_bytes: cells.iter().map(|c| c.1).sum(),
-            overhead_bytes: 0,
-            overhead_terms: BTreeMap::new(),
-            memory_request_bytes: 0,
-            memory_limit_bytes: None,
-            cpus: 0.0,
-            dedicated_cpus: 0,
-            hugepages: Vec::new(),
-        },
-        vcpus: Vec::new(),
-        floating_cpus: Vec::new(),
-        emulator: EmulatorPlacement {
-            host_cpus: Vec::new(),
-            isolated: false,
-        },
-        guest_cells,
-        backing,
-        boot: BootSpec::Payload {
-            payload: Payload::Touch,
-        },
-        notes: Vec::new(),
-    }
+    Plan::memory_only(name, guest_cells, backing)
 }
 
 pub fn hugetlb_2m() -> Backing {
