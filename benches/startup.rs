@@ -11,6 +11,8 @@
 //! - **QEMU**: spawn of `qemu-system-x86_64 -enable-kvm -S` with the same memory (a hugetlbfs
 //!   `memory-backend-file`, `prealloc=off`) → its QMP monitor answers (machine initialised, vCPUs
 //!   created and paused by `-S`).
+//! - The host ledger's run directory is on tmpfs (`/dev/shm`), as `/run` is on systemd hosts;
+//!   set `VMHOST_BENCH_RUN_DIR` to measure another one.
 //! - **Resident memory beyond guest RAM**: `VmRSS` of a running VM (vmhost `idle` payload; QEMU
 //!   paused with `-S`) whose guest RAM is on hugetlbfs, which `VmRSS` does not count.
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss)]
@@ -204,7 +206,11 @@ fn main() {
         .unwrap_or(15);
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_vmhost"));
     let dir = tmpdir();
-    let run_dir = dir.join("run");
+    // The host ledger's run directory on tmpfs, as /run is on systemd hosts (on a disk-backed
+    // directory its fsyncs add about 0.9 ms to every start; VMHOST_BENCH_RUN_DIR overrides).
+    let run_dir = std::env::var_os("VMHOST_BENCH_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/vmhost-bench-run-{}", std::process::id())));
     let halt = write_spec(&dir, "halt");
     let idle = write_spec(&dir, "idle");
     let mnt = dir.join("hugetlbfs");
@@ -275,4 +281,7 @@ fn main() {
         let _ = Command::new("umount").arg(&mnt).status();
     }
     let _ = std::fs::remove_dir_all(&dir);
+    if std::env::var_os("VMHOST_BENCH_RUN_DIR").is_none() {
+        let _ = std::fs::remove_dir_all(&run_dir);
+    }
 }
