@@ -210,7 +210,9 @@ fn main() {
     // directory its fsyncs add about 0.9 ms to every start; VMHOST_BENCH_RUN_DIR overrides).
     let run_dir = std::env::var_os("VMHOST_BENCH_RUN_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/vmhost-bench-run-{}", std::process::id())));
+        .unwrap_or_else(|| {
+            PathBuf::from(format!("/dev/shm/vmhost-bench-run-{}", std::process::id()))
+        });
     let halt = write_spec(&dir, "halt");
     let idle = write_spec(&dir, "idle");
     let mnt = dir.join("hugetlbfs");

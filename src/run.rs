@@ -64,6 +64,7 @@ pub fn run(
     mut timeline: Timeline,
 ) -> Result<u8> {
     let sec_at_start = crate::overhead::sec_page_tables();
+    crate::sys::block_stop_signals().context("blocking SIGINT/SIGTERM until the VM can stop")?;
     pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
     let enforcement = match &opts.cgroup {
         Some(name) => Some(Enforcement::enter(

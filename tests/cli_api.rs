@@ -206,3 +206,49 @@ fn a_too_small_envelope_stops_the_vm_with_a_clear_message() {
         "cgroup removed on the error path"
     );
 }
+
+#[test]
+fn a_stop_signal_during_setup_stops_the_vm_in_order() {
+    if !need_kvm("signal_during_setup") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let d = dir("early-signal");
+    let path = d.join("vm.toml");
+    // 1 GiB of anonymous memory: the prefault takes a while, the signal lands in it or soon after.
+    std::fs::write(&path, "name = \"early\"\n[cpu]\ncores = 1\n[memory]\nguest = \"1Gi\"\n[boot]\npayload = \"idle\"\n").unwrap();
+    let sock = d.join("api.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args([
+            "--run-dir",
+            d.join("run").to_str().unwrap(),
+            "--api-socket",
+            sock.to_str().unwrap(),
+        ])
+        .args([
+            "--cgroup",
+            "vmhost-early-signal",
+            "--config",
+            path.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = child.wait().unwrap();
+    // Stopping an idle VM is its normal end; no thread took the signal's default action.
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(!sock.exists(), "socket removed");
+    assert!(
+        !Path::new("/sys/fs/cgroup/cpuset/vmhost/vmhost-early-signal").exists(),
+        "cgroup removed"
+    );
+    let (_, ps) =
+        common::vmhost_json(&["ps", "--json", "--run-dir", d.join("run").to_str().unwrap()]);
+    assert!(ps["entries"].as_array().unwrap().is_empty(), "{ps}");
+}
