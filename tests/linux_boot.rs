@@ -11,39 +11,16 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const BUDGET: Duration = Duration::from_secs(200);
 
-fn test_kernel() -> Option<PathBuf> {
-    let dir = std::env::var_os("VMHOST_TEST_KERNEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| common::root().join("target/test-kernel"));
-    let path = dir.join("vmlinux");
-    if path.is_file() {
-        return Some(path);
-    }
-    if std::env::var("VMHOST_SKIP_KERNEL_TESTS").as_deref() == Ok("1") {
-        println!(
-            "SKIP: {} missing (VMHOST_SKIP_KERNEL_TESTS=1)",
-            path.display()
-        );
-        return None;
-    }
-    panic!(
-        "test kernel {} is missing: run crates/boot/scripts/fetch-test-kernel.sh \
-         (or set VMHOST_SKIP_KERNEL_TESTS=1 to skip)",
-        path.display()
-    );
-}
-
 #[test]
 fn vmhost_boots_a_kernel_that_reports_vmhosts_acpi_tables() {
     let test = "vmhost_boots_a_kernel_that_reports_vmhosts_acpi_tables";
-    let Some(kernel) = test_kernel() else {
+    let Some(kernel) = vmhost_testsupport::test_kernel_file("vmlinux") else {
         return;
     };
     if !vmhost_testsupport::need_kvm(test) {

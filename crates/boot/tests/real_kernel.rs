@@ -18,29 +18,6 @@ use vmhost_plan::Plan;
 
 const MIB: u64 = 1 << 20;
 
-/// The test kernel file `name`, or `None` when it is missing and the tests are opted out.
-fn kernel_file(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("VMHOST_TEST_KERNEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-kernel"));
-    let path = dir.join(name);
-    if path.is_file() {
-        return Some(path);
-    }
-    if std::env::var("VMHOST_SKIP_KERNEL_TESTS").as_deref() == Ok("1") {
-        eprintln!(
-            "{} missing: skipped (VMHOST_SKIP_KERNEL_TESTS=1)",
-            path.display()
-        );
-        return None;
-    }
-    panic!(
-        "test kernel {} is missing: run crates/boot/scripts/fetch-test-kernel.sh \
-         (or set VMHOST_SKIP_KERNEL_TESTS=1 to skip)",
-        path.display()
-    );
-}
-
 /// Guest memory, layout and ACPI tables of a 2-cell, 4-vCPU plan (2 x 64 MiB).
 struct Guest {
     layout: GuestLayout,
@@ -123,7 +100,7 @@ fn first_load_segment(path: &Path) -> (u64, u64) {
 
 #[test]
 fn debian_vmlinux_boots_through_pvh() {
-    let Some(vmlinux) = kernel_file("vmlinux") else {
+    let Some(vmlinux) = vmhost_testsupport::test_kernel_file("vmlinux") else {
         return;
     };
     let g = guest();
@@ -170,7 +147,7 @@ fn debian_vmlinux_boots_through_pvh() {
 
 #[test]
 fn debian_bzimage_boots_through_the_64bit_protocol() {
-    let Some(bzimage) = kernel_file("bzImage") else {
+    let Some(bzimage) = vmhost_testsupport::test_kernel_file("bzImage") else {
         return;
     };
     let g = guest();
@@ -205,7 +182,7 @@ fn debian_bzimage_boots_through_the_64bit_protocol() {
 
 #[test]
 fn debian_bzimage_rejects_a_command_line_past_its_cmdline_size() {
-    let Some(bzimage) = kernel_file("bzImage") else {
+    let Some(bzimage) = vmhost_testsupport::test_kernel_file("bzImage") else {
         return;
     };
     let g = guest();
@@ -224,7 +201,7 @@ fn debian_bzimage_rejects_a_command_line_past_its_cmdline_size() {
 
 #[test]
 fn debian_vmlinux_does_not_fit_in_32_mib() {
-    let Some(vmlinux) = kernel_file("vmlinux") else {
+    let Some(vmlinux) = vmhost_testsupport::test_kernel_file("vmlinux") else {
         return;
     };
     let mut g = guest();

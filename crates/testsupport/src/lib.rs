@@ -16,6 +16,8 @@ use std::path::PathBuf;
 pub const SKIP_HUGEPAGES: &str = "VMHOST_SKIP_HUGEPAGE_TESTS";
 /// Opt-out variable for tests that need `/dev/kvm`.
 pub const SKIP_KVM: &str = "VMHOST_SKIP_KVM_TESTS";
+/// Opt-out variable for tests that need the test kernel.
+pub const SKIP_KERNEL: &str = "VMHOST_SKIP_KERNEL_TESTS";
 
 /// An exclusive `flock` held until dropped (closing the file releases it).
 #[derive(Debug)]
@@ -83,6 +85,11 @@ pub fn node_free(node: u32, page: u64) -> u64 {
     ))
 }
 
+/// True (after printing a skip line) when hugepage tests are opted out.
+pub fn hugepage_tests_skipped(test: &str) -> bool {
+    opted_out(SKIP_HUGEPAGES, test)
+}
+
 /// Returns false (after printing a skip line) when hugepage tests are opted out; panics with
 /// instructions when fewer than `count` pages of `page` bytes are available on node 0.
 pub fn need_pages(test: &str, page: u64, count: u64) -> bool {
@@ -117,4 +124,26 @@ pub fn need_kvm(test: &str) -> bool {
         panic!("{test} needs /dev/kvm ({e}); run on a host with KVM, or set {SKIP_KVM}=1 to skip");
     }
     true
+}
+
+/// The test kernel's file `name` (`vmlinux`, `bzImage`) in `$VMHOST_TEST_KERNEL_DIR`, default
+/// `<workspace>/target/test-kernel` (written by `crates/boot/scripts/fetch-test-kernel.sh`).
+/// Returns `None` (after printing a skip line) when it is missing and kernel tests are opted
+/// out; panics with the fix otherwise.
+pub fn test_kernel_file(name: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("VMHOST_TEST_KERNEL_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-kernel"),
+        PathBuf::from,
+    );
+    let path = dir.join(name);
+    if path.is_file() {
+        return Some(path);
+    }
+    if opted_out(SKIP_KERNEL, &format!("{} missing", path.display())) {
+        return None;
+    }
+    panic!(
+        "test kernel {} is missing: run crates/boot/scripts/fetch-test-kernel.sh (or set {SKIP_KERNEL}=1 to skip)",
+        path.display()
+    );
 }

@@ -18,7 +18,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,29 +34,6 @@ use vmhost_vcpu::{
 /// How long the witness may take (the issue's budget: about three minutes).
 const BUDGET: Duration = Duration::from_secs(200);
 const MIB: u64 = 1 << 20;
-
-/// The test kernel file `name`, or `None` when it is missing and the tests are opted out.
-fn kernel_file(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("VMHOST_TEST_KERNEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-kernel"));
-    let path = dir.join(name);
-    if path.is_file() {
-        return Some(path);
-    }
-    if std::env::var("VMHOST_SKIP_KERNEL_TESTS").as_deref() == Ok("1") {
-        println!(
-            "SKIP: {} missing (VMHOST_SKIP_KERNEL_TESTS=1)",
-            path.display()
-        );
-        return None;
-    }
-    panic!(
-        "test kernel {} is missing: run crates/boot/scripts/fetch-test-kernel.sh \
-         (or set VMHOST_SKIP_KERNEL_TESTS=1 to skip)",
-        path.display()
-    );
-}
 
 /// A TOML spec booting `kernel` with `mib` MiB of 2 MiB hugepages in two guest cells, one vCPU
 /// each.
@@ -157,7 +134,7 @@ fn missing(log: &str, want: &[(u32, u64, u64)], cpus: usize) -> Vec<String> {
 #[test]
 fn debian_kernel_reports_the_planned_numa_cells_and_cpus() {
     let test = "debian_kernel_reports_the_planned_numa_cells_and_cpus";
-    let Some(vmlinux) = kernel_file("vmlinux") else {
+    let Some(vmlinux) = vmhost_testsupport::test_kernel_file("vmlinux") else {
         return;
     };
     if !kvm_available(test) || !hugepages_wanted(test) {
@@ -286,7 +263,7 @@ fn bad_kernels_initrds_and_command_lines_fail_in_vm_new() {
     let e = kernel_error(bad_input(&text, None, "", 64));
     assert!(matches!(e, BootError::NotAKernel { .. }), "{e:?}");
 
-    let Some(vmlinux) = kernel_file("vmlinux") else {
+    let Some(vmlinux) = vmhost_testsupport::test_kernel_file("vmlinux") else {
         return;
     };
     let e = kernel_error(bad_input(&vmlinux, Some(&missing), "", 128));
