@@ -175,19 +175,28 @@ fn move_kvm_workers_off_vcpu_pus(plan: &Plan) {
         return;
     }
     let emulator = plan.emulator.host_cpus.clone();
-    let spawned = std::thread::Builder::new().name("vmhost-kvmpin".into()).spawn(move || {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        while std::time::Instant::now() < deadline {
-            for t in vmhost_vcpu::thread_placements().unwrap_or_default() {
-                if t.name.starts_with("kvm-") && t.cpus_allowed != emulator {
+    let spawned = std::thread::Builder::new()
+        .name("vmhost-kvmpin".into())
+        .spawn(move || {
+            // KVM starts one such worker per VM, at the first KVM_RUN: stop once it is moved.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+            while std::time::Instant::now() < deadline {
+                let workers: Vec<_> = vmhost_vcpu::thread_placements()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|t| t.name.starts_with("kvm-"))
+                    .collect();
+                for t in workers.iter().filter(|t| t.cpus_allowed != emulator) {
                     if let Err(e) = crate::sys::set_thread_affinity(t.tid, &emulator) {
                         tracing::warn!(tid = t.tid, error = %e, "cannot move a KVM worker thread");
                     }
                 }
+                if !workers.is_empty() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
             }
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-    });
+        });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the KVM worker pinning thread");
     }
