@@ -55,15 +55,6 @@ impl Control {
     }
 }
 
-/// A number from `/proc/self/status` (kB → bytes).
-fn status_bytes(field: &str) -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
-
 /// Nanoseconds a thread has run (`/proc/self/task/TID/schedstat`).
 fn cpu_ns(tid: i32) -> u64 {
     std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
@@ -172,11 +163,9 @@ impl VmControl for Control {
 
     fn resources(&self) -> Value {
         let guest = self.plan.envelope.guest_memory_bytes;
-        let (rss, hwm, shmem) = (
-            status_bytes("VmRSS:"),
-            status_bytes("VmHWM:"),
-            status_bytes("RssShmem:"),
-        );
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| crate::overhead::kib(&status, name);
+        let (rss, hwm, shmem) = (field("VmRSS:"), field("VmHWM:"), field("RssShmem:"));
         // Anonymous guest RAM is shared memory counted in RSS; hugetlb pages are not in RSS.
         let guest_resident = match self.plan.backing {
             Backing::Anonymous => shmem.min(guest),
@@ -197,7 +186,7 @@ impl VmControl for Control {
             "envelope": self.plan.envelope,
             "measured": {
                 "guest_memory_bytes": guest,
-                "hugetlb_bytes": status_bytes("HugetlbPages:"),
+                "hugetlb_bytes": field("HugetlbPages:"),
                 "rss_bytes": rss,
                 "rss_beyond_guest_bytes": rss.saturating_sub(guest_resident),
                 "peak_rss_beyond_guest_bytes": hwm.saturating_sub(peak_guest),

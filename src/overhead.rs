@@ -13,7 +13,9 @@
 use serde::Serialize;
 use vmhost_plan::{Backing, Plan};
 
-fn kib(text: &str, field: &str) -> u64 {
+/// A `kB` field of a `/proc` file such as `status` or `meminfo` (`"VmRSS:"`), in bytes; 0 when
+/// absent.
+pub fn kib(text: &str, field: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())

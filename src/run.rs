@@ -187,7 +187,7 @@ fn move_kvm_workers_off_vcpu_pus(plan: &Plan) {
                     .filter(|t| t.name.starts_with("kvm-"))
                     .collect();
                 for t in workers.iter().filter(|t| t.cpus_allowed != emulator) {
-                    if let Err(e) = crate::sys::set_thread_affinity(t.tid, &emulator) {
+                    if let Err(e) = vmhost_topology::affinity::set_thread(t.tid, &emulator) {
                         tracing::warn!(tid = t.tid, error = %e, "cannot move a KVM worker thread");
                     }
                 }

@@ -1,12 +1,14 @@
 //! Thin wrappers over the raw system calls guest memory needs and `libc` does not wrap, or
 //! wraps only unsafely: `mbind`, `get_mempolicy`, `move_pages`, `memfd_create`, `madvise`,
-//! `sched_setaffinity`/`sched_getaffinity` and `statfs`.
+//! and `statfs`. CPU affinity comes from `vmhost_topology::affinity` (re-exported here).
 //!
 //! This module owns every `unsafe` system call of the crate. Each wrapper returns
 //! [`std::io::Error`] from `errno`; callers add the context (cell, node, address) in their own
 //! error types. None of the calls here reads or writes the memory they are given: the kernel
 //! validates the address ranges and fails with `EFAULT`/`ENOMEM` on unmapped ones, so the
 //! wrappers taking addresses are safe functions.
+
+pub use vmhost_topology::affinity::{current_thread as current_affinity, pin_current_thread};
 
 use std::ffi::CString;
 use std::fs::File;
@@ -238,46 +240,6 @@ pub fn madvise(addr: *mut u8, len: usize, advice: Advice) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// Pins the calling thread to the CPUs in `cpus`.
-pub fn pin_current_thread(cpus: &[u32]) -> io::Result<()> {
-    // SAFETY: cpu_set_t is a plain bit array for which all-zeroes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let capacity = 8 * std::mem::size_of::<libc::cpu_set_t>();
-    for &cpu in cpus {
-        let cpu = usize::try_from(cpu)
-            .ok()
-            .filter(|c| *c < capacity)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: `cpu < capacity`, the number of bits in `set`, was checked just above.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-    }
-    // SAFETY: `set` is a live cpu_set_t and the size passed is its size; pid 0 is the
-    // calling thread.
-    let ret = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// The CPUs the calling thread may run on.
-pub fn current_affinity() -> io::Result<Vec<u32>> {
-    // SAFETY: cpu_set_t is a plain bit array for which all-zeroes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a live cpu_set_t and the size passed is its size; the kernel writes
-    // at most that many bytes.
-    let ret = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let capacity = 8 * std::mem::size_of::<libc::cpu_set_t>();
-    Ok((0..capacity)
-        // SAFETY: `cpu` ranges below `capacity`, the number of bits in `set`.
-        .filter(|cpu| unsafe { libc::CPU_ISSET(*cpu, &set) })
-        .filter_map(|cpu| u32::try_from(cpu).ok())
-        .collect())
 }
 
 /// Filesystem type magic and block size of the filesystem holding `path` (`statfs`).

@@ -25,6 +25,7 @@
 
 #![warn(missing_docs)]
 
+pub mod affinity;
 pub mod cpulist;
 mod error;
 mod hugepages;
@@ -32,7 +33,6 @@ mod hwloc;
 pub mod load;
 pub mod model;
 mod render;
-mod sys;
 mod sysfs;
 
 pub use error::{BackendError, TopologyError};

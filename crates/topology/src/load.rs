@@ -11,7 +11,6 @@ use crate::{
     error::TopologyError,
     hwloc::{self, BackendOrModel, HwlocView},
     model::{Distances, HostTopology, TopologySource},
-    sys,
     sysfs::{self, Sysfs},
 };
 
@@ -30,7 +29,8 @@ pub const LOADED_HUGEPAGE_SIZES: [u64; 2] = [2 << 20, 1 << 30];
 ///   assumed 10 local / 20 remote (`assumed: true`).
 pub fn discover() -> Result<HostTopology, TopologyError> {
     let view = hwloc::live()?;
-    let affinity = sys::affinity().map_err(|source| TopologyError::Affinity { source })?;
+    let affinity =
+        crate::affinity::process().map_err(|source| TopologyError::Affinity { source })?;
     assemble_live(
         view,
         Sysfs {

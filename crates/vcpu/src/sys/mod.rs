@@ -1,60 +1,18 @@
-//! Thin wrappers over the raw calls this crate makes outside kvm-ioctls: CPU affinity, thread
-//! ids, the real-time signal that kicks a vCPU thread out of `KVM_RUN`, and the terminal calls
+//! Thin wrappers over the raw calls this crate makes outside kvm-ioctls (CPU affinity is
+//! `vmhost_topology::affinity`, re-exported here): thread ids, the real-time signal that kicks a vCPU thread out of `KVM_RUN`, and the terminal calls
 //! of the serial console's input (`poll`, `read`, termios).
 //!
 //! Everything `unsafe` in the crate that is not a KVM call lives here (the memslot registration
 //! in `vm.rs` and the `kvm_run` pointer in `vcpu.rs` are the exceptions, next to their data).
 
+#[cfg(test)]
+pub use vmhost_topology::affinity::current_thread as current_affinity;
+pub use vmhost_topology::affinity::pin_current_thread;
+
 use std::io;
 use std::sync::Once;
 
 use libc::{c_int, c_void, siginfo_t};
-
-/// Pins the calling thread to `cpus` with `sched_setaffinity`.
-///
-/// An empty list is rejected with `EINVAL` (the kernel would reject it too).
-pub fn pin_current_thread(cpus: &[u32]) -> io::Result<()> {
-    if cpus.is_empty() {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let max = u32::try_from(8 * std::mem::size_of::<libc::cpu_set_t>()).unwrap_or(u32::MAX);
-    for &cpu in cpus {
-        if cpu >= max {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        // SAFETY: `cpu` is below the bit size of the set, checked above.
-        unsafe { libc::CPU_SET(cpu as usize, &mut set) };
-    }
-    // SAFETY: pid 0 names the calling thread; `set` is a valid, initialised cpu_set_t and the
-    // size passed is its size.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// The affinity of the calling thread, as CPU numbers.
-#[cfg(test)]
-pub fn current_affinity() -> io::Result<Vec<u32>> {
-    // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 names the calling thread; the kernel writes at most `size_of` bytes to `set`.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: every index is below the bit size of the set.
-    Ok((0..max)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .filter_map(|c| u32::try_from(c).ok())
-        .collect())
-}
 
 /// The kernel thread id of the calling thread.
 pub fn gettid() -> i32 {
