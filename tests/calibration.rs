@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use vmhost_testsupport::{lock_cpus, lock_pool, need_kvm, need_pages};
 
 const MIB: f64 = (1 << 20) as f64;
@@ -35,8 +33,6 @@ fn vmhost_overhead_model_bounds_the_measured_overhead() {
         (2, "512Mi", Some("2Mi"), true),
         (2, "2Gi", None, true),
     ];
-    let dir = std::env::temp_dir().join(format!("vmhost-calibration-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let mut failures = Vec::new();
     println!("vCPUs  memory  pages  dedicated  private  vmm PT  kvm PT  measured   model  model/measured");
     for (n, mem, page, dedicated) in matrix {
@@ -44,24 +40,8 @@ fn vmhost_overhead_model_bounds_the_measured_overhead() {
         if let Some(p) = page {
             spec.push_str(&format!("hugepages = {{ page_size = \"{p}\" }}\n"));
         }
-        let path = dir.join("cal.toml");
-        std::fs::write(&path, spec).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_vmhost"))
-            .args([
-                "--json",
-                "--run-dir",
-                dir.join("run").to_str().unwrap(),
-                "--config",
-                path.to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{n} vCPUs {mem}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (code, j, log) = common::run_vm(&format!("calibration-{n}-{mem}"), &spec);
+        assert_eq!(code, 0, "{n} vCPUs {mem}: {log}");
         assert_eq!(j["report"]["status"], "completed");
         let o = &j["overhead"];
         let measured = o["overhead_bytes"].as_u64().unwrap();

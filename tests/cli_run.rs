@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{root, stderr, stdout};
+use common::{root, run_vm, stderr, stdout};
 use serde_json::Value;
 use std::process::Command;
 use vmhost_testsupport::{lock_cpus, lock_pool, need_kvm, need_pages, pool};
@@ -15,30 +15,6 @@ fn tmp(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("vmhost-run-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-/// Runs `vmhost --json --config <spec>` with its own run directory; returns (exit, JSON).
-fn run_vm(name: &str, spec: &str) -> (i32, Value, String) {
-    let dir = tmp(name);
-    let path = dir.join("vm.toml");
-    std::fs::write(&path, spec).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
-        .args([
-            "--json",
-            "--run-dir",
-            dir.join("run").to_str().unwrap(),
-            "--config",
-            path.to_str().unwrap(),
-        ])
-        .current_dir(root())
-        .output()
-        .unwrap();
-    let j = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
-    (
-        o.status.code().unwrap_or(-1),
-        j,
-        format!("stdout:\n{}\nstderr:\n{}", stdout(&o), stderr(&o)),
-    )
 }
 
 fn threads(j: &Value) -> Vec<(String, Vec<u64>)> {

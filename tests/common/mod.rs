@@ -40,3 +40,31 @@ pub fn vmhost_json(args: &[&str]) -> (i32, serde_json::Value) {
     });
     (o.status.code().unwrap(), v)
 }
+
+/// Runs `vmhost --json --config <spec>` with a spec and run directory of its own (under a temp
+/// directory named after `name`); returns (exit status, JSON on stdout, stdout+stderr for
+/// assertion messages).
+pub fn run_vm(name: &str, spec: &str) -> (i32, serde_json::Value, String) {
+    let dir = std::env::temp_dir().join(format!("vmhost-run-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("vm.toml");
+    std::fs::write(&path, spec).unwrap();
+    let run_dir = dir.join("run");
+    let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args([
+            "--json",
+            "--run-dir",
+            run_dir.to_str().unwrap(),
+            "--config",
+            path.to_str().unwrap(),
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let j = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+    (
+        o.status.code().unwrap_or(-1),
+        j,
+        format!("stdout:\n{}\nstderr:\n{}", stdout(&o), stderr(&o)),
+    )
+}
