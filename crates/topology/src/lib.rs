@@ -34,6 +34,8 @@ pub mod load;
 pub mod model;
 mod render;
 mod sysfs;
+#[cfg(target_feature = "crt-static")]
+mod udev;
 
 pub use error::{BackendError, TopologyError};
 pub use hugepages::{apply_hugepages, parse_hugepages_arg, HugepageArg};
@@ -45,14 +47,21 @@ pub use render::render_text;
 /// XML reader (hwloc's built-in XML parser reads `lstopo` exports as well).
 pub const UNNEEDED_HWLOC_PLUGINS: &str = "hwloc_xml_libxml,hwloc_opencl,hwloc_gl,hwloc_pci";
 
-/// Keeps hwloc from loading plugins vmhost does not use ([`UNNEEDED_HWLOC_PLUGINS`]), unless
-/// the user set `HWLOC_PLUGINS_BLACKLIST` already. Loading them (libxml2 with ICU, OpenCL, X11
-/// and libpciaccess) costs about 3 ms and resident memory at every start.
+/// Keeps hwloc from loading plugins vmhost does not use. Loading them (libxml2 with ICU,
+/// OpenCL, X11 and libpciaccess) costs about 3 ms and resident memory at every start.
+///
+/// - Static builds (the default, see docs/dependencies.md): no plugin can load into a binary
+///   that exports no hwloc symbols, so hwloc's plugin search is switched off
+///   (`HWLOC_PLUGINS_PATH` empty), whatever the environment says.
+/// - Dynamic builds: [`UNNEEDED_HWLOC_PLUGINS`] are blacklisted, unless the user set
+///   `HWLOC_PLUGINS_BLACKLIST` already.
 ///
 /// Call it at the very start of `main`, before any thread exists: it sets an environment
 /// variable, which is only sound while no other thread can read the environment.
 pub fn skip_unneeded_hwloc_plugins() {
-    if std::env::var_os("HWLOC_PLUGINS_BLACKLIST").is_none() {
+    if cfg!(target_feature = "crt-static") {
+        std::env::set_var("HWLOC_PLUGINS_PATH", "");
+    } else if std::env::var_os("HWLOC_PLUGINS_BLACKLIST").is_none() {
         std::env::set_var("HWLOC_PLUGINS_BLACKLIST", UNNEEDED_HWLOC_PLUGINS);
     }
 }

@@ -15,9 +15,14 @@ use std::sync::Once;
 use libc::{c_int, c_void, siginfo_t};
 
 /// The kernel thread id of the calling thread.
+///
+/// The raw system call, not glibc's `gettid()` wrapper: the standard library declares that
+/// wrapper as a weak symbol, and in a static link (see docs/dependencies.md) a weak reference
+/// does not pull it out of `libc.a`, which would leave a null function pointer.
 pub fn gettid() -> i32 {
-    // SAFETY: gettid has no preconditions and cannot fail.
-    unsafe { libc::gettid() }
+    // SAFETY: SYS_gettid takes no arguments, has no preconditions and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    i32::try_from(tid).unwrap_or(i32::MAX)
 }
 
 /// The pthread handle of the calling thread.
