@@ -21,6 +21,7 @@ use crate::payload::bench;
 use crate::payload::{self, program, MailboxInputs, PayloadError, PayloadKind};
 use crate::vcpu::{VcpuConfig, VcpuStart};
 use crate::vm::{kvm_err, Guest, GuestRam, Prepared, VmError, VmOptions};
+use vmhost_guest::{EntryPoints, CODE_ALIGN};
 
 /// Where KVM's real-mode TSS goes on Intel (three pages, inside the MMIO hole).
 const TSS_ADDR: usize = 0xfffb_d000;
@@ -142,7 +143,7 @@ pub(crate) fn prepare_payload(
 ) -> Result<Prepared, VmError> {
     let (kvm, fd) = open_vm(plan, kind.needs_irqchip())?;
     let layout = ram.guest_layout();
-    let (boot, boot_mem, program) = build_boot_area(layout, plan.vcpus.len(), kind)?;
+    let (boot, boot_mem, entry_points) = build_boot_area(layout, plan.vcpus.len(), kind)?;
     register_memslots(&fd, ram.guest_memory(), Some(&boot_mem))?;
     let (chains, bench_cells) = if kind == PayloadKind::NumaBench {
         let chains = bench::prepare(
@@ -163,7 +164,7 @@ pub(crate) fn prepare_payload(
         plan,
         layout,
         boot: &boot,
-        user_entry: program.user_entry,
+        user_entry: entry_points.user_entry,
         bench: &chains,
     };
     let cpuids = vcpu_cpuids(&kvm, plan, options.mask_for_nested_emulation)?;
@@ -182,7 +183,7 @@ pub(crate) fn prepare_payload(
             cpus: vcpu_cpus(plan, v),
             cpuid,
             start: VcpuStart::Payload {
-                entry: program.entry,
+                entry: entry_points.entry,
                 make_runnable: kind.needs_irqchip(),
             },
         });
@@ -206,7 +207,7 @@ fn build_boot_area(
     layout: &GuestLayout,
     vcpus: usize,
     kind: PayloadKind,
-) -> Result<(BootLayout, GuestMemoryMmap, program::Program), VmError> {
+) -> Result<(BootLayout, GuestMemoryMmap, EntryPoints), VmError> {
     let hole = layout.mmio_hole();
     if hole.end <= hole.start || hole.start >= BOOT_LIMIT {
         return Err(VmError::NoHole { hole });
@@ -220,9 +221,14 @@ fn build_boot_area(
     if boot.range().contains(&program::UNMAPPED_GPA) {
         return Err(VmError::NoHole { hole });
     }
-    let program = program::assemble(kind, boot.code).map_err(|source| VmError::Payload {
+    let program = program::image(kind);
+    let entry_points = program.entry_points_at(boot.code).ok_or(VmError::Payload {
         vcpu: None,
-        source: PayloadError::Assemble { kind, source },
+        source: PayloadError::CodeAddress {
+            kind,
+            gpa: boot.code,
+            align: CODE_ALIGN,
+        },
     })?;
     if program.code.len() as u64 > CODE_BYTES {
         let source = PayloadError::CodeTooLarge {
@@ -232,14 +238,14 @@ fn build_boot_area(
         };
         return Err(VmError::Payload { vcpu: None, source });
     }
-    let boot_mem = boot.build(&program.handlers).map_err(VmError::Boot)?;
+    let boot_mem = boot.build(&entry_points.handlers).map_err(VmError::Boot)?;
     boot_mem
-        .write_slice(&program.code, GuestAddress(boot.code))
+        .write_slice(program.code, GuestAddress(boot.code))
         .map_err(|source| {
             VmError::Boot(BootError::Write {
                 gpa: boot.code,
                 source,
             })
         })?;
-    Ok((boot, boot_mem, program))
+    Ok((boot, boot_mem, entry_points))
 }

@@ -327,7 +327,7 @@ impl Vm {
             }
             (Some(kind), _) => prepare_payload(plan, &ram, &options, *kind)?,
             (None, BootSpec::Payload { payload }) => {
-                prepare_payload(plan, &ram, &options, PayloadKind::from(*payload))?
+                prepare_payload(plan, &ram, &options, crate::payload::kind_of(*payload))?
             }
         };
         let linux = matches!(prepared.guest, Guest::Linux { .. });

@@ -14,12 +14,18 @@
 //! | `idle` | none | Ready, then HLT, waiting in the kernel until stopped (in-kernel irqchip) |
 //!
 //! Hidden test payloads ([`FaultPayload`]) fault on purpose.
+//!
+//! The programs and the mailbox layout are defined in [`vmhost_guest`]; this crate's build
+//! script generates the machine code there ([`program`]), so the VMM only copies bytes.
 
-pub mod asm;
 pub mod bench;
-pub mod mailbox;
 pub mod program;
 pub mod touch;
+
+pub use vmhost_guest::mailbox;
+#[doc(hidden)]
+pub use vmhost_guest::FaultPayload;
+pub use vmhost_guest::PayloadKind;
 
 use serde::Serialize;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -33,14 +39,17 @@ use mailbox::{BenchSlot, CpuidSlot, GpaRange, Mailbox, MAX_CPUID, MAX_RANGES};
 /// Why a payload cannot be prepared or read back.
 #[derive(Debug, thiserror::Error)]
 pub enum PayloadError {
-    /// The guest code could not be assembled.
-    #[error("cannot assemble the {kind:?} payload")]
-    Assemble {
+    /// The boot area's code address does not suit the program.
+    #[error(
+        "the {kind:?} payload cannot run at GPA {gpa:#x} (it needs a {align}-byte aligned address)"
+    )]
+    CodeAddress {
         /// Payload.
         kind: PayloadKind,
-        /// The cause.
-        #[source]
-        source: asm::AsmError,
+        /// The address.
+        gpa: u64,
+        /// The alignment the program needs.
+        align: u64,
     },
     /// The code does not fit the space the boot area reserves.
     #[error("the {kind:?} payload is {bytes} bytes, the boot area holds {max}")]
@@ -89,64 +98,13 @@ pub enum PayloadError {
     },
 }
 
-/// Test payloads that fault on purpose (hidden: for the crate's tests and diagnostics).
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum FaultPayload {
-    /// Loads an empty IDT in ring 0, then executes `ud2` in ring 3: a triple fault.
-    TripleFault,
-    /// Writes port [`program::UNKNOWN_PORT`] from ring 3.
-    UnknownPort,
-    /// Writes GPA [`program::UNMAPPED_GPA`] (page-mapped, no memslot) from ring 3.
-    UnmappedMemory,
-    /// Writes an address no page table maps: a page fault delivered through the IDT.
-    PageFault,
-}
-
-/// What the guest runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum PayloadKind {
-    /// See [`touch`].
-    Touch,
-    /// See [`bench`](mod@bench).
-    NumaBench,
-    /// Start, report, halt.
-    Halt,
-    /// Wait halted until stopped.
-    Idle,
-    /// A test payload.
-    #[doc(hidden)]
-    Fault(FaultPayload),
-}
-
-impl From<Payload> for PayloadKind {
-    fn from(p: Payload) -> Self {
-        match p {
-            Payload::Touch => PayloadKind::Touch,
-            Payload::NumaBench => PayloadKind::NumaBench,
-            Payload::Halt => PayloadKind::Halt,
-            Payload::Idle => PayloadKind::Idle,
-        }
-    }
-}
-
-impl PayloadKind {
-    /// Every kind, test payloads included.
-    pub const ALL: [PayloadKind; 8] = [
-        PayloadKind::Touch,
-        PayloadKind::NumaBench,
-        PayloadKind::Halt,
-        PayloadKind::Idle,
-        PayloadKind::Fault(FaultPayload::TripleFault),
-        PayloadKind::Fault(FaultPayload::UnknownPort),
-        PayloadKind::Fault(FaultPayload::UnmappedMemory),
-        PayloadKind::Fault(FaultPayload::PageFault),
-    ];
-
-    /// True when the guest needs the in-kernel interrupt controller (and PIT): `idle` waits in
-    /// HLT inside the kernel. Without it HLT exits to the VMM, which `halt` relies on.
-    pub fn needs_irqchip(self) -> bool {
-        self == PayloadKind::Idle
+/// The built-in program a spec's `boot.payload` names.
+pub fn kind_of(payload: Payload) -> PayloadKind {
+    match payload {
+        Payload::Touch => PayloadKind::Touch,
+        Payload::NumaBench => PayloadKind::NumaBench,
+        Payload::Halt => PayloadKind::Halt,
+        Payload::Idle => PayloadKind::Idle,
     }
 }
 
@@ -389,14 +347,10 @@ mod tests {
     }
 
     #[test]
-    fn only_idle_needs_the_irqchip() {
-        assert_eq!(
-            PayloadKind::ALL
-                .iter()
-                .filter(|k| k.needs_irqchip())
-                .count(),
-            1
-        );
-        assert_eq!(PayloadKind::from(Payload::Idle), PayloadKind::Idle);
+    fn spec_payloads_map_to_their_programs() {
+        assert_eq!(kind_of(Payload::Touch), PayloadKind::Touch);
+        assert_eq!(kind_of(Payload::NumaBench), PayloadKind::NumaBench);
+        assert_eq!(kind_of(Payload::Halt), PayloadKind::Halt);
+        assert_eq!(kind_of(Payload::Idle), PayloadKind::Idle);
     }
 }

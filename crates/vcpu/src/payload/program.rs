@@ -1,263 +1,44 @@
-//! The guest program: one code blob shared by every vCPU of a VM.
+//! The built-in programs, generated when this crate is built.
 //!
-//! ```text
-//! entry (ring 0, emulated here: kept short)
-//!     read the CPUID leaves listed in the mailbox, write the results next to them
-//!     halt / idle:  doorbell Ready, then HLT forever
-//!     others:       iretq to ring 3 (CS 0x1b, SS 0x23, IOPL 3, IF 0)
-//! user_entry (ring 3, native)
-//!     the payload body (touch, numa-bench, a test fault), then doorbell Done
-//! exception stubs 0..31 (ring 0)
-//!     record vector, error code, RIP, CS, RFLAGS, RSP, CR2 in the mailbox; doorbell Fault; HLT
-//! ```
-//!
-//! RSI holds the vCPU's mailbox address throughout (set by the VMM, preserved by iretq); the
-//! exception stubs reach the mailbox through the GS base instead, since RSI is the guest's.
+//! `build.rs` runs [`vmhost_guest`]'s code generator (iced-x86 `code_asm`, from Rust source:
+//! no external assembler, no checked-in bytes) for every [`PayloadKind`], checks that each
+//! program is position-independent, and writes the bytes and entry offsets into this module.
+//! Starting a VM then copies bytes instead of assembling: the assembler's tables cost ~0.6 MiB
+//! of heap and ~0.3 ms at every start.
 
-use iced_x86::code_asm::*;
-use iced_x86::IcedError;
+use vmhost_guest::{PayloadKind, ProgramImage};
 
-use super::asm::{assemble_aligned, Asm, AsmError};
-use super::mailbox::{off, status, Doorbell, DOORBELL_PORT};
-use super::{bench, touch, FaultPayload, PayloadKind};
-use crate::arch::{USER_CS, USER_DS, USER_RFLAGS};
+pub use vmhost_guest::abi::{UNKNOWN_PORT, UNMAPPED_GPA, UNMAPPED_VA};
 
-/// GPA inside the MMIO hole (mapped by the page tables, backed by no memslot) that the
-/// unmapped-memory test payload writes.
-pub const UNMAPPED_GPA: u64 = 0xD000_0000;
-/// A canonical virtual address that no page table maps (the page-fault test payload).
-pub const UNMAPPED_VA: u64 = 1 << 46;
-/// The port the unknown-port test payload writes.
-pub const UNKNOWN_PORT: u16 = 0x5a5a;
-/// Vectors for which the CPU pushes an error code.
-const ERROR_CODE_VECTORS: [u64; 10] = [8, 10, 11, 12, 13, 14, 17, 21, 29, 30];
-
-/// Assembled guest code and its entry points.
-#[derive(Debug, Clone)]
-pub struct Program {
-    /// Machine code, to be placed at the address it was assembled for.
-    pub code: Vec<u8>,
-    /// Ring-0 entry point (RIP of every vCPU at start).
-    pub entry: u64,
-    /// Ring-3 entry point.
-    pub user_entry: u64,
-    /// Exception handler of each vector 0..31.
-    pub handlers: [u64; 32],
+mod generated {
+    use vmhost_guest::{EntryPoints, ProgramImage};
+    include!(concat!(env!("OUT_DIR"), "/programs.rs"));
 }
 
-struct Labels {
-    entry: CodeLabel,
-    user_entry: CodeLabel,
-    handlers: Vec<CodeLabel>,
-}
-
-/// Assembles the program of `kind` at `ip`.
-pub fn assemble(kind: PayloadKind, ip: u64) -> Result<Program, AsmError> {
-    let out = assemble_aligned(ip, |a| {
-        let mut entry = a.create_label();
-        let mut user_entry = a.create_label();
-        a.set_label(&mut entry)?;
-        emit_cpuid_prologue(a)?;
-        emit_ring0_tail(a, kind, user_entry)?;
-        a.set_label(&mut user_entry)?;
-        emit_ring3(a, kind)?;
-        let handlers = emit_exception_stubs(a)?;
-        Ok(Labels {
-            entry,
-            user_entry,
-            handlers,
-        })
-    })?;
-    let mut handlers = [0u64; 32];
-    for (h, l) in handlers.iter_mut().zip(&out.labels.handlers) {
-        *h = out.ip_of(l)?;
-    }
-    Ok(Program {
-        entry: out.ip_of(&out.labels.entry)?,
-        user_entry: out.ip_of(&out.labels.user_entry)?,
-        handlers,
-        code: out.code,
-    })
-}
-
-/// RAX = TSC (serialised by LFENCE); clobbers RDX.
-pub(super) fn emit_rdtsc(a: &mut Asm) -> Result<(), IcedError> {
-    a.lfence()?;
-    a.rdtsc()?;
-    a.shl(rdx, 32)?;
-    a.or(rax, rdx)
-}
-
-/// One `out` of `code` to the doorbell port; clobbers RAX and RDX.
-pub(super) fn emit_doorbell(a: &mut Asm, code: Doorbell) -> Result<(), IcedError> {
-    a.mov(edx, u32::from(DOORBELL_PORT))?;
-    a.mov(al, code as u32)?;
-    a.out(dx, al)
-}
-
-fn emit_cpuid_prologue(a: &mut Asm) -> Result<(), IcedError> {
-    let mut next = a.create_label();
-    let mut done = a.create_label();
-    a.lea(rdi, qword_ptr(rsi + off::CPUID))?;
-    a.mov(r8, qword_ptr(rsi + off::CPUID_COUNT))?;
-    a.test(r8, r8)?;
-    a.jz(done)?;
-    a.set_label(&mut next)?;
-    a.mov(eax, dword_ptr(rdi))?;
-    a.mov(ecx, dword_ptr(rdi + 4))?;
-    a.cpuid()?;
-    a.mov(dword_ptr(rdi + 8), eax)?;
-    a.mov(dword_ptr(rdi + 12), ebx)?;
-    a.mov(dword_ptr(rdi + 16), ecx)?;
-    a.mov(dword_ptr(rdi + 20), edx)?;
-    a.add(rdi, i32::try_from(off::CPUID_SLOT).unwrap_or(24))?;
-    a.dec(r8)?;
-    a.jnz(next)?;
-    a.set_label(&mut done)?;
-    a.mov(
-        qword_ptr(rsi + off::STATUS),
-        i32::try_from(status::RING0_DONE).unwrap_or(1),
-    )
-}
-
-fn emit_ring0_tail(a: &mut Asm, kind: PayloadKind, user_entry: CodeLabel) -> Result<(), IcedError> {
-    if matches!(kind, PayloadKind::Halt | PayloadKind::Idle) {
-        emit_doorbell(a, Doorbell::Ready)?;
-        // Halt: no in-kernel irqchip, so HLT exits to the VMM, which ends the vCPU.
-        // Idle: with the in-kernel irqchip HLT waits in the kernel (IF=0: nothing wakes it)
-        // until the VMM kicks the vCPU thread to stop it.
-        let mut halt = a.create_label();
-        a.set_label(&mut halt)?;
-        a.hlt()?;
-        return a.jmp(halt);
-    }
-    if kind == PayloadKind::Fault(FaultPayload::TripleFault) {
-        // An IDT with limit 0: the first exception cannot be delivered and escalates to a
-        // triple fault (KVM_EXIT_SHUTDOWN).
-        a.lidt(ptr(rsi + off::NULL_IDTR))?;
-    }
-    a.push(i32::from(USER_DS))?;
-    a.push(qword_ptr(rsi + off::USER_RSP))?;
-    a.push(i32::try_from(USER_RFLAGS).unwrap_or(0x3002))?;
-    a.push(i32::from(USER_CS))?;
-    a.lea(rax, ptr(user_entry))?;
-    a.push(rax)?;
-    a.iretq()
-}
-
-fn emit_ring3(a: &mut Asm, kind: PayloadKind) -> Result<(), IcedError> {
-    a.mov(
-        qword_ptr(rsi + off::STATUS),
-        i32::try_from(status::RING3).unwrap_or(2),
-    )?;
-    match kind {
-        PayloadKind::Touch => touch::emit(a)?,
-        PayloadKind::NumaBench => bench::emit(a)?,
-        PayloadKind::Halt | PayloadKind::Idle => {}
-        PayloadKind::Fault(f) => emit_fault(a, f)?,
-    }
-    emit_doorbell(a, Doorbell::Done)?;
-    // The VMM never resumes a vCPU after Done; if it did, this faults into the handlers.
-    a.ud2()
-}
-
-fn emit_fault(a: &mut Asm, f: FaultPayload) -> Result<(), IcedError> {
-    match f {
-        FaultPayload::TripleFault => a.ud2(),
-        FaultPayload::UnknownPort => {
-            a.mov(edx, u32::from(UNKNOWN_PORT))?;
-            a.mov(al, 0x42)?;
-            a.out(dx, al)
-        }
-        FaultPayload::UnmappedMemory => {
-            a.mov(rax, UNMAPPED_GPA)?;
-            a.mov(qword_ptr(rax), 0x1234)
-        }
-        FaultPayload::PageFault => {
-            a.mov(rax, UNMAPPED_VA)?;
-            a.mov(qword_ptr(rax), 0x1234)
-        }
-    }
-}
-
-fn emit_exception_stubs(a: &mut Asm) -> Result<Vec<CodeLabel>, IcedError> {
-    let mut common = a.create_label();
-    let mut labels = Vec::with_capacity(32);
-    for vector in 0..32u64 {
-        let mut l = a.create_label();
-        a.set_label(&mut l)?;
-        if !ERROR_CODE_VECTORS.contains(&vector) {
-            a.push(0)?;
-        }
-        a.push(i32::try_from(vector).unwrap_or(0))?;
-        a.jmp(common)?;
-        labels.push(l);
-    }
-    a.set_label(&mut common)?;
-    let gs_slot = |o: u64| qword_ptr(o).gs();
-    a.pop(rax)?;
-    a.mov(gs_slot(off::FAULT_VECTOR), rax)?;
-    a.pop(rax)?;
-    a.mov(gs_slot(off::FAULT_ERROR), rax)?;
-    for (i, field) in [
-        off::FAULT_RIP,
-        off::FAULT_CS,
-        off::FAULT_RFLAGS,
-        off::FAULT_RSP,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        a.mov(rax, qword_ptr(rsp + 8 * i))?;
-        a.mov(gs_slot(field), rax)?;
-    }
-    a.mov(rax, cr2)?;
-    a.mov(gs_slot(off::FAULT_CR2), rax)?;
-    emit_doorbell(a, Doorbell::Fault)?;
-    let mut stay = a.create_label();
-    a.set_label(&mut stay)?;
-    a.hlt()?;
-    a.jmp(stay)?;
-    Ok(labels)
+/// The program of `kind`.
+pub fn image(kind: PayloadKind) -> &'static ProgramImage {
+    &generated::IMAGES[kind.index()]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn decode(p: &Program, ip: u64) -> Vec<iced_x86::Instruction> {
-        let mut d = iced_x86::Decoder::with_ip(64, &p.code, ip, iced_x86::DecoderOptions::NONE);
-        let mut v = Vec::new();
-        while d.can_decode() {
-            v.push(d.decode());
-        }
-        v
-    }
+    use vmhost_guest::codegen::assemble;
 
     #[test]
-    fn every_kind_assembles_with_entry_points_inside_the_code() {
-        let ip = 0xC000_8000;
+    fn generated_images_are_what_the_generator_produces_today() {
+        // Placed anywhere aligned, each image equals a fresh assembly at that address.
         for kind in PayloadKind::ALL {
-            let p = assemble(kind, ip).unwrap();
-            let end = ip + p.code.len() as u64;
-            assert_eq!(p.entry, ip);
-            assert!((ip..end).contains(&p.user_entry), "{kind:?}");
-            assert!(p.handlers.iter().all(|h| (ip..end).contains(h)), "{kind:?}");
-            let ins = decode(&p, ip);
-            assert!(ins.iter().all(|i| !i.is_invalid()), "{kind:?}");
+            for base in [0xC000_8000u64, 0x1_0000_0040] {
+                let fresh = assemble(kind, base).unwrap();
+                let img = image(kind);
+                assert_eq!(img.code, &fresh.code[..], "{kind:?} at {base:#x}");
+                assert_eq!(
+                    img.entry_points_at(base),
+                    Some(fresh.entry_points),
+                    "{kind:?} at {base:#x}"
+                );
+            }
         }
-    }
-
-    #[test]
-    fn ring_zero_part_is_short() {
-        // Ring 0 is emulated here (~1 M instr/s): everything up to iretq stays small.
-        let ip = 0xC000_8000;
-        let p = assemble(PayloadKind::Touch, ip).unwrap();
-        let ins = decode(&p, ip);
-        let upto = ins
-            .iter()
-            .position(|i| i.mnemonic() == iced_x86::Mnemonic::Iretq)
-            .unwrap();
-        assert!(upto < 30, "{upto} instructions before iretq");
     }
 }

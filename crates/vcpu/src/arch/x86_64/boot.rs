@@ -28,13 +28,8 @@ pub const MAX_VCPUS: usize = 4000;
 pub const KERNEL_CS: u16 = 0x08;
 /// Ring-0 data segment selector.
 pub const KERNEL_DS: u16 = 0x10;
-/// Ring-3 64-bit code segment selector (RPL 3).
-pub const USER_CS: u16 = 0x18 | 3;
-/// Ring-3 data segment selector (RPL 3).
-pub const USER_DS: u16 = 0x20 | 3;
-/// RFLAGS for ring 3: reserved bit 1, IOPL 3, IF clear. (This nested host's `iretq` drops
-/// IOPL to 0; `out` from ring 3 is allowed by the TSS I/O permission bitmap instead.)
-pub const USER_RFLAGS: u64 = 0x3002;
+// The ring-3 selectors and flags are the guest programs' ABI, defined with them.
+pub use vmhost_guest::abi::{USER_CS, USER_DS, USER_RFLAGS};
 const FIRST_TSS_SELECTOR: u16 = 0x28;
 /// The 64-bit TSS proper; the I/O permission bitmap follows it.
 const TSS_BYTES: usize = 104;
