@@ -100,6 +100,13 @@ fn api_reports_live_placement_and_resources_and_controls_the_vm() {
         .unwrap()
         .iter()
         .any(|t| t["name"] == "vcpu0"));
+    // The default build is a static-pie binary (docs/dependencies.md, "Static linking"): the
+    // running VMM maps no dynamic loader and no shared library.
+    if cfg!(target_feature = "crt-static") {
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+        let shared: Vec<&str> = maps.lines().filter(|l| l.contains(".so")).collect();
+        assert!(shared.is_empty(), "shared objects mapped: {shared:#?}");
+    }
     // The cgroup's limits read back equal the plan.
     let limits = &r["measured"]["cgroup"]["limits"];
     let env = &r["envelope"];
