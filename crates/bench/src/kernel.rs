@@ -1,6 +1,6 @@
 //! The host-native measuring kernels: the same instructions the guest's `numa-bench` payload
-//! runs in ring 3 (see `vmhost_vcpu::payload::bench::emit`), written as inline assembly so the
-//! compiler cannot change their shape, and the TSC they are timed with.
+//! runs in ring 3 (its generator is in `vmhost_guest::codegen`), written as inline assembly so
+//! the compiler cannot change their shape, and the TSC they are timed with.
 //!
 //! - chase: `lfence; rdtsc`, then a 64-byte-aligned loop of 8 dependent loads `p = *p`,
 //!   `dec; jnz`, then `lfence; rdtsc`;

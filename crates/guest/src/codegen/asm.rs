@@ -21,8 +21,9 @@ pub enum AsmError {
     Unaligned,
 }
 
-/// Boundary for loop heads.
-pub const LOOP_ALIGN: u64 = 64;
+/// Boundary for loop heads: the alignment a program must be placed at for them to stay
+/// aligned.
+const LOOP_ALIGN: u64 = crate::CODE_ALIGN;
 
 /// A `CodeAssembler` that records aligned labels.
 pub struct Asm {
