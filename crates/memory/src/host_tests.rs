@@ -1,7 +1,7 @@
 //! Unit tests of the admission re-check, on fake sysfs trees.
 
 use super::*;
-use crate::testutil::plan_with;
+use crate::testutil;
 
 /// A fake sysfs tree in a fresh temporary directory, removed on drop.
 struct FakeSys(PathBuf);
@@ -70,7 +70,8 @@ fn reads_nodes_sizes_and_thp_setting() {
 #[test]
 fn admits_a_plan_that_fits() {
     let s = FakeSys::one_node("fits", 10, 0);
-    let plan = plan_with(
+    let plan = testutil::plan(
+        "test",
         &[(Some(0), 8 * MIB2)],
         Backing::Hugetlb {
             page_size_bytes: MIB2,
@@ -94,7 +95,8 @@ fn admits_a_plan_that_fits() {
 fn reserved_pages_are_not_available() {
     // 10 free but 4 of them promised to another mapping: 6 available, 8 needed.
     let s = FakeSys::one_node("resv", 10, 4);
-    let plan = plan_with(
+    let plan = testutil::plan(
+        "test",
         &[(Some(0), 8 * MIB2)],
         Backing::Hugetlb {
             page_size_bytes: MIB2,
@@ -123,7 +125,8 @@ fn reserved_pages_are_not_available() {
 #[test]
 fn node_short_names_node_and_counts() {
     let s = FakeSys::one_node("short", 3, 0);
-    let plan = plan_with(
+    let plan = testutil::plan(
+        "test",
         &[(Some(0), 8 * MIB2)],
         Backing::Hugetlb {
             page_size_bytes: MIB2,
@@ -144,21 +147,29 @@ fn shape_errors() {
         page_size_bytes: MIB2,
         hugetlbfs: None,
     };
-    let err =
-        check_admission(&plan_with(&[(Some(0), MIB2 + 4096)], hp.clone()), &s.host()).unwrap_err();
+    let err = check_admission(
+        &testutil::plan("test", &[(Some(0), MIB2 + 4096)], hp.clone()),
+        &s.host(),
+    )
+    .unwrap_err();
     assert!(
         matches!(err, AdmissionError::NotPageMultiple { cell: 0, .. }),
         "{err:?}"
     );
-    let err = check_admission(&plan_with(&[], hp.clone()), &s.host()).unwrap_err();
+    let err = check_admission(&testutil::plan("test", &[], hp.clone()), &s.host()).unwrap_err();
     assert!(matches!(err, AdmissionError::NoCells));
-    let err = check_admission(&plan_with(&[(Some(0), 0)], hp.clone()), &s.host()).unwrap_err();
+    let err = check_admission(
+        &testutil::plan("test", &[(Some(0), 0)], hp.clone()),
+        &s.host(),
+    )
+    .unwrap_err();
     assert!(matches!(err, AdmissionError::EmptyCell { cell: 0 }));
-    let mut plan = plan_with(&[(Some(0), MIB2), (Some(0), MIB2)], hp.clone());
+    let mut plan = testutil::plan("test", &[(Some(0), MIB2), (Some(0), MIB2)], hp.clone());
     plan.guest_cells[1].cell = 0;
     let err = check_admission(&plan, &s.host()).unwrap_err();
     assert!(matches!(err, AdmissionError::DuplicateCell { cell: 0 }));
-    let err = check_admission(&plan_with(&[(Some(5), MIB2)], hp), &s.host()).unwrap_err();
+    let err =
+        check_admission(&testutil::plan("test", &[(Some(5), MIB2)], hp), &s.host()).unwrap_err();
     assert!(
         matches!(
             err,
@@ -174,7 +185,11 @@ fn shape_errors() {
         page_size_bytes: 16 << 20,
         hugetlbfs: None,
     };
-    let err = check_admission(&plan_with(&[(Some(0), 16 << 20)], odd), &s.host()).unwrap_err();
+    let err = check_admission(
+        &testutil::plan("test", &[(Some(0), 16 << 20)], odd),
+        &s.host(),
+    )
+    .unwrap_err();
     assert_eq!(
         err.to_string(),
         "the host kernel has no 16Mi hugepages (sizes: 2Mi, 1Gi)"
@@ -184,7 +199,7 @@ fn shape_errors() {
 #[test]
 fn anonymous_backing_needs_no_pool() {
     let s = FakeSys::one_node("anon", 0, 0);
-    let plan = plan_with(&[(Some(0), 1 << 20)], Backing::Anonymous);
+    let plan = testutil::plan("test", &[(Some(0), 1 << 20)], Backing::Anonymous);
     assert_eq!(
         check_admission(&plan, &s.host()).unwrap(),
         Admission::default()
@@ -199,7 +214,8 @@ fn unreadable_counter_is_an_error_with_its_path() {
         "kernel/mm/hugepages/hugepages-2048kB/free_hugepages",
         "many\n",
     );
-    let plan = plan_with(
+    let plan = testutil::plan(
+        "test",
         &[(Some(0), MIB2)],
         Backing::Hugetlb {
             page_size_bytes: MIB2,

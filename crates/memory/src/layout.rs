@@ -268,7 +268,8 @@ mod tests {
 
     #[test]
     fn from_plan_orders_by_cell_number() {
-        let mut plan = crate::testutil::plan_with(
+        let mut plan = crate::testutil::plan(
+            "test",
             &[(Some(0), GIB), (Some(0), 2 * GIB)],
             vmhost_plan::Backing::Anonymous,
         );

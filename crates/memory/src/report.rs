@@ -285,11 +285,12 @@ impl fmt::Display for MemoryReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::plan_with;
+    use crate::testutil::plan;
 
     #[test]
     fn anonymous_report_is_clean_and_renders() {
-        let plan = plan_with(
+        let plan = plan(
+            "test",
             &[(Some(0), 4 << 20), (Some(0), 2 << 20)],
             Backing::Anonymous,
         );

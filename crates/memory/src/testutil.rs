@@ -1,9 +1,10 @@
-//! Plans built by hand for unit tests.
+//! Plans built by hand for tests: the crate's unit tests use this module, its integration tests
+//! include the same file (`tests/common/mod.rs`).
 
 use vmhost_plan::{Backing, GuestCell, Plan};
 
-/// A plan with one cell per `(host node, memory)` entry, numbered in order.
-pub fn plan_with(cells: &[(Option<u32>, u64)], backing: Backing) -> Plan {
+/// A plan named `name` with one cell per `(host node, memory)` entry, cells numbered in order.
+pub fn plan(name: &str, cells: &[(Option<u32>, u64)], backing: Backing) -> Plan {
     let guest_cells: Vec<GuestCell> = cells
         .iter()
         .zip(0u32..)
@@ -16,5 +17,5 @@ pub fn plan_with(cells: &[(Option<u32>, u64)], backing: Backing) -> Plan {
             distances: vec![10; cells.len()],
         })
         .collect();
-    Plan::memory_only("test", guest_cells, backing)
+    Plan::memory_only(name, guest_cells, backing)
 }

@@ -4,7 +4,11 @@
 
 use std::path::PathBuf;
 
-use vmhost_plan::{Backing, GuestCell, Plan};
+use vmhost_plan::Backing;
+
+#[path = "../../src/testutil.rs"]
+mod testutil;
+pub use testutil::plan;
 
 pub const MIB: u64 = 1 << 20;
 pub const PAGE_2M: u64 = 2 << 20;
@@ -20,24 +24,6 @@ pub fn node0_free(page: u64) -> u64 {
 /// True when hugepage tests should be skipped (`VMHOST_SKIP_HUGEPAGE_TESTS=1`).
 pub fn skipping(test: &str) -> bool {
     vmhost_testsupport::hugepage_tests_skipped(test)
-}
-
-/// A plan with one cell per `(host node, memory)` entry, cells numbered in order.
-pub fn plan(name: &str, cells: &[(Option<u32>, u64)], backing: Backing) -> Plan {
-    let n = cells.len();
-    let guest_cells = cells
-        .iter()
-        .zip(0u32..)
-        .map(|(&(host_node, memory_bytes), cell)| GuestCell {
-            cell,
-            host_node,
-            vcpus: vec![cell],
-            memory_bytes,
-            prefault_cpus: Vec::new(),
-            distances: vec![10; n],
-        })
-        .collect();
-    Plan::memory_only(name, guest_cells, backing)
 }
 
 pub fn hugetlb_2m() -> Backing {
