@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 /// Dependent loads per chase loop iteration (as the guest's `LOADS_PER_ITER`).
 pub const LOADS_PER_ITER: u64 = vmhost_vcpu::payload::bench::LOADS_PER_ITER;
-/// Bytes one stream loop iteration reads.
-pub const STREAM_STEP: u64 = 128;
+/// Bytes one stream loop iteration reads (as the guest's `STREAM_STEP`).
+pub const STREAM_STEP: u64 = vmhost_vcpu::payload::bench::STREAM_STEP;
 
 /// What a chase measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,12 +12,11 @@ use std::path::Path;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmhost_memory::GuestLayout;
 
-use vmhost_guest::bench::STREAM_STEP;
 use vmhost_guest::mailbox::{BenchSlot, MAX_BENCH_CELLS};
 
 use super::PayloadError;
 
-pub use vmhost_guest::bench::{LINE, LOADS_PER_ITER};
+pub use vmhost_guest::bench::{LINE, LOADS_PER_ITER, STREAM_STEP};
 
 /// Sizes of the benchmark; `None` picks a default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
