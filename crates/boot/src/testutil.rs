@@ -1,6 +1,6 @@
 //! Plans and guest memory built by hand for unit tests.
 
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 use vmhost_memory::{GuestLayout, MMIO_HOLE_END, MMIO_HOLE_START};
 use vmhost_plan::{Backing, GuestCell, Plan, VcpuPlacement};
 
@@ -57,10 +57,5 @@ pub fn layout_of(plan: &Plan) -> GuestLayout {
 
 /// Anonymous guest memory with one region per layout region.
 pub fn guest_memory(layout: &GuestLayout) -> GuestMemoryMmap {
-    let ranges: Vec<(GuestAddress, usize)> = layout
-        .regions
-        .iter()
-        .map(|r| (GuestAddress(r.gpa), usize::try_from(r.size_bytes).unwrap()))
-        .collect();
-    GuestMemoryMmap::from_ranges(&ranges).unwrap()
+    layout.anonymous_memory().unwrap()
 }

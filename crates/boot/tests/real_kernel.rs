@@ -29,12 +29,7 @@ struct Guest {
 fn guest() -> Guest {
     let plan = plan();
     let layout = GuestLayout::from_plan(&plan, MMIO_HOLE_START..MMIO_HOLE_END).unwrap();
-    let ranges: Vec<(GuestAddress, usize)> = layout
-        .regions
-        .iter()
-        .map(|r| (GuestAddress(r.gpa), usize::try_from(r.size_bytes).unwrap()))
-        .collect();
-    let mem = GuestMemoryMmap::from_ranges(&ranges).unwrap();
+    let mem = layout.anonymous_memory().unwrap();
     let acpi = build_acpi(&plan, &layout, ACPI_START).unwrap();
     Guest {
         layout,

@@ -12,6 +12,8 @@
 use std::ops::Range;
 
 use serde::Serialize;
+use vm_memory::mmap::FromRangesError;
+use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmhost_plan::Plan;
 
 /// Start of the MMIO hole: guest RAM below 4 GiB ends here (3 GiB).
@@ -190,6 +192,29 @@ impl GuestLayout {
     /// The MMIO hole as a range.
     pub fn mmio_hole(&self) -> Range<u64> {
         self.mmio_hole_start..self.mmio_hole_end
+    }
+
+    /// Plain anonymous memory with one region per layout region: no NUMA binding, no
+    /// hugepages, no prefault. For tests and tools that need guest RAM in this layout without
+    /// a plan's placement; a VM's RAM is a [`crate::GuestMemory`].
+    ///
+    /// ```
+    /// use vmhost_memory::{GuestLayout, layout::CellSpan, MMIO_HOLE_END, MMIO_HOLE_START};
+    /// let cells = [CellSpan { cell: 0, host_node: None, size_bytes: 16 << 20 }];
+    /// let layout = GuestLayout::new(&cells, MMIO_HOLE_START..MMIO_HOLE_END, 4096).unwrap();
+    /// let mem = layout.anonymous_memory().unwrap();
+    /// assert_eq!(vm_memory::GuestMemoryBackend::num_regions(&mem), 1);
+    /// ```
+    pub fn anonymous_memory(&self) -> Result<GuestMemoryMmap, FromRangesError> {
+        let ranges: Vec<(GuestAddress, usize)> = self
+            .regions
+            .iter()
+            .map(|r| {
+                let size = usize::try_from(r.size_bytes).unwrap_or(usize::MAX);
+                (GuestAddress(r.gpa), size)
+            })
+            .collect();
+        GuestMemoryMmap::from_ranges(&ranges)
     }
 }
 

@@ -11,7 +11,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmhost_boot::{RESET_PORT, RESET_VALUE, S5_SLEEP_TYPE, SLEEP_CONTROL_PORT, SLP_EN};
 use vmhost_memory::{GuestLayout, MMIO_HOLE_END, MMIO_HOLE_START};
 use vmhost_vcpu::{
@@ -91,12 +90,7 @@ fn boot(test: &str, code: &[u8], policy: UnknownAccessPolicy) -> Option<(RunRepo
     std::fs::write(&kernel, pvh_elf(code)).unwrap();
     let plan = plan_toml(&spec(&kernel));
     let layout = GuestLayout::from_plan(&plan, MMIO_HOLE_START..MMIO_HOLE_END).unwrap();
-    let ranges: Vec<(GuestAddress, usize)> = layout
-        .regions
-        .iter()
-        .map(|r| (GuestAddress(r.gpa), usize::try_from(r.size_bytes).unwrap()))
-        .collect();
-    let mem = GuestMemoryMmap::from_ranges(&ranges).unwrap();
+    let mem = layout.anonymous_memory().unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let options = VmOptions {
         unknown_access: policy,

@@ -229,17 +229,7 @@ fn bad_input(kernel: &Path, initrd: Option<&Path>, cmdline: &str, mib: u64) -> V
         vmhost_memory::MMIO_HOLE_START..vmhost_memory::MMIO_HOLE_END,
     )
     .unwrap();
-    let ranges: Vec<(vm_memory::GuestAddress, usize)> = layout
-        .regions
-        .iter()
-        .map(|r| {
-            (
-                vm_memory::GuestAddress(r.gpa),
-                usize::try_from(r.size_bytes).unwrap(),
-            )
-        })
-        .collect();
-    let mem = vm_memory::GuestMemoryMmap::from_ranges(&ranges).unwrap();
+    let mem = layout.anonymous_memory().unwrap();
     Vm::new(&plan, (mem, layout), VmOptions::default()).unwrap_err()
 }
 

@@ -82,18 +82,8 @@ fn idle_vm_pauses_resumes_and_stops_while_paused() {
 /// runs long enough to be paused midway.
 fn cold_memory(plan: &vmhost_plan::Plan) -> (GuestMemoryMmap, GuestLayout) {
     let layout = GuestLayout::from_plan(plan, MMIO_HOLE_START..MMIO_HOLE_END).expect("layout");
-    let ranges: Vec<(GuestAddress, usize)> = layout
-        .regions
-        .iter()
-        .map(|r| {
-            (
-                GuestAddress(r.gpa),
-                usize::try_from(r.size_bytes).expect("size"),
-            )
-        })
-        .collect();
     (
-        GuestMemoryMmap::from_ranges(&ranges).expect("anonymous guest RAM"),
+        layout.anonymous_memory().expect("anonymous guest RAM"),
         layout,
     )
 }

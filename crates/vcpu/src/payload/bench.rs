@@ -229,12 +229,7 @@ mod tests {
             },
         ];
         let layout = GuestLayout::new(&cells, MMIO_HOLE_START..MMIO_HOLE_END, 2 << 20).unwrap();
-        let ranges: Vec<_> = layout
-            .regions
-            .iter()
-            .map(|r| (GuestAddress(r.gpa), as_index(r.size_bytes)))
-            .collect();
-        let mem = GuestMemoryMmap::from_ranges(&ranges).unwrap();
+        let mem = layout.anonymous_memory().unwrap();
         let opts = BenchOptions {
             working_set_bytes: Some(1 << 20),
             chase_loads: None,
