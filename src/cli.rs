@@ -177,4 +177,11 @@ pub struct NumaBenchArgs {
     /// Only the host-side baseline: every allowed PU × every node (no VM).
     #[arg(long)]
     pub host_only: bool,
+    /// Working set per guest cell in MiB (default: 4× the last-level cache, in whole pages).
+    /// Smaller sets run faster but measure caches rather than memory.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub working_set_mib: Option<u64>,
+    /// Passes of the bandwidth stream over the working set (default 16).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub stream_passes: Option<u32>,
 }

@@ -246,12 +246,17 @@ fn cmd_bench_numa(cli: &Cli, args: &cli::NumaBenchArgs) -> Result<u8> {
     if args.host_only {
         let mut ha = vmhost_bench::HostOnlyArgs::new(host);
         ha.repeat = args.repeat;
+        ha.working_set_bytes = args.working_set_mib.map(|m| m << 20);
         let report = vmhost_bench::host_only(&ha)?;
         return bench_output(cli, &report, args.plot.as_deref());
     }
     let plan = plan_here(cli, &PlanArgs::default())?;
     let mut ba = vmhost_bench::BenchArgs::new(plan, host);
     ba.repeat = args.repeat;
+    ba.working_set_bytes = args.working_set_mib.map(|m| m << 20);
+    if let Some(passes) = args.stream_passes {
+        ba.stream_passes = passes;
+    }
     ba.scenarios = args
         .scenarios
         .iter()
