@@ -40,3 +40,44 @@ pub fn load_source(topology: Option<&str>, args: &HostArgs) -> Result<HostTopolo
     }
     Ok(host)
 }
+
+/// When this process may use fewer PUs than the host has online (a pod's cgroup cpuset, a
+/// `taskset`, `--allowed-cpus`), a sentence naming what confines it, so a refusal says why the
+/// host looks smaller than it is. `None` when every online PU is allowed.
+pub fn confinement(host: &HostTopology) -> Option<String> {
+    if host.allowed_cpus == host.online_cpus {
+        return None;
+    }
+    let allowed = cpulist::format(&host.allowed_cpus);
+    let by = cgroup_cpuset()
+        .map(|(path, cpus, mems)| {
+            format!(
+                "the cpuset of cgroup {path} (cpuset.cpus.effective = {cpus}, cpuset.mems.effective = {mems})"
+            )
+        })
+        .unwrap_or_else(|| "its CPU affinity (taskset, --allowed-cpus or a parent's cpuset)".into());
+    Some(format!(
+        "this process may use only PUs {allowed} of the host's {}, confined by {by}",
+        cpulist::format(&host.online_cpus)
+    ))
+}
+
+/// This process's cgroup v2 path and its effective cpuset (`cpus`, `mems`), when the unified
+/// hierarchy restricts it.
+fn cgroup_cpuset() -> Option<(String, String, String)> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))?
+        .trim()
+        .to_string();
+    let dir = std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    let read = |f: &str| {
+        std::fs::read_to_string(dir.join(f))
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let cpus = read("cpuset.cpus.effective")?;
+    let mems = read("cpuset.mems.effective")?;
+    Some((path, cpus, mems))
+}

@@ -163,7 +163,7 @@ fn plan_here(cli: &Cli, args: &PlanArgs) -> Result<vmhost_plan::Plan> {
         .map_err(|r| {
             anyhow::Error::new(Exit {
                 code: EXIT_NO_FIT,
-                message: r.to_string(),
+                message: vms::with_confinement(r.to_string(), &host),
             })
         })
 }

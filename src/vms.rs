@@ -111,9 +111,17 @@ pub fn admit(
         }
         Err(AdmitError::Plan(r)) => Err(anyhow::Error::new(Exit {
             code: EXIT_NO_FIT,
-            message: r.to_string(),
+            message: with_confinement(r.to_string(), host),
         })),
         Err(AdmitError::Ledger(e)) => Err(e).context("host ledger"),
+    }
+}
+
+/// A refusal, followed by what confines this process when it may not use the whole host.
+pub fn with_confinement(refusal: String, host: &HostTopology) -> String {
+    match crate::host::confinement(host) {
+        Some(note) => format!("{refusal}; {note}"),
+        None => refusal,
     }
 }
 
