@@ -7,6 +7,7 @@ mod host;
 mod output;
 mod overhead;
 mod run;
+mod supervise;
 mod sys;
 mod timeline;
 mod vms;

@@ -72,6 +72,7 @@ pub fn run(
             plan,
             opts.cgroup_memory_limit,
             (opts.run_dir.clone(), plan.name.clone()),
+            opts.api_socket.clone(),
         )?),
         None => None,
     };

@@ -24,3 +24,119 @@ pub fn block_stop_signals() -> io::Result<()> {
         Err(io::Error::from_raw_os_error(ret))
     }
 }
+
+/// The signals the supervisor waits for: the stop signals and SIGCHLD.
+fn supervisor_set() -> libc::sigset_t {
+    // SAFETY: an all-zero sigset_t is a valid object for sigemptyset to initialise.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable sigset_t; the signal numbers are valid.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for s in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGCHLD,
+        ] {
+            libc::sigaddset(&mut set, s);
+        }
+    }
+    set
+}
+
+/// How a forked child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildEnd {
+    /// It exited with this status.
+    Exited(u8),
+    /// A signal killed it.
+    Killed(i32),
+}
+
+/// Forks. `Ok(None)` in the child, `Ok(Some(pid))` in the parent. Only call it while the
+/// process has a single thread: the child gets a copy of the calling thread alone.
+pub fn fork() -> io::Result<Option<libc::pid_t>> {
+    // SAFETY: the caller guarantees a single-threaded process, so no lock (allocator, stdio)
+    // can be held by a thread that does not exist in the child.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(None),
+        pid => Ok(Some(pid)),
+    }
+}
+
+/// In a child: receive `signal` when the parent dies; returns false when it already died.
+pub fn stop_with_parent(parent: libc::pid_t, signal: i32) -> bool {
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number and changes only this thread's setting.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) };
+    // SAFETY: getppid has no arguments and cannot fail.
+    unsafe { libc::getppid() == parent }
+}
+
+/// Blocks the supervisor's signals in the calling (only) thread.
+pub fn block_supervisor_signals() -> io::Result<()> {
+    let set = supervisor_set();
+    // SAFETY: `set` is initialised; a null old-set pointer is allowed.
+    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(ret))
+    }
+}
+
+/// Waits up to `ms` milliseconds for one of the (blocked) supervisor signals; returns it.
+pub fn wait_supervisor_signal(ms: u32) -> Option<i32> {
+    let set = supervisor_set();
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::from(ms / 1000),
+        tv_nsec: libc::c_long::from(ms % 1000) * 1_000_000,
+    };
+    // SAFETY: `set` and `ts` are initialised and outlive the call; a null siginfo is allowed.
+    let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
+    (sig > 0).then_some(sig)
+}
+
+/// Reaps `pid` if it has ended (never blocks).
+pub fn try_reap(pid: libc::pid_t) -> Option<ChildEnd> {
+    let mut status = 0;
+    // SAFETY: `status` is a valid out pointer; WNOHANG makes the call return at once.
+    let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    if r != pid {
+        return None;
+    }
+    if libc::WIFEXITED(status) {
+        Some(ChildEnd::Exited(
+            u8::try_from(libc::WEXITSTATUS(status)).unwrap_or(1),
+        ))
+    } else {
+        Some(ChildEnd::Killed(libc::WTERMSIG(status)))
+    }
+}
+
+/// Sends `signal` to `pid` (errors ignored: the child may be gone already).
+pub fn send(pid: libc::pid_t, signal: i32) {
+    // SAFETY: kill only sends a signal; `pid` is our own unreaped child, so it cannot have
+    // been reused by another process.
+    unsafe { libc::kill(pid, signal) };
+}
+
+/// The terminal settings of standard input, when it is a terminal.
+pub fn save_terminal() -> Option<libc::termios> {
+    // SAFETY: an all-zero termios is a valid buffer for tcgetattr to fill.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: fd 0 is checked by the kernel; `t` is a valid out pointer.
+    (unsafe { libc::tcgetattr(0, &mut t) } == 0).then_some(t)
+}
+
+/// Puts standard input's terminal settings back.
+pub fn restore_terminal(t: &libc::termios) {
+    // SAFETY: `t` is a termios tcgetattr filled in; fd 0 is checked by the kernel.
+    unsafe { libc::tcsetattr(0, libc::TCSANOW, t) };
+}
+
+/// Threads of this process (from `/proc/self/task`).
+pub fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, Iterator::count)
+}

@@ -43,6 +43,28 @@ impl Cgroup {
         read_u64(&d.path.join(file))
     }
 
+    /// True when the memory limit refused a charge at least once: v2 `memory.events` `max` or
+    /// `oom` > 0, v1 `memory.failcnt` > 0. A THP-sized charge can be refused well below the
+    /// limit, so this is what tells a refused allocation from other failures.
+    pub fn memory_limit_hit(&self) -> Result<bool, CgroupError> {
+        let d = self.memory_dir()?;
+        if d.v1() {
+            return read_u64(&d.path.join("memory.failcnt")).map(|n| n > 0);
+        }
+        let file = d.path.join("memory.events");
+        let text = std::fs::read_to_string(&file).map_err(|source| CgroupError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .any(|(k, v)| {
+                matches!(k, "max" | "oom" | "oom_kill")
+                    && v.trim().parse::<u64>().is_ok_and(|n| n > 0)
+            }))
+    }
+
     /// The highest memory usage since creation (v1 `memory.max_usage_in_bytes`; v2
     /// `memory.peak`, Linux 5.19+); `None` when the kernel does not keep it.
     pub fn memory_peak_bytes(&self) -> Result<Option<u64>, CgroupError> {
