@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# `make testbed`: the emulated multi-NUMA host suite.
+#   testbed/run.sh [2node|4node ...] [--only test_a,test_b]
+# Builds the image (cached, testbed/build-image.sh), builds vmhost and the in-host runner
+# (vmhost-testbed), then boots each emulated host (testbed/boot.sh) with both on a 9p share and
+# runs its suite inside. Prints every PASS/FAIL line and a summary; exits non-zero when a test
+# failed or a host could not run its suite. Each host's serial log is kept under
+# target/testbed/logs/ (the last run) and, for a failing host, copied to
+# target/testbed/failed/<time>-<suite>.log.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tb="${VMHOST_TESTBED_DIR:-$root/target/testbed}"
+suites=() only=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        2node|4node) suites+=("$1"); shift ;;
+        --only) only="$2"; shift 2 ;;
+        *) echo "usage: testbed/run.sh [2node|4node ...] [--only a,b]" >&2; exit 2 ;;
+    esac
+done
+[[ ${#suites[@]} -gt 0 ]] || suites=(2node 4node)
+
+start=$(date +%s)
+bash "$root/testbed/build-image.sh"
+profile="${VMHOST_TESTBED_PROFILE:-debug}"
+flags=()
+[[ "$profile" == release ]] && flags+=(--release)
+(cd "$root" && cargo build --quiet "${flags[@]}" -p vmhost -p vmhost-testbed)
+bin="$root/target/x86_64-unknown-linux-gnu/$profile"
+
+mkdir -p "$tb/logs" "$tb/failed"
+status=0 passed=0 failed=0
+for suite in "${suites[@]}"; do
+    share="$tb/share-$suite"
+    rm -rf "$share" && mkdir -p "$share"
+    cp "$bin/vmhost" "$bin/vmhost-testbed" "$share/"
+    cat > "$share/run" <<RUN
+#!/bin/sh
+./vmhost-testbed --suite $suite --vmhost ./vmhost ${only:+--only $only} 2>&1 | tee results.txt
+exit \$(grep -c '^FAIL' results.txt)
+RUN
+    chmod +x "$share/run"
+    nodes=${suite%node}
+    log="$tb/logs/$suite.log"
+    echo "== testbed: $suite host (${nodes} NUMA nodes), serial log $log"
+    set +e
+    bash "$root/testbed/boot.sh" --nodes "$nodes" --share "$share" --log "$log" \
+        --timeout "${VMHOST_TESTBED_TIMEOUT:-420}" > /dev/null
+    rc=$?
+    set -e
+    grep -E '^(RUN|PASS|FAIL|     )' "$share/results.txt" 2>/dev/null || true
+    p=$(grep -c '^PASS' "$share/results.txt" 2>/dev/null || true)
+    f=$(grep -c '^FAIL' "$share/results.txt" 2>/dev/null || true)
+    passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
+    if [[ $rc -ne 0 || ${p:-0} -eq 0 ]]; then
+        status=1
+        keep="$tb/failed/$(date +%Y%m%d-%H%M%S)-$suite.log"
+        cp "$log" "$keep"
+        echo "== testbed: $suite host FAILED (status $rc); serial log kept in $keep"
+        if [[ ${f:-0} -eq 0 ]]; then
+            failed=$((failed + 1))
+            echo "FAIL testbed_${suite}_host: the host did not run its suite (status $rc); last serial lines:"
+            tail -n 25 "$log" | sed 's/^/     /'
+        fi
+    fi
+done
+echo "== testbed: $(( $(date +%s) - start )) s in all"
+echo "testbed: $passed passed, $failed failed"
+exit $status

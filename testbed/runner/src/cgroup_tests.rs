@@ -1,0 +1,346 @@
+//! cgroup v2 on a real hierarchy: the envelope written from the plan and read back, a VM
+//! forced past its envelope stopped with vmhost's message and exit 5, and vmhost started
+//! inside a pod-like cgroup whose cpuset is a subset of the host.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::host;
+use crate::vm::{at, dedicated_spec, opt_num, u32s, Env};
+use crate::{ensure, Outcome};
+
+const ROOT: &str = "/sys/fs/cgroup";
+
+fn read_list(dir: &Path, file: &str) -> Result<Vec<u32>, String> {
+    host::parse_list(&host::read(&dir.join(file).to_string_lossy())?)
+}
+
+fn read_u64(dir: &Path, file: &str) -> Result<u64, String> {
+    let p = dir.join(file);
+    let s = host::read(&p.to_string_lossy())?;
+    s.parse()
+        .map_err(|e| format!("{}: {s:?}: {e}", p.display()))
+}
+
+/// The plan's PUs (vCPUs ∪ emulator), ascending.
+fn plan_cpus(plan: &serde_json::Value) -> Result<Vec<u32>, String> {
+    let mut cpus: Vec<u32> = at(plan, "/vcpus")?
+        .as_array()
+        .ok_or("vcpus")?
+        .iter()
+        .filter_map(|v| opt_num(&v["host_cpu"]))
+        .collect();
+    cpus.extend(u32s(at(plan, "/emulator/host_cpus")?));
+    cpus.sort_unstable();
+    cpus.dedup();
+    Ok(cpus)
+}
+
+/// `--cgroup` writes cpuset.cpus, cpuset.mems, memory.max and hugetlb.2MB.max from the plan;
+/// they read back equal while the VM runs, and the cgroup is gone after it stops.
+pub fn limits_from_plan(env: &Env) -> Outcome {
+    host::set_2m_pools(&[64, 64])?;
+    let spec = env.spec(
+        "cg",
+        &dedicated_spec("cg", 1, 1, "isolate_emulator_thread = true", "64Mi", "idle"),
+    )?;
+    let plan = env.plan(&spec)?;
+    let vm = env.start(
+        "cg",
+        env.command(&["--config", &spec.to_string_lossy(), "--cgroup", "tbcg"]),
+        1,
+    )?;
+    let dir = PathBuf::from(ROOT).join("vmhost/tbcg");
+    let procs = host::read(&dir.join("cgroup.procs").to_string_lossy())?;
+    ensure!(
+        procs.lines().any(|l| l == vm.vmm.to_string()),
+        "the VMM (pid {}) is not in {}: {procs:?}",
+        vm.vmm,
+        dir.display()
+    );
+    ensure!(
+        vm.vmm != vm.pid && !procs.lines().any(|l| l == vm.pid.to_string()),
+        "on cgroup v2 the VMM (pid {}) must run under a supervisor (pid {}) outside the cgroup",
+        vm.vmm,
+        vm.pid
+    );
+    let want_cpus = plan_cpus(&plan)?;
+    ensure!(
+        read_list(&dir, "cpuset.cpus")? == want_cpus,
+        "cpuset.cpus {:?}, plan {want_cpus:?}",
+        read_list(&dir, "cpuset.cpus")?
+    );
+    ensure!(
+        read_list(&dir, "cpuset.cpus.effective")? == want_cpus,
+        "cpuset.cpus.effective differs from the plan"
+    );
+    let want_mems: Vec<u32> = at(&plan, "/guest_cells")?
+        .as_array()
+        .ok_or("cells")?
+        .iter()
+        .filter_map(|c| opt_num(&c["host_node"]))
+        .collect();
+    ensure!(
+        read_list(&dir, "cpuset.mems")? == want_mems,
+        "cpuset.mems {:?}, plan {want_mems:?}",
+        read_list(&dir, "cpuset.mems")?
+    );
+    let limit = at(&plan, "/envelope/memory_limit_bytes")?
+        .as_u64()
+        .ok_or("the plan has no memory limit")?;
+    let want_max = limit.div_ceil(4096) * 4096;
+    ensure!(
+        read_u64(&dir, "memory.max")? == want_max,
+        "memory.max {}, plan {want_max}",
+        read_u64(&dir, "memory.max")?
+    );
+    let guest = at(&plan, "/envelope/guest_memory_bytes")?
+        .as_u64()
+        .ok_or("guest memory")?;
+    ensure!(
+        read_u64(&dir, "hugetlb.2MB.max")? == guest,
+        "hugetlb.2MB.max {}, plan's hugepages {guest}",
+        read_u64(&dir, "hugetlb.2MB.max")?
+    );
+    let code = env.shutdown(&vm)?;
+    ensure!(
+        code == 0,
+        "exit {code} after shutdown; stderr: {}",
+        vm.stderr()
+    );
+    ensure!(
+        !dir.exists(),
+        "{} is still there after the VM stopped",
+        dir.display()
+    );
+    Ok(())
+}
+
+/// A VM whose envelope is forced too small stops with vmhost's message and exit 5 (not a
+/// silent kill); its cgroup, ledger entry and control socket are gone afterwards.
+pub fn envelope_breach(env: &Env) -> Outcome {
+    host::set_2m_pools(&[0, 0])?;
+    let toml = "name = \"breach\"\n[cpu]\ncores = 1\ndedicated_cpu_placement = true\n\
+                [memory]\nguest = \"96Mi\"\n[boot]\npayload = \"touch\"\n";
+    let spec = env.spec("breach", toml)?;
+    let socket = env.work.join("breach.sock");
+    let sock = socket.to_string_lossy().to_string();
+    let limit = (32u64 << 20).to_string();
+    let out = env.run(&[
+        "--config",
+        &spec.to_string_lossy(),
+        "--cgroup",
+        "tbbreach",
+        "--cgroup-memory-limit",
+        &limit,
+        "--api-socket",
+        &sock,
+    ])?;
+    out.expect_code(5)?;
+    ensure!(
+        out.stderr.contains("memory limit"),
+        "no message naming the memory limit: {}",
+        out.stderr.trim()
+    );
+    ensure!(
+        out.stderr.contains("added_overhead"),
+        "the message does not say how to fix it: {}",
+        out.stderr.trim()
+    );
+    let dir = PathBuf::from(ROOT).join("vmhost/tbbreach");
+    ensure!(!dir.exists(), "{} is still there", dir.display());
+    ensure!(!socket.exists(), "the control socket {sock} is still there");
+    let ps = env.run(&["ps", "--json"])?.expect_code(0)?.json()?;
+    ensure!(
+        !ps.to_string().contains("\"breach\""),
+        "the ledger still lists the VM: {ps}"
+    );
+    Ok(())
+}
+
+/// A pod-like cgroup (what a Guaranteed pod gets under the static CPU manager): node 1's PUs
+/// and memory only. Returns its directory.
+fn make_pod(env: &Env, name: &str) -> Result<PathBuf, String> {
+    host::write(
+        &format!("{ROOT}/cgroup.subtree_control"),
+        "+cpuset +memory +hugetlb",
+    )?;
+    let dir = PathBuf::from(ROOT).join(name);
+    if !dir.exists() {
+        std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+    }
+    env.cgroups
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(dir.clone());
+    let node1 = host::node_cpus(1)?;
+    let list = node1
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    host::write(&dir.join("cpuset.cpus").to_string_lossy(), &list)?;
+    host::write(&dir.join("cpuset.mems").to_string_lossy(), "1")?;
+    Ok(dir)
+}
+
+/// A vmhost command that starts inside cgroup `dir` (it moves itself there, then execs).
+fn command_in(env: &Env, dir: &Path, args: &[&str]) -> Command {
+    let inner = env.command(args);
+    let mut c = Command::new("/bin/sh");
+    c.arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec \"$@\"",
+            dir.display()
+        ))
+        .arg("sh")
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    c
+}
+
+/// vmhost started inside the pod plans, pins, prefaults and binds inside the pod's cpuset.
+pub fn pod_confines_vmhost(env: &Env) -> Outcome {
+    host::set_2m_pools(&[64, 64])?;
+    let pod = make_pod(env, "tbpod")?;
+    let pod_cpus = read_list(&pod, "cpuset.cpus.effective")?;
+    ensure!(
+        read_list(&pod, "cpuset.mems.effective")? == vec![1],
+        "the pod's cpuset.mems.effective is not node 1"
+    );
+    let spec = env.spec(
+        "inpod",
+        &dedicated_spec(
+            "inpod",
+            1,
+            1,
+            "isolate_emulator_thread = true",
+            "64Mi",
+            "idle",
+        ),
+    )?;
+    let spec_s = spec.to_string_lossy().to_string();
+    let out = crate::vm::run_command(
+        command_in(env, &pod, &["plan", "--json", "--config", &spec_s]),
+        "vmhost plan in the pod",
+    )?;
+    let plan = out.expect_code(0)?.json()?;
+    let cpus = plan_cpus(&plan)?;
+    ensure!(
+        cpus.iter().all(|c| pod_cpus.contains(c)),
+        "planned PUs {cpus:?} outside the pod's {pod_cpus:?}"
+    );
+    for cell in at(&plan, "/guest_cells")?.as_array().ok_or("cells")? {
+        ensure!(
+            cell["host_node"].as_u64() == Some(1),
+            "guest cell on node {}, the pod has node 1",
+            cell["host_node"]
+        );
+        let pf = u32s(&cell["prefault_cpus"]);
+        ensure!(
+            !pf.is_empty() && pf.iter().all(|c| pod_cpus.contains(c)),
+            "prefault workers planned on {pf:?}, the pod has {pod_cpus:?}"
+        );
+    }
+    let vm = env.start("inpod", command_in(env, &pod, &["--config", &spec_s]), 1)?;
+    for t in host::threads(vm.vmm)? {
+        ensure!(
+            t.cpus.iter().all(|c| pod_cpus.contains(c)),
+            "thread {} (tid {}) allowed on {:?}, the pod has {pod_cpus:?}",
+            t.name,
+            t.tid,
+            t.cpus
+        );
+        ensure!(
+            t.mems == vec![1],
+            "thread {} may allocate on nodes {:?}, the pod has node 1",
+            t.name,
+            t.mems
+        );
+    }
+    let maps = host::numa_maps_huge(vm.vmm)?;
+    let pages = maps.get(&2048).cloned().unwrap_or_default();
+    ensure!(
+        pages.keys().all(|&n| n == 1) && pages.get(&1) == Some(&32),
+        "guest pages per node {pages:?}, want 32 on node 1"
+    );
+    let code = env.shutdown(&vm)?;
+    ensure!(
+        code == 0,
+        "exit {code} after shutdown; stderr: {}",
+        vm.stderr()
+    );
+    Ok(())
+}
+
+/// A VM that needs more PUs than the pod was given is refused with exit 3 naming the cpuset.
+pub fn pod_refuses_oversized_vm(env: &Env) -> Outcome {
+    host::set_2m_pools(&[64, 64])?;
+    let pod = make_pod(env, "tbpod2")?;
+    let spec = env.spec(
+        "bigpod",
+        &dedicated_spec("bigpod", 1, 3, "", "64Mi", "idle"),
+    )?;
+    let out = crate::vm::run_command(
+        command_in(env, &pod, &["--config", &spec.to_string_lossy()]),
+        "vmhost in the pod",
+    )?;
+    out.expect_code(3)?;
+    ensure!(
+        out.stderr.contains("cpuset"),
+        "the refusal does not name the pod's cpuset: {}",
+        out.stderr.trim()
+    );
+    ensure!(
+        out.stderr.contains("tbpod2"),
+        "the refusal does not name the pod's cgroup: {}",
+        out.stderr.trim()
+    );
+    Ok(())
+}
+
+/// A running VM whose cgroup limit is lowered below its usage is OOM-killed by the kernel; the
+/// supervisor outside the cgroup reports it with vmhost's message and exit 5, and removes the
+/// cgroup, the ledger entry and the control socket.
+pub fn breach_while_running(env: &Env) -> Outcome {
+    host::set_2m_pools(&[0, 0])?;
+    let toml = "name = \"breach2\"\n[cpu]\ncores = 1\ndedicated_cpu_placement = true\n\
+                [memory]\nguest = \"64Mi\"\n[boot]\npayload = \"idle\"\n";
+    let spec = env.spec("breach2", toml)?;
+    let vm = env.start(
+        "breach2",
+        env.command(&["--config", &spec.to_string_lossy(), "--cgroup", "tbbreach2"]),
+        1,
+    )?;
+    let dir = PathBuf::from(ROOT).join("vmhost/tbbreach2");
+    let current = read_u64(&dir, "memory.current")?;
+    ensure!(
+        current > 64 << 20,
+        "memory.current {current} does not hold the 64 MiB of guest RAM"
+    );
+    // The operator (or a bug) shrinks the envelope under the running VM.
+    host::write(
+        &dir.join("memory.max").to_string_lossy(),
+        &(current / 2).to_string(),
+    )?;
+    let code = env.wait(vm.pid)?;
+    let stderr = vm.stderr();
+    ensure!(
+        code == 5,
+        "vmhost exited {code} (want 5); stderr: {}",
+        stderr.trim()
+    );
+    ensure!(
+        stderr.contains("memory limit") && stderr.contains("added_overhead"),
+        "no limit message: {}",
+        stderr.trim()
+    );
+    ensure!(!dir.exists(), "{} is still there", dir.display());
+    ensure!(!vm.socket.exists(), "the control socket is still there");
+    let ps = env.run(&["ps", "--json"])?.expect_code(0)?.json()?;
+    ensure!(
+        !ps.to_string().contains("\"breach2\""),
+        "the ledger still lists the VM: {ps}"
+    );
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! The kernel's own account of the host and of a process: sysfs, `/proc/<pid>`, cgroup files.
+//! The tests compare what vmhost says and did with what these files say.
+
+use std::collections::BTreeMap;
+use std::fs;
+
+/// Reads a file to a trimmed string, naming the file on error.
+pub fn read(path: &str) -> Result<String, String> {
+    fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .map_err(|e| format!("read {path}: {e}"))
+}
+
+/// Writes a value to a sysfs or cgroup file, naming the file on error.
+pub fn write(path: &str, value: &str) -> Result<(), String> {
+    fs::write(path, value).map_err(|e| format!("write {value:?} to {path}: {e}"))
+}
+
+/// Parses a kernel cpulist/nodelist such as `0-2,5`.
+pub fn parse_list(s: &str) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        let bad = || format!("bad list {s:?}");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) =
+                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    Ok(out)
+}
+
+/// The online NUMA nodes.
+pub fn nodes() -> Result<Vec<u32>, String> {
+    parse_list(&read("/sys/devices/system/node/online")?)
+}
+
+/// The PUs of `node`.
+pub fn node_cpus(node: u32) -> Result<Vec<u32>, String> {
+    parse_list(&read(&format!(
+        "/sys/devices/system/node/node{node}/cpulist"
+    ))?)
+}
+
+/// The distance row of `node`, in node order.
+pub fn distances(node: u32) -> Result<Vec<u32>, String> {
+    read(&format!("/sys/devices/system/node/node{node}/distance"))?
+        .split_whitespace()
+        .map(|d| d.parse().map_err(|e| format!("distance {d:?}: {e}")))
+        .collect()
+}
+
+fn pool_dir(node: u32, page_kib: u64) -> String {
+    format!("/sys/devices/system/node/node{node}/hugepages/hugepages-{page_kib}kB")
+}
+
+/// `(total, free)` hugepages of `page_kib` KiB on `node`.
+pub fn hugepages(node: u32, page_kib: u64) -> Result<(u64, u64), String> {
+    let d = pool_dir(node, page_kib);
+    let num = |f: &str| -> Result<u64, String> {
+        read(&format!("{d}/{f}"))?
+            .parse()
+            .map_err(|e| format!("{d}/{f}: {e}"))
+    };
+    Ok((num("nr_hugepages")?, num("free_hugepages")?))
+}
+
+/// Sets the 2 MiB pool of `node` to `pages` and checks the kernel granted them all.
+pub fn set_2m_pool(node: u32, pages: u64) -> Result<(), String> {
+    let path = format!("{}/nr_hugepages", pool_dir(node, 2048));
+    write(&path, &pages.to_string())?;
+    let (total, _) = hugepages(node, 2048)?;
+    if total != pages {
+        return Err(format!(
+            "node{node}: asked for {pages} 2 MiB pages, the kernel granted {total}"
+        ));
+    }
+    Ok(())
+}
+
+/// Sets every node's 2 MiB pool: `pools[i]` pages on node `i`.
+pub fn set_2m_pools(pools: &[u64]) -> Result<(), String> {
+    for (node, &pages) in (0u32..).zip(pools) {
+        set_2m_pool(node, pages)?;
+    }
+    Ok(())
+}
+
+/// Free pages per node of `page_kib` KiB, in node order.
+pub fn free_per_node(page_kib: u64) -> Result<Vec<u64>, String> {
+    nodes()?
+        .into_iter()
+        .map(|n| hugepages(n, page_kib).map(|p| p.1))
+        .collect()
+}
+
+/// One thread of a process, from `/proc/<pid>/task/<tid>/{comm,status}`.
+#[derive(Debug, Clone)]
+pub struct Thread {
+    /// Thread id.
+    pub tid: u32,
+    /// Its name (`comm`).
+    pub name: String,
+    /// `Cpus_allowed_list`.
+    pub cpus: Vec<u32>,
+    /// `Mems_allowed_list`.
+    pub mems: Vec<u32>,
+}
+
+fn status_field(status: &str, key: &str) -> Option<String> {
+    status.lines().find_map(|l| {
+        l.strip_prefix(key)
+            .map(|v| v.trim_start_matches(':').trim().to_string())
+    })
+}
+
+/// Every thread of `pid`, read back from `/proc`.
+pub fn threads(pid: u32) -> Result<Vec<Thread>, String> {
+    let dir = format!("/proc/{pid}/task");
+    let mut out = Vec::new();
+    let entries = fs::read_dir(&dir).map_err(|e| format!("read {dir}: {e}"))?;
+    for entry in entries.flatten() {
+        let Ok(tid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = read(&format!("{dir}/{tid}/status")) else {
+            continue;
+        };
+        let name = read(&format!("{dir}/{tid}/comm")).unwrap_or_default();
+        let field = |k: &str| {
+            status_field(&status, k).ok_or_else(|| format!("no {k} in {dir}/{tid}/status"))
+        };
+        out.push(Thread {
+            tid,
+            name,
+            cpus: parse_list(&field("Cpus_allowed_list")?)?,
+            mems: parse_list(&field("Mems_allowed_list")?)?,
+        });
+    }
+    out.sort_by_key(|t| t.tid);
+    Ok(out)
+}
+
+/// Pages per node of the hugepage mappings of `pid`, from `/proc/<pid>/numa_maps`, keyed by
+/// the kernel page size in KiB.
+pub fn numa_maps_huge(pid: u32) -> Result<BTreeMap<u64, BTreeMap<u32, u64>>, String> {
+    let text = read(&format!("/proc/{pid}/numa_maps"))?;
+    let mut out: BTreeMap<u64, BTreeMap<u32, u64>> = BTreeMap::new();
+    for line in text.lines().filter(|l| l.contains(" huge")) {
+        let page = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("kernelpagesize_kB="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        for w in line.split_whitespace() {
+            if let Some((n, c)) = w.strip_prefix('N').and_then(|r| r.split_once('=')) {
+                if let (Ok(n), Ok(c)) = (n.parse::<u32>(), c.parse::<u64>()) {
+                    *out.entry(page).or_default().entry(n).or_default() += c;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The child processes of `pid` (from every `/proc/<n>/stat`).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|n| {
+            // The parent pid is the second field after the `(comm)` one.
+            fs::read_to_string(format!("/proc/{n}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .map(|(_, rest)| rest.split_whitespace().nth(1).map(str::to_string))
+                })
+                .flatten()
+                .is_some_and(|ppid| ppid == pid.to_string())
+        })
+        .collect()
+}

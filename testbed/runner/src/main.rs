@@ -1,0 +1,149 @@
+//! `vmhost-testbed`: the test runner that runs *inside* the emulated multi-NUMA host.
+//!
+//! `testbed/run.sh` boots the emulated host (QEMU TCG, 2 or 4 NUMA nodes, real cgroup v2,
+//! `/dev/kvm` from `kvm_amd`) with this binary and `vmhost` on a 9p share, and the share's
+//! `run` script calls `vmhost-testbed --suite 2node|4node`. Every test drives the real `vmhost`
+//! binary and checks what it did against the kernel's own account: sysfs, `/proc/<pid>/task`,
+//! `numa_maps`, the cgroup v2 files. Each prints one `PASS name` or `FAIL name: why` line; the
+//! summary line is `N passed, N failed` and the exit status is 0 only when every test passed.
+//! A test that cannot run (a missing node, no `/dev/kvm`) fails: nothing is skipped.
+
+mod cgroup_tests;
+mod host;
+mod ledger_tests;
+mod memory_tests;
+mod topology_tests;
+mod vm;
+
+use std::time::Instant;
+
+/// What a test returns: `Err` carries the reason it failed.
+pub type Outcome = Result<(), String>;
+
+/// Fails the test with a formatted reason unless the condition holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($arg:tt)+) => {
+        if !$cond {
+            return Err(format!($($arg)+));
+        }
+    };
+}
+
+type Test = (&'static str, fn(&vm::Env) -> Outcome);
+
+/// The tests of the 2-node host (2 × 2 PUs, 3 GiB and one 1 GiB page per node).
+const TWO_NODE: &[Test] = &[
+    ("topology_matches_sysfs", topology_tests::matches_sysfs),
+    (
+        "memory_two_cells_on_two_nodes",
+        memory_tests::two_cells_on_two_nodes,
+    ),
+    ("memory_vm_on_node1_only", memory_tests::vm_on_node1_only),
+    (
+        "memory_pool_short_on_node1_refused",
+        memory_tests::pool_short_on_node1_refused,
+    ),
+    (
+        "memory_1g_pages_per_node",
+        memory_tests::one_gig_pages_per_node,
+    ),
+    (
+        "bench_numa_all_scenarios",
+        memory_tests::bench_numa_all_scenarios,
+    ),
+    ("cgroup_v2_limits_from_plan", cgroup_tests::limits_from_plan),
+    (
+        "cgroup_v2_envelope_breach_exit_5",
+        cgroup_tests::envelope_breach,
+    ),
+    (
+        "cgroup_v2_breach_while_running_exit_5",
+        cgroup_tests::breach_while_running,
+    ),
+    (
+        "pod_cgroup_confines_vmhost",
+        cgroup_tests::pod_confines_vmhost,
+    ),
+    (
+        "pod_cgroup_refuses_oversized_vm",
+        cgroup_tests::pod_refuses_oversized_vm,
+    ),
+    (
+        "ledger_two_vms_on_two_nodes",
+        ledger_tests::two_vms_then_refusal_then_kill,
+    ),
+];
+
+/// The tests of the 4-node host (4 × 2 PUs, 1 GiB per node, asymmetric distances).
+const FOUR_NODE: &[Test] = &[
+    (
+        "topology_matches_sysfs_asymmetric",
+        topology_tests::matches_sysfs,
+    ),
+    (
+        "memory_four_cells_on_four_nodes",
+        memory_tests::four_cells_on_four_nodes,
+    ),
+];
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let mut suite = None;
+    let mut only: Vec<String> = Vec::new();
+    let mut vmhost = "./vmhost".to_string();
+    let mut i = 1;
+    while i < args.len() {
+        match (args[i].as_str(), args.get(i + 1)) {
+            ("--suite", Some(v)) => suite = Some(v.clone()),
+            ("--vmhost", Some(v)) => vmhost = v.clone(),
+            ("--only", Some(v)) => only.extend(v.split(',').map(str::to_string)),
+            _ => {
+                eprintln!("usage: vmhost-testbed --suite 2node|4node [--vmhost PATH] [--only a,b]");
+                std::process::exit(2);
+            }
+        }
+        i += 2;
+    }
+    let tests = match suite.as_deref() {
+        Some("2node") => TWO_NODE,
+        Some("4node") => FOUR_NODE,
+        other => {
+            eprintln!("vmhost-testbed: unknown suite {other:?} (2node or 4node)");
+            std::process::exit(2);
+        }
+    };
+    let env = match vm::Env::new(&vmhost) {
+        Ok(env) => env,
+        Err(e) => {
+            println!("FAIL testbed_setup: {e}");
+            println!("0 passed, 1 failed");
+            std::process::exit(1);
+        }
+    };
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in tests {
+        if !only.is_empty() && !only.iter().any(|o| o == name) {
+            continue;
+        }
+        println!("RUN  {name}");
+        let start = Instant::now();
+        let outcome = test(&env);
+        let secs = start.elapsed().as_secs_f64();
+        if let Err(e) = env.cleanup() {
+            println!("     cleanup after {name}: {e}");
+        }
+        match outcome {
+            Ok(()) => {
+                passed += 1;
+                println!("PASS {name} ({secs:.1} s)");
+            }
+            Err(why) => {
+                failed += 1;
+                println!("FAIL {name} ({secs:.1} s): {why}");
+            }
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    std::process::exit(i32::from(failed > 0 || passed == 0));
+}

@@ -1,0 +1,435 @@
+//! Guest memory and vCPU placement on several nodes, read back from `/proc` while the VM
+//! runs: residency per planned node (vmhost's live audit and `numa_maps` agree), vCPU and
+//! emulator threads on their planned PUs, refusal without side effects, 1 GiB pages per node,
+//! and `vmhost bench numa`'s four scenarios.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::host;
+use crate::vm::{at, dedicated_spec, num, opt_num, u32s, Env, Running};
+use crate::{ensure, Outcome};
+
+const PASSTHROUGH: &str = "numa = { guest_mapping_passthrough = true }";
+
+/// `vmhost ctl placement` of a running VM.
+fn live_placement(env: &Env, vm: &Running) -> Result<Value, String> {
+    let sock = vm.socket.to_string_lossy().to_string();
+    env.run(&["ctl", "--api-socket", &sock, "placement"])?
+        .expect_code(0)?
+        .json()
+}
+
+/// Checks that every cell's pages sit on its planned node, per vmhost's live audit and per
+/// the kernel's `numa_maps`, and returns the pages per node seen in `numa_maps`.
+fn check_residency(
+    env: &Env,
+    vm: &Running,
+    plan: &Value,
+    page_kib: u64,
+) -> Result<BTreeMap<u32, u64>, String> {
+    let live = live_placement(env, vm)?;
+    ensure!(
+        at(&live, "/deviations")?.as_u64() == Some(0),
+        "live placement has deviations: {live}"
+    );
+    let mut want: BTreeMap<u32, u64> = BTreeMap::new();
+    for cell in at(plan, "/guest_cells")?.as_array().ok_or("guest_cells")? {
+        let node = num(&cell["host_node"], "a guest cell's host_node")?;
+        *want.entry(node).or_default() +=
+            cell["memory_bytes"].as_u64().unwrap_or(0) / (page_kib * 1024);
+    }
+    let mut audited: BTreeMap<u32, u64> = BTreeMap::new();
+    for region in at(&live, "/memory")?.as_array().ok_or("memory")? {
+        let node = num(&region["expected_node"], "a region's expected_node")?;
+        let by_node = region["pages_by_node"].as_object().ok_or("pages_by_node")?;
+        for (n, pages) in by_node {
+            ensure!(
+                n == &node.to_string(),
+                "region of cell {} has pages on node{n}, planned node{node}",
+                region["cell"]
+            );
+            *audited.entry(node).or_default() += pages.as_u64().unwrap_or(0);
+        }
+        ensure!(
+            region["page_size_bytes"].as_u64() == Some(page_kib * 1024),
+            "region page size {}",
+            region["page_size_bytes"]
+        );
+    }
+    ensure!(audited == want, "vmhost's audit: pages per node {audited:?}, the plan wants {want:?} (100% on each planned node)");
+    let maps = host::numa_maps_huge(vm.vmm)?;
+    let seen = maps.get(&page_kib).cloned().unwrap_or_default();
+    ensure!(
+        seen == want,
+        "numa_maps of pid {}: {page_kib} KiB pages per node {seen:?}, the plan wants {want:?}",
+        vm.vmm
+    );
+    Ok(seen)
+}
+
+/// Checks every vCPU thread is allowed exactly its planned PU, on the planned node.
+fn check_vcpu_threads(vm: &Running, plan: &Value) -> Result<Vec<host::Thread>, String> {
+    let threads = host::threads(vm.vmm)?;
+    for v in at(plan, "/vcpus")?.as_array().ok_or("vcpus")? {
+        let i = v["vcpu"].as_u64().unwrap_or(0);
+        let pu = num(&v["host_cpu"], &format!("vCPU {i}'s planned PU"))?;
+        let node = num(&v["host_node"], &format!("vCPU {i}'s planned node"))?;
+        ensure!(
+            host::node_cpus(node)?.contains(&pu),
+            "plan puts vCPU {i} on PU{pu}, which sysfs puts outside node{node}"
+        );
+        let t = threads
+            .iter()
+            .find(|t| t.name == format!("vcpu{i}"))
+            .ok_or_else(|| format!("no thread vcpu{i} in /proc/{}/task", vm.vmm))?;
+        ensure!(
+            t.cpus == vec![pu],
+            "thread vcpu{i} (tid {}) allowed on {:?}, planned PU{pu}",
+            t.tid,
+            t.cpus
+        );
+    }
+    Ok(threads)
+}
+
+/// A passthrough VM too big for one node gets a guest cell on node 0 and one on node 1, with
+/// 100% of each cell's pages on its node.
+pub fn two_cells_on_two_nodes(env: &Env) -> Outcome {
+    host::set_2m_pools(&[64, 64])?;
+    let spec = env.spec(
+        "twocell",
+        &dedicated_spec("twocell", 2, 2, PASSTHROUGH, "128Mi", "idle"),
+    )?;
+    let plan = env.plan(&spec)?;
+    let nodes: Vec<u64> = at(&plan, "/guest_cells")?
+        .as_array()
+        .ok_or("cells")?
+        .iter()
+        .filter_map(|c| c["host_node"].as_u64())
+        .collect();
+    ensure!(
+        nodes == vec![0, 1],
+        "guest cells on host nodes {nodes:?}, want [0, 1]"
+    );
+    let vm = env.start(
+        "twocell",
+        env.command(&["--config", &spec.to_string_lossy()]),
+        4,
+    )?;
+    check_vcpu_threads(&vm, &plan)?;
+    let seen = check_residency(env, &vm, &plan, 2048)?;
+    ensure!(seen.len() == 2, "pages on {} node(s)", seen.len());
+    let code = env.shutdown(&vm)?;
+    ensure!(
+        code == 0,
+        "exit {code} after shutdown; stderr: {}",
+        vm.stderr()
+    );
+    Ok(())
+}
+
+/// With hugepages on node 1 only, a dedicated VM with an isolated emulator gets its vCPU, its
+/// emulator and every page on node 1; no other thread may run on the vCPU's PU.
+pub fn vm_on_node1_only(env: &Env) -> Outcome {
+    host::set_2m_pools(&[0, 64])?;
+    let spec = env.spec(
+        "node1",
+        &dedicated_spec(
+            "node1",
+            1,
+            1,
+            "isolate_emulator_thread = true",
+            "64Mi",
+            "idle",
+        ),
+    )?;
+    let plan = env.plan(&spec)?;
+    let node1 = host::node_cpus(1)?;
+    let emu = u32s(at(&plan, "/emulator/host_cpus")?);
+    ensure!(
+        emu.len() == 1 && node1.contains(&emu[0]),
+        "emulator planned on {emu:?}, want one PU of node1 {node1:?}"
+    );
+    let vm = env.start(
+        "node1",
+        env.command(&["--config", &spec.to_string_lossy()]),
+        1,
+    )?;
+    let threads = check_vcpu_threads(&vm, &plan)?;
+    let vcpu_pu = num(at(&plan, "/vcpus/0/host_cpu")?, "vCPU 0's PU")?;
+    ensure!(
+        node1.contains(&vcpu_pu),
+        "vCPU 0 planned on PU{vcpu_pu}, outside node1 {node1:?}"
+    );
+    ensure!(
+        emu[0] != vcpu_pu,
+        "the isolated emulator shares PU{vcpu_pu} with vCPU 0"
+    );
+    for t in threads.iter().filter(|t| !t.name.starts_with("vcpu")) {
+        ensure!(
+            !t.cpus.contains(&vcpu_pu),
+            "thread {} (tid {}) may run on the vCPU's PU{vcpu_pu}: {:?}",
+            t.name,
+            t.tid,
+            t.cpus
+        );
+    }
+    let emu_thread = threads
+        .iter()
+        .find(|t| t.name == "vmhost-emu")
+        .ok_or("no vmhost-emu thread")?;
+    ensure!(
+        emu_thread.cpus == emu,
+        "vmhost-emu allowed on {:?}, planned {emu:?}",
+        emu_thread.cpus
+    );
+    check_residency(env, &vm, &plan, 2048)?;
+    let code = env.shutdown(&vm)?;
+    ensure!(
+        code == 0,
+        "exit {code} after shutdown; stderr: {}",
+        vm.stderr()
+    );
+    Ok(())
+}
+
+/// A pool short on node 1 only: exit 3 naming node 1, every node's free count unchanged.
+pub fn pool_short_on_node1_refused(env: &Env) -> Outcome {
+    host::set_2m_pools(&[64, 8])?;
+    let spec = env.spec(
+        "short",
+        &dedicated_spec("short", 2, 2, PASSTHROUGH, "128Mi", "touch"),
+    )?;
+    let before = host::free_per_node(2048)?;
+    let out = env.run(&["--config", &spec.to_string_lossy()])?;
+    let after = host::free_per_node(2048)?;
+    out.expect_code(3)?;
+    ensure!(
+        out.stderr.contains("node1"),
+        "the refusal does not name node1: {}",
+        out.stderr.trim()
+    );
+    ensure!(
+        !out.stderr.contains("node0 has"),
+        "the refusal blames node0: {}",
+        out.stderr.trim()
+    );
+    ensure!(
+        before == after,
+        "free 2 MiB pages per node changed: {before:?} -> {after:?}"
+    );
+    Ok(())
+}
+
+/// 1 GiB pages per node: a 2-cell VM takes the page reserved at boot on each node.
+pub fn one_gig_pages_per_node(env: &Env) -> Outcome {
+    host::set_2m_pools(&[0, 0])?;
+    for node in [0, 1] {
+        let (total, free) = host::hugepages(node, 1048576)?;
+        ensure!(
+            free >= 1,
+            "node{node} has {free} free of {total} 1 GiB pages (testbed/boot.sh reserves one per node); {}",
+            host::read("/proc/meminfo")?.lines().filter(|l| l.starts_with("Huge")).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let toml =
+        dedicated_spec("gig", 2, 2, PASSTHROUGH, "2Gi", "idle").replace("\"2Mi\"", "\"1Gi\"");
+    let spec = env.spec("gig", &toml)?;
+    let plan = env.plan(&spec)?;
+    let vm = env.start(
+        "gig",
+        env.command(&["--config", &spec.to_string_lossy()]),
+        4,
+    )?;
+    let seen = check_residency(env, &vm, &plan, 1048576)?;
+    ensure!(
+        seen == BTreeMap::from([(0, 1), (1, 1)]),
+        "1 GiB pages per node {seen:?}, want one on each"
+    );
+    let code = env.shutdown(&vm)?;
+    ensure!(
+        code == 0,
+        "exit {code} after shutdown; stderr: {}",
+        vm.stderr()
+    );
+    Ok(())
+}
+
+/// `vmhost bench numa` runs pinned, floating, remote and interleave, none skipped, and each
+/// scenario's read-back placement is the scenario's: local, floating, remote, both nodes.
+pub fn bench_numa_all_scenarios(env: &Env) -> Outcome {
+    host::set_2m_pools(&[96, 96])?;
+    let spec = env.spec(
+        "bench",
+        &dedicated_spec("bench", 1, 2, "", "128Mi", "numa-bench"),
+    )?;
+    let out = env.run(&[
+        "bench",
+        "numa",
+        "--config",
+        &spec.to_string_lossy(),
+        "--repeat",
+        "1",
+        "--working-set-mib",
+        "8",
+        "--stream-passes",
+        "2",
+        "--json",
+    ])?;
+    let report = out.expect_code(0)?.json()?;
+    let scenarios = at(&report, "/scenarios")?.as_array().ok_or("scenarios")?;
+    let by_name = |n: &str| {
+        scenarios
+            .iter()
+            .find(|s| s["scenario"] == n)
+            .ok_or_else(|| format!("no scenario {n}"))
+    };
+    for name in ["pinned", "floating", "remote", "interleave"] {
+        let s = by_name(name)?;
+        ensure!(
+            s["skipped"].is_null(),
+            "scenario {name} skipped: {}",
+            s["skipped"]
+        );
+        ensure!(
+            s["entries"].as_array().is_some_and(|e| !e.is_empty()),
+            "scenario {name} has no results"
+        );
+    }
+    let memory = |name: &str| -> Result<Vec<Value>, String> {
+        Ok(by_name(name)?["readback"]["guest_memory"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
+    };
+    let nodes_of = |cell: &Value| -> Vec<u32> {
+        cell["pages_by_node"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, v)| v.as_u64() > Some(0))
+                    .filter_map(|(k, _)| k.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let vcpu_nodes = |name: &str| -> Result<Vec<u32>, String> {
+        let mut nodes = Vec::new();
+        for t in by_name(name)?["readback"]["vcpu_threads"]
+            .as_array()
+            .ok_or("vcpu_threads")?
+        {
+            ensure!(
+                t["expected"] == t["cpus_allowed"],
+                "{name}: vCPU thread allowed {} planned {}",
+                t["cpus_allowed"],
+                t["expected"]
+            );
+            for pu in u32s(&t["cpus_allowed"]) {
+                for n in host::nodes()? {
+                    if host::node_cpus(n)?.contains(&pu) && !nodes.contains(&n) {
+                        nodes.push(n);
+                    }
+                }
+            }
+        }
+        Ok(nodes)
+    };
+    for name in ["pinned", "floating", "remote", "interleave"] {
+        for cell in memory(name)? {
+            ensure!(
+                cell["matches"] == true,
+                "{name}: memory read back {} but the scenario set {}",
+                cell["numa_maps"],
+                cell["expected"]
+            );
+        }
+    }
+    let pinned_nodes = vcpu_nodes("pinned")?;
+    ensure!(
+        pinned_nodes.len() == 1,
+        "pinned: vCPUs on nodes {pinned_nodes:?}, want one node"
+    );
+    for cell in memory("pinned")? {
+        ensure!(
+            nodes_of(&cell) == pinned_nodes,
+            "pinned: pages on {:?}, vCPUs on {pinned_nodes:?}",
+            nodes_of(&cell)
+        );
+    }
+    let floating = by_name("floating")?["readback"]["vcpu_threads"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        floating.iter().all(|t| u32s(&t["cpus_allowed"]).len() > 1),
+        "floating: a vCPU thread is pinned to one PU: {floating:?}"
+    );
+    let remote_vcpus = vcpu_nodes("remote")?;
+    for cell in memory("remote")? {
+        let n = nodes_of(&cell);
+        ensure!(
+            !n.is_empty() && n.iter().all(|x| !remote_vcpus.contains(x)),
+            "remote: pages on {n:?}, vCPUs on {remote_vcpus:?}"
+        );
+    }
+    for cell in memory("interleave")? {
+        ensure!(
+            nodes_of(&cell) == vec![0, 1],
+            "interleave: pages on {:?}, want both nodes",
+            nodes_of(&cell)
+        );
+    }
+    Ok(())
+}
+
+/// On the 4-node host, a 4-socket passthrough VM gets one guest cell per node, the guest
+/// distances are the host's asymmetric matrix, and every cell's pages are on its node.
+pub fn four_cells_on_four_nodes(env: &Env) -> Outcome {
+    host::set_2m_pools(&[32, 32, 32, 32])?;
+    let spec = env.spec(
+        "four",
+        &dedicated_spec("four", 4, 2, PASSTHROUGH, "256Mi", "idle"),
+    )?;
+    let plan = env.plan(&spec)?;
+    let cells = at(&plan, "/guest_cells")?
+        .as_array()
+        .ok_or("cells")?
+        .clone();
+    let nodes: Vec<u32> = cells
+        .iter()
+        .filter_map(|c| opt_num(&c["host_node"]))
+        .collect();
+    ensure!(
+        nodes == vec![0, 1, 2, 3],
+        "guest cells on host nodes {nodes:?}, want [0, 1, 2, 3]"
+    );
+    for (i, cell) in cells.iter().enumerate() {
+        let row = u32s(&cell["distances"]);
+        let host_row: Vec<u32> = {
+            let full = host::distances(nodes[i])?;
+            nodes.iter().map(|&n| full[n as usize]).collect()
+        };
+        ensure!(
+            row == host_row,
+            "guest cell {i} distances {row:?}, host node{} row {host_row:?}",
+            nodes[i]
+        );
+    }
+    let vm = env.start(
+        "four",
+        env.command(&["--config", &spec.to_string_lossy()]),
+        8,
+    )?;
+    check_vcpu_threads(&vm, &plan)?;
+    check_residency(env, &vm, &plan, 2048)?;
+    let code = env.shutdown(&vm)?;
+    ensure!(
+        code == 0,
+        "exit {code} after shutdown; stderr: {}",
+        vm.stderr()
+    );
+    Ok(())
+}

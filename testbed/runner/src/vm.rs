@@ -1,0 +1,340 @@
+//! Driving the real `vmhost` binary: specs written to files, runs with a time limit, VMs left
+//! running in the background with a control socket, and the clean-up between tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long any one vmhost command may take inside the emulated host.
+const COMMAND_LIMIT: Duration = Duration::from_secs(120);
+
+/// The finished run of a vmhost command.
+#[derive(Debug)]
+pub struct Output {
+    /// Exit status (`-1` when killed by a signal).
+    pub code: i32,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl Output {
+    /// Parses standard output as JSON.
+    pub fn json(&self) -> Result<Value, String> {
+        serde_json::from_str(&self.stdout)
+            .map_err(|e| format!("vmhost printed no JSON ({e}); stderr: {}", self.stderr))
+    }
+
+    /// Fails unless the exit status is `want`, quoting stderr.
+    pub fn expect_code(&self, want: i32) -> Result<&Self, String> {
+        if self.code == want {
+            Ok(self)
+        } else {
+            Err(format!(
+                "vmhost exited {} (want {want}); stderr: {}",
+                self.code,
+                self.stderr.trim()
+            ))
+        }
+    }
+}
+
+/// A VM running in the background.
+#[derive(Debug)]
+pub struct Running {
+    /// The vmhost process id (what was started, signalled and waited for).
+    pub pid: u32,
+    /// The process that runs the vCPUs: `pid` itself, or its child when vmhost supervises
+    /// the VMM from outside a cgroup v2 envelope (`--cgroup`).
+    pub vmm: u32,
+    /// Its control socket.
+    pub socket: PathBuf,
+    err: PathBuf,
+}
+
+/// The test environment: the vmhost binary, a work directory, a run directory for the ledger
+/// and every background process a test started (killed by [`Env::cleanup`]).
+#[derive(Debug)]
+pub struct Env {
+    vmhost: PathBuf,
+    /// Scratch directory for specs and logs.
+    pub work: PathBuf,
+    /// The ledger's run directory.
+    pub run_dir: PathBuf,
+    children: Mutex<Vec<Child>>,
+    /// Cgroup directories a test created, removed at clean-up.
+    pub cgroups: Mutex<Vec<PathBuf>>,
+}
+
+impl Env {
+    /// Checks the host has what every test needs (no test may skip).
+    pub fn new(vmhost: &str) -> Result<Self, String> {
+        let vmhost =
+            std::fs::canonicalize(vmhost).map_err(|e| format!("vmhost binary {vmhost}: {e}"))?;
+        if !Path::new("/dev/kvm").exists() {
+            return Err("/dev/kvm is missing: kvm_amd did not load (see the serial log)".into());
+        }
+        let work = PathBuf::from("/tmp/testbed");
+        let run_dir = work.join("run");
+        std::fs::create_dir_all(&run_dir)
+            .map_err(|e| format!("create {}: {e}", run_dir.display()))?;
+        Ok(Env {
+            vmhost,
+            work,
+            run_dir,
+            children: Mutex::new(Vec::new()),
+            cgroups: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Writes a spec file named `<name>.toml` and returns its path.
+    pub fn spec(&self, name: &str, toml: &str) -> Result<PathBuf, String> {
+        let path = self.work.join(format!("{name}.toml"));
+        std::fs::write(&path, toml).map_err(|e| format!("write {}: {e}", path.display()))?;
+        Ok(path)
+    }
+
+    /// A vmhost command with the shared run directory.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.vmhost);
+        c.arg("--run-dir").arg(&self.run_dir).args(args);
+        c
+    }
+
+    /// Runs vmhost to completion (at most two minutes).
+    pub fn run(&self, args: &[&str]) -> Result<Output, String> {
+        run_command(self.command(args), &format!("vmhost {}", args.join(" ")))
+    }
+
+    /// Runs `vmhost plan --json --config SPEC` and returns the plan.
+    pub fn plan(&self, spec: &Path) -> Result<Value, String> {
+        let spec = spec.to_string_lossy();
+        self.run(&["plan", "--json", "--config", &spec])?.json()
+    }
+
+    /// Starts a VM in the background with a control socket and waits until its vCPU threads
+    /// exist (`vcpus` of them) and the socket answers.
+    pub fn start(&self, name: &str, cmd: Command, vcpus: usize) -> Result<Running, String> {
+        let mut cmd = cmd;
+        let socket = self.work.join(format!("{name}.sock"));
+        let out = self.work.join(format!("{name}.out"));
+        let err = self.work.join(format!("{name}.err"));
+        let _ = std::fs::remove_file(&socket);
+        let file =
+            |p: &Path| std::fs::File::create(p).map_err(|e| format!("create {}: {e}", p.display()));
+        cmd.arg("--api-socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(file(&out)?)
+            .stderr(file(&err)?);
+        let mut child = cmd.spawn().map_err(|e| format!("spawn vmhost: {e}"))?;
+        let pid = child.id();
+        let mut vm = Running {
+            pid,
+            vmm: pid,
+            socket,
+            err,
+        };
+        let deadline = Instant::now() + COMMAND_LIMIT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "VM {name} ended before it was ready ({status}); stderr: {}",
+                    vm.stderr()
+                ));
+            }
+            let has_vcpus = |p: u32| {
+                crate::host::threads(p)
+                    .map(|t| t.iter().filter(|t| t.name.starts_with("vcpu")).count() == vcpus)
+                    .unwrap_or(false)
+            };
+            if vm.socket.exists() {
+                if let Some(vmm) = std::iter::once(pid)
+                    .chain(crate::host::children(pid))
+                    .find(|&p| has_vcpus(p))
+                {
+                    vm.vmm = vmm;
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return Err(format!(
+                    "VM {name} not ready within {COMMAND_LIMIT:?}; stderr: {}",
+                    vm.stderr()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.lock_children().push(child);
+        Ok(vm)
+    }
+
+    /// Asks a running VM to stop through its control API and waits for its exit status.
+    pub fn shutdown(&self, vm: &Running) -> Result<i32, String> {
+        let sock = vm.socket.to_string_lossy().to_string();
+        self.run(&["ctl", "--api-socket", &sock, "shutdown"])?
+            .expect_code(0)?;
+        self.wait(vm.pid)
+    }
+
+    /// Waits for a background VM to end and returns its exit status.
+    pub fn wait(&self, pid: u32) -> Result<i32, String> {
+        let deadline = Instant::now() + COMMAND_LIMIT;
+        loop {
+            {
+                let mut children = self.lock_children();
+                if let Some(i) = children.iter().position(|c| c.id() == pid) {
+                    if let Ok(Some(status)) = children[i].try_wait() {
+                        // Already reaped: wait() returns the status try_wait saw.
+                        let _ = children.remove(i).wait();
+                        return Ok(status.code().unwrap_or(-1));
+                    }
+                } else {
+                    return Err(format!("pid {pid} is not a VM of this test"));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!("pid {pid} did not end within {COMMAND_LIMIT:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends `signal` to a background VM.
+    pub fn signal(&self, pid: u32, signal: i32) -> Result<(), String> {
+        let pid = libc::pid_t::try_from(pid).map_err(|e| e.to_string())?;
+        // SAFETY: kill(2) only sends a signal; `pid` is a child this runner started and has
+        // not reaped yet (it is still in `children`), so the pid cannot have been reused.
+        let r = unsafe { libc::kill(pid, signal) };
+        if r != 0 {
+            return Err(format!("kill {pid}: {}", std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Ends every background VM a test left, and removes the cgroups it created.
+    pub fn cleanup(&self) -> Result<(), String> {
+        let mut children = std::mem::take(&mut *self.lock_children());
+        let left = children.len();
+        for c in &mut children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let cgroups = std::mem::take(&mut *self.cgroups.lock().unwrap_or_else(|p| p.into_inner()));
+        for dir in cgroups.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+        if left > 0 {
+            return Err(format!(
+                "{left} VM process(es) were still running and were killed"
+            ));
+        }
+        Ok(())
+    }
+
+    fn lock_children(&self) -> std::sync::MutexGuard<'_, Vec<Child>> {
+        self.children.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Running {
+    /// What the VM printed on stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+}
+
+/// Runs a command to completion within [`COMMAND_LIMIT`], capturing its output.
+pub fn run_command(mut cmd: Command, what: &str) -> Result<Output, String> {
+    let dir = std::env::temp_dir();
+    let tag = format!(
+        "{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    );
+    let (out_path, err_path) = (
+        dir.join(format!("cmd-{tag}.out")),
+        dir.join(format!("cmd-{tag}.err")),
+    );
+    let file =
+        |p: &Path| std::fs::File::create(p).map_err(|e| format!("create {}: {e}", p.display()));
+    cmd.stdin(Stdio::null())
+        .stdout(file(&out_path)?)
+        .stderr(file(&err_path)?);
+    let mut child = cmd.spawn().map_err(|e| format!("{what}: spawn: {e}"))?;
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{what}: did not finish within {COMMAND_LIMIT:?}"));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("{what}: wait: {e}")),
+        }
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let _ = (
+        std::fs::remove_file(&out_path),
+        std::fs::remove_file(&err_path),
+    );
+    Ok(Output {
+        code: status.code().unwrap_or(-1),
+        stdout,
+        stderr,
+    })
+}
+
+/// A dedicated-placement spec with 2 MiB hugepages and the built-in `payload`.
+pub fn dedicated_spec(
+    name: &str,
+    sockets: u32,
+    cores: u32,
+    extra_cpu: &str,
+    memory: &str,
+    payload: &str,
+) -> String {
+    format!(
+        "name = \"{name}\"\n[cpu]\nsockets = {sockets}\ncores = {cores}\nthreads = 1\n\
+         dedicated_cpu_placement = true\n{extra_cpu}\n\
+         [memory]\nguest = \"{memory}\"\nhugepages = {{ page_size = \"2Mi\" }}\n\
+         [devices]\nautoattach_graphics_device = false\n[boot]\npayload = \"{payload}\"\n"
+    )
+}
+
+/// The JSON value at a `/`-separated path, or an error naming the path.
+pub fn at<'a>(v: &'a Value, path: &str) -> Result<&'a Value, String> {
+    v.pointer(path)
+        .ok_or_else(|| format!("no {path} in vmhost's JSON"))
+}
+
+/// A JSON array of integers.
+pub fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A JSON number that must be a `u32` (a PU, a node), or an error naming `what`.
+pub fn num(v: &Value, what: &str) -> Result<u32, String> {
+    v.as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| format!("{what} is {v}, not a PU or node number"))
+}
+
+/// A JSON number as `u32`, if it is one.
+pub fn opt_num(v: &Value) -> Option<u32> {
+    v.as_u64().and_then(|n| u32::try_from(n).ok())
+}
