@@ -103,7 +103,9 @@ fn passthrough_spans_nodes_and_splits_memory() {
         p.guest_cells.iter().map(|c| c.memory_bytes).sum::<u64>(),
         4 << 30
     );
-    assert_eq!(p.guest_cells[0].memory_bytes, 2 << 30);
+    // In proportion to vCPUs (4 of 6): 2.67 and 1.33 pages → 3 and 1.
+    assert_eq!(p.guest_cells[0].memory_bytes, 3 << 30);
+    assert_eq!(p.guest_cells[1].memory_bytes, 1 << 30);
     assert_eq!(p.guest_cells[0].distances, vec![10, 20]);
     for v in &p.vcpus {
         assert_eq!(
@@ -120,12 +122,12 @@ fn passthrough_spans_nodes_and_splits_memory() {
             HugepageDemand {
                 node: Some(0),
                 page_size_bytes: 1 << 30,
-                count: 2
+                count: 3
             },
             HugepageDemand {
                 node: Some(1),
                 page_size_bytes: 1 << 30,
-                count: 2
+                count: 1
             }
         ]
     );
@@ -159,14 +161,59 @@ fn one_node_when_it_fits_cpus_and_memory() {
 
 #[test]
 fn hugepage_shortfall_is_exact() {
-    // Neither node has 4 free 1Gi pages: the CPUs go to the first node, which is short.
-    let h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=2,node1:1Gi=3");
+    // Neither node has 4 free 1Gi pages and both together have 3: the vCPUs go to node1 (more
+    // of the memory local), the memory fills node1 then node0, and the rest is reported with
+    // the host's total and the node that is short.
+    let h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=1,node1:1Gi=2");
     let o = plan(&spec(&dedicated(2, 1, "")), &h, &PlanOptions::default());
     assert!(!o.fits);
     assert_eq!(
         o.reasons,
-        vec!["node0 has 2 free 1Gi hugepages, the plan needs 4".to_string()]
+        vec![
+            "the host has 3 free 1Gi hugepages in all, the plan needs 4".to_string(),
+            "node1 has 2 free 1Gi hugepages, the plan needs 3".to_string()
+        ]
     );
+}
+
+#[test]
+fn memory_larger_than_a_node_spans_nodes_without_passthrough() {
+    // Issue 17 #3: 2 free pages on node0, 3 on node1, 4 wanted: the vCPUs stay on one node,
+    // the memory is split and bound per node, and a note says how much sits where.
+    let h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=2,node1:1Gi=3");
+    let p = plan(&spec(&dedicated(2, 1, "")), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    let node = p.vcpus[0].host_node.unwrap();
+    assert!(p.vcpus.iter().all(|v| v.host_node == Some(node)));
+    let c = &p.guest_cells[0];
+    assert_eq!(p.guest_cells.len(), 1);
+    assert_eq!(c.host_node, None);
+    let parts: Vec<(Option<u32>, u64)> = c
+        .memory_parts()
+        .iter()
+        .map(|m| (m.host_node, m.memory_bytes >> 30))
+        .collect();
+    // The vCPUs' node is filled first.
+    let expect = if node == 0 {
+        vec![(Some(0), 2), (Some(1), 2)]
+    } else {
+        vec![(Some(0), 1), (Some(1), 3)]
+    };
+    assert_eq!(parts, expect);
+    assert!(c.spans.iter().all(|s| !s.prefault_cpus.is_empty()
+        && s.prefault_cpus
+            .iter()
+            .all(|&pu| h.node_of_cpu(pu) == Some(s.host_node))));
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.contains("the guest sees one NUMA node while its memory spans host nodes")),
+        "{:?}",
+        p.notes
+    );
+    let demand: u64 = p.envelope.hugepages.iter().map(|d| d.count).sum();
+    assert_eq!(demand, 4);
 }
 
 #[test]
@@ -417,4 +464,31 @@ fn guest_sockets_align_with_host_nodes_when_spanning() {
         assert_eq!(v.guest_cell, v.socket);
     }
     assert_eq!(h.node_of_cpu(p.emulator.host_cpus[0]), Some(0));
+}
+
+#[test]
+fn realtime_hint_only_when_vcpu_pus_are_exclusive() {
+    // Issue 15 #2: dedicated placement alone leaves the emulator, API and signal threads on
+    // the vCPU PUs, so the guest must not be told its vCPUs are never preempted.
+    let h = host("package:1 numa:1 core:4 pu:1", "node0:1Gi=8");
+    let shared_emu = plan(&spec(&dedicated(2, 1, "")), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    assert!(!shared_emu.vcpu_pus_exclusive());
+    let isolated = plan(
+        &spec(&dedicated(2, 1, "isolate_emulator_thread = true")),
+        &h,
+        &PlanOptions::default(),
+    )
+    .into_result()
+    .unwrap();
+    assert!(isolated.vcpu_pus_exclusive());
+    let floating = plan(
+        &spec("[cpu]\ncores = 2\n[memory]\nguest = \"1Gi\"\n"),
+        &h,
+        &PlanOptions::default(),
+    )
+    .into_result()
+    .unwrap();
+    assert!(!floating.vcpu_pus_exclusive());
 }
