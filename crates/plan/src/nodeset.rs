@@ -65,13 +65,23 @@ impl Request {
     /// Guest cores `s` can take with its memory share in proportion (passthrough), else its
     /// free PUs in whole guest cores.
     pub(crate) fn cap(&self, s: &NodeStat) -> u32 {
+        self.cap_with(s, false)
+    }
+
+    /// [`Request::cap`]; `loose`: the most guest cores whose share can fit when it is rounded
+    /// down (`⌊P·g·t / n⌋ ≤ pages`) rather than up (`⌈P·g·t / n⌉ ≤ pages`, always safe).
+    fn cap_with(&self, s: &NodeStat, loose: bool) -> u32 {
         let cpu = s.free / self.threads.max(1);
         if !self.passthrough || self.pages == 0 || s.pages == u64::MAX {
             return cpu;
         }
-        // ceil(P·g·t / n) ≤ pages  ⇔  g ≤ pages·n / (P·t).
-        let mem = u128::from(s.pages) * u128::from(self.vcpus())
-            / (u128::from(self.pages) * u128::from(self.threads.max(1)));
+        let den = u128::from(self.pages) * u128::from(self.threads.max(1));
+        let mem = if loose {
+            // P·g·t / n < pages + 1  ⇔  g < (pages + 1)·n / (P·t).
+            (u128::from(s.pages) + 1) * u128::from(self.vcpus()) - 1
+        } else {
+            u128::from(s.pages) * u128::from(self.vcpus())
+        } / den;
         cpu.min(u32::try_from(mem).unwrap_or(u32::MAX))
     }
 }
@@ -91,10 +101,19 @@ type Score = (u32, usize, u64, u64, u32, bool, Vec<u32>);
 pub fn choose(stats: &[NodeStat], host: &HostTopology, req: &Request) -> Option<Choice> {
     let n = stats.len();
     let caps: Vec<u32> = stats.iter().map(|s| req.cap(s)).collect();
+    // Feasibility bounds use the loose caps (a share may round down).
+    let bound: Vec<u32> = stats.iter().map(|s| req.cap_with(s, true)).collect();
     // The k nodes of the largest capacities: feasible when any k-set is.
     let mut by_cap: Vec<usize> = (0..n).collect();
     if req.passthrough {
-        by_cap.sort_by_key(|&i| (Reverse(caps[i]), Reverse(stats[i].free), i));
+        by_cap.sort_by_key(|&i| {
+            (
+                Reverse(bound[i]),
+                Reverse(caps[i]),
+                Reverse(stats[i].free),
+                i,
+            )
+        });
     } else {
         by_cap.sort_by_key(|&i| (Reverse(stats[i].free), Reverse(caps[i]), i));
     }
@@ -104,7 +123,7 @@ pub fn choose(stats: &[NodeStat], host: &HostTopology, req: &Request) -> Option<
             break; // every guest core already whole: more nodes cannot rank higher
         }
         let top: Vec<usize> = by_cap[..k].to_vec();
-        if !could_hold(stats, &caps, &top, req) {
+        if !could_hold(stats, &bound, &top, req) {
             continue;
         }
         let mut consider = |set: &[usize]| {
@@ -193,18 +212,46 @@ fn evaluate(
     host: &HostTopology,
     req: &Request,
 ) -> Option<(Score, Choice)> {
-    if !could_hold(stats, caps, set, req) {
-        return None;
-    }
+    let loose: Vec<u32> = stats.iter().map(|s| req.cap_with(s, true)).collect();
     let mut best: Option<(Score, Choice)> = None;
-    for sockets_first in [true, false] {
-        let g = distribute(stats, caps, set, req, sockets_first);
-        let c = score(stats, set, &g, host, req);
-        if best.as_ref().is_none_or(|(s, _)| c.0 < *s) {
-            best = Some(c);
+    for caps in [caps, &loose] {
+        for sockets_first in [true, false] {
+            let g = distribute(stats, caps, set, req, sockets_first);
+            if !memory_fits(stats, set, &g, req) {
+                continue;
+            }
+            let c = score(stats, set, &g, host, req);
+            if best.as_ref().is_none_or(|(s, _)| c.0 < *s) {
+                best = Some(c);
+            }
         }
     }
     best
+}
+
+/// With passthrough: every guest core placed, and each node's share of the memory (split in
+/// proportion to its vCPUs) within its free pages.
+fn memory_fits(stats: &[NodeStat], set: &[usize], g: &[u32], req: &Request) -> bool {
+    if !req.passthrough {
+        return true;
+    }
+    if g.iter().sum::<u32>() != req.groups {
+        return false;
+    }
+    let used: Vec<(usize, u64)> = set
+        .iter()
+        .zip(g)
+        .filter(|&(_, &gi)| gi > 0)
+        .map(|(&i, &gi)| (i, u64::from(gi) * u64::from(req.threads)))
+        .collect();
+    if used.len() > 1 && req.pages < used.len() as u64 {
+        return false;
+    }
+    let weights: Vec<u64> = used.iter().map(|&(_, v)| v).collect();
+    split_pages(req.pages, &weights)
+        .iter()
+        .zip(&used)
+        .all(|(&p, &(i, _))| p <= stats[i].pages)
 }
 
 /// Guest cores per node of `set`: whole guest sockets first (when `sockets_first`), then
