@@ -133,6 +133,14 @@ fn plan_cpuids(supported: &CpuId, plan: &Plan, nested: bool) -> Result<Vec<CpuId
         .collect()
 }
 
+/// vCPU `v`'s SCHED_FIFO priority when the plan's realtime mask holds it.
+pub(crate) fn vcpu_fifo(plan: &Plan, v: &VcpuPlacement) -> Option<i32> {
+    plan.realtime
+        .as_ref()
+        .filter(|rt| rt.vcpus.contains(&v.vcpu))
+        .map(|rt| rt.priority)
+}
+
 /// The PUs vCPU `v`'s thread is pinned to: its own, or the plan's floating set.
 pub(crate) fn vcpu_cpus(plan: &Plan, v: &VcpuPlacement) -> Vec<u32> {
     v.host_cpu
@@ -187,6 +195,7 @@ pub(crate) fn prepare_payload(
             index: i,
             kvm_id: v.apic_id,
             cpus: vcpu_cpus(plan, v),
+            fifo_priority: vcpu_fifo(plan, v),
             cpuid,
             start: VcpuStart::Payload {
                 entry: entry_points.entry,
@@ -300,6 +309,31 @@ mod tests {
                 leaf.is_some_and(|e| e.edx & cpuid::KVM_HINTS_REALTIME != 0)
             })
             .collect()
+    }
+
+    #[test]
+    fn realtime_mask_gives_fifo_to_the_masked_vcpus_only() {
+        let spec = vmhost_config::from_toml_str(
+            "[cpu]\ncores = 3\ndedicated_cpu_placement = true\nisolate_emulator_thread = true\n\
+             realtime = { mask = \"0,2\" }\n[memory]\nguest = \"64Mi\"\n",
+            "t.toml",
+        )
+        .expect("valid spec")
+        .spec;
+        let host = vmhost_topology::load_synthetic("package:1 numa:1 core:4 pu:1").expect("host");
+        let plan = vmhost_plan::plan(&spec, &host, &Default::default())
+            .into_result()
+            .expect("fits");
+        let fifo: Vec<Option<i32>> = plan.vcpus.iter().map(|v| vcpu_fifo(&plan, v)).collect();
+        assert_eq!(fifo, vec![Some(1), None, Some(1)]);
+        // The realtime VM's vCPU PUs are exclusive, so the guest gets the KVM realtime hint.
+        assert!(plan_cpuids(&supported(), &plan, false)
+            .expect("cpuid")
+            .iter()
+            .all(|c| c
+                .as_slice()
+                .iter()
+                .any(|e| e.function == 0x4000_0001 && e.edx & cpuid::KVM_HINTS_REALTIME != 0)));
     }
 
     #[test]
