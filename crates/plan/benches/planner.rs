@@ -16,8 +16,11 @@ use vmhost_topology::{apply_hugepages, load_synthetic, parse_hugepages_arg, Host
 fn host(desc: &str, nodes: u32, pages: u64) -> HostTopology {
     let mut h = load_synthetic(desc).expect("synthetic host");
     let pools: Vec<String> = (0..nodes).map(|n| format!("node{n}:1Gi={pages}")).collect();
-    apply_hugepages(&mut h, &parse_hugepages_arg(&pools.join(",")).expect("pools"))
-        .expect("apply pools");
+    apply_hugepages(
+        &mut h,
+        &parse_hugepages_arg(&pools.join(",")).expect("pools"),
+    )
+    .expect("apply pools");
     h
 }
 
