@@ -95,21 +95,7 @@ pub fn place_dedicated(
         }
     }
     if choice.straddling > 0 {
-        // Without passthrough a guest core may straddle nodes: use the set's leftovers.
-        let mut missing = choice.straddling * t;
-        for &(node, _) in &choice.take {
-            while missing > 0 {
-                let Some((got, _)) = free.take_groups(node, 1, 1) else {
-                    break;
-                };
-                pus.extend(got.into_iter().map(|p| (p, node)));
-                missing -= 1;
-            }
-        }
-        notes.push(
-            "some guest cores span host NUMA nodes, so they span host cores (no node has room for them whole)"
-                .into(),
-        );
+        take_straddling(free, &choice, t, &mut pus, notes);
     }
     if choice.take.len() > 1 && !spec.cpu.numa_passthrough {
         let nodes: Vec<String> = choice
@@ -137,6 +123,31 @@ pub fn place_dedicated(
         });
         Vec::new()
     })
+}
+
+/// Without passthrough, guest cores no node has room for straddle nodes: the set's leftovers.
+fn take_straddling(
+    free: &mut FreePus,
+    choice: &nodeset::Choice,
+    t: u32,
+    pus: &mut Vec<(u32, u32)>,
+    notes: &mut Vec<String>,
+) {
+    // Without passthrough a guest core may straddle nodes: use the set's leftovers.
+    let mut missing = choice.straddling * t;
+    for &(node, _) in &choice.take {
+        while missing > 0 {
+            let Some((got, _)) = free.take_groups(node, 1, 1) else {
+                break;
+            };
+            pus.extend(got.into_iter().map(|p| (p, node)));
+            missing -= 1;
+        }
+    }
+    notes.push(
+        "some guest cores span host NUMA nodes, so they span host cores (no node has room for them whole)"
+            .into(),
+    );
 }
 
 /// The isolated emulator's `count` PUs: on vCPU 0's node `home` when it has room.
@@ -187,6 +198,56 @@ pub fn guest_cells(
             None => floating.to_vec(),
         }
     };
+    let (nodes, sizes, mut spans) =
+        cell_nodes(spec, host, vcpus, floating, &usable, reasons, notes);
+    let mut cells = Vec::new();
+    for (i, (node, memory_bytes)) in nodes.iter().zip(sizes).enumerate() {
+        let cell = u32::try_from(i).unwrap_or(u32::MAX);
+        let members: Vec<u32> = vcpus
+            .iter_mut()
+            .filter(|v| nodes.len() == 1 || v.host_node == *node)
+            .map(|v| {
+                v.guest_cell = cell;
+                v.vcpu
+            })
+            .collect();
+        let distances = nodes
+            .iter()
+            .map(|other| match (node, other) {
+                (Some(a), Some(b)) => host.distance(*a, *b),
+                _ => 10,
+            })
+            .collect();
+        cells.push(GuestCell {
+            cell,
+            host_node: *node,
+            vcpus: members,
+            memory_bytes,
+            prefault_cpus: usable(*node),
+            distances,
+            spans: std::mem::take(&mut spans),
+        });
+    }
+    if nodes.len() == 1 && nodes[0].is_none() && !floating.is_empty() {
+        notes.push(format!(
+            "guest memory is not bound to a node: the floating PUs {} span several nodes",
+            cpulist::format(floating)
+        ));
+    }
+    cells
+}
+
+/// The host node and memory of each guest cell, and the per-node parts of a single cell
+/// whose memory spans nodes.
+fn cell_nodes(
+    spec: &VmSpec,
+    host: &HostTopology,
+    vcpus: &[VcpuPlacement],
+    floating: &[u32],
+    usable: &dyn Fn(Option<u32>) -> Vec<u32>,
+    reasons: &mut Vec<Reason>,
+    notes: &mut Vec<String>,
+) -> (Vec<Option<u32>>, Vec<u64>, Vec<MemorySpan>) {
     let placed = vcpus.iter().all(|v| v.host_node.is_some());
     let mut spans = Vec::new();
     let (nodes, sizes): (Vec<Option<u32>>, Vec<u64>) = if spec.cpu.numa_passthrough && placed {
@@ -227,41 +288,7 @@ pub fn guest_cells(
         let node = if set.len() == 1 { Some(set[0]) } else { None };
         (vec![node], vec![spec.memory.guest_ram_bytes()])
     };
-    let mut cells = Vec::new();
-    for (i, (node, memory_bytes)) in nodes.iter().zip(sizes).enumerate() {
-        let cell = u32::try_from(i).unwrap_or(u32::MAX);
-        let members: Vec<u32> = vcpus
-            .iter_mut()
-            .filter(|v| nodes.len() == 1 || v.host_node == *node)
-            .map(|v| {
-                v.guest_cell = cell;
-                v.vcpu
-            })
-            .collect();
-        let distances = nodes
-            .iter()
-            .map(|other| match (node, other) {
-                (Some(a), Some(b)) => host.distance(*a, *b),
-                _ => 10,
-            })
-            .collect();
-        cells.push(GuestCell {
-            cell,
-            host_node: *node,
-            vcpus: members,
-            memory_bytes,
-            prefault_cpus: usable(*node),
-            distances,
-            spans: std::mem::take(&mut spans),
-        });
-    }
-    if nodes.len() == 1 && nodes[0].is_none() && !floating.is_empty() {
-        notes.push(format!(
-            "guest memory is not bound to a node: the floating PUs {} span several nodes",
-            cpulist::format(floating)
-        ));
-    }
-    cells
+    (nodes, sizes, spans)
 }
 
 /// Hugepages per node and size (merged per node).
