@@ -690,8 +690,7 @@ fn check_target_compares_cells_under_the_proportional_rule() {
     // Source: 6 + 2 vCPUs over two nodes → 6Gi + 2Gi. A target whose nodes hold 4 PUs each
     // splits 4 + 4 → 4Gi + 4Gi: the guest topology would change.
     let src = host("package:2 numa:1 core:6 pu:1", "node0:1Gi=8,node1:1Gi=8");
-    let mut src_held = PlanOptions::default();
-    src_held.held_cpus = BTreeSet::new();
+    let src_held = PlanOptions::default();
     let tgt = host("package:2 numa:1 core:4 pu:1", "node0:1Gi=8,node1:1Gi=8");
     let s = spec(
         "[cpu]\ncores = 8\ndedicated_cpu_placement = true\nnuma = { guest_mapping_passthrough = true }\n\

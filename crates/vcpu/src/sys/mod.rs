@@ -40,6 +40,7 @@ pub fn set_current_thread_fifo(priority: i32) -> io::Result<()> {
 }
 
 /// The scheduling policy of the calling thread (`SCHED_OTHER`, `SCHED_FIFO`, …).
+#[cfg(test)]
 pub fn current_thread_policy() -> io::Result<c_int> {
     // SAFETY: pid 0 names the calling thread; the call only reads its policy.
     let rc = unsafe { libc::sched_getscheduler(0) };
