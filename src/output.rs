@@ -74,8 +74,16 @@ pub fn placement_table(plan: &Plan, audit: &Audit, threads: &[ThreadPlacement]) 
             s,
             "  {:>4}  {:>9}  {:>9}  {:>5}   {}",
             c.cell,
-            c.host_node
-                .map_or_else(|| "-".to_string(), |n| n.to_string()),
+            match (c.host_node, c.spans.is_empty()) {
+                (Some(n), _) => n.to_string(),
+                (None, false) => c
+                    .spans
+                    .iter()
+                    .map(|p| p.host_node.to_string())
+                    .collect::<Vec<_>>()
+                    .join("+"),
+                (None, true) => "-".to_string(),
+            },
             vmhost_config::format_bytes(c.memory_bytes),
             vmhost_config::format_bytes(plan.backing.page_size_bytes()),
             if residency.is_empty() {

@@ -120,6 +120,7 @@ fn node_plan(host: &HostTopology, node: u32, ws: u64, backing: &Backing) -> Plan
             memory_bytes: ws,
             prefault_cpus,
             distances: vec![10],
+            spans: vec![],
         }],
         backing.clone(),
     )

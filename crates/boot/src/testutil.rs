@@ -34,6 +34,7 @@ pub fn plan(vcpus: &[(u32, u32)], cells: &[(u64, Vec<u32>)]) -> Plan {
             memory_bytes: *memory_bytes,
             prefault_cpus: Vec::new(),
             distances: distances.clone(),
+            spans: Vec::new(),
         })
         .collect();
     let mut plan = Plan::memory_only("test", guest_cells, Backing::Anonymous);

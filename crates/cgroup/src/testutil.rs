@@ -57,6 +57,7 @@ pub fn plan() -> Plan {
             memory_bytes: 64 * MIB,
             prefault_cpus: vec![0, 1, 2],
             distances: vec![10],
+            spans: vec![],
         }],
         backing: Backing::Hugetlb {
             page_size_bytes: 2 * MIB,
@@ -65,6 +66,7 @@ pub fn plan() -> Plan {
         boot: BootSpec::Payload {
             payload: Payload::Touch,
         },
+        realtime: None,
         notes: Vec::new(),
     }
 }

@@ -6,7 +6,12 @@
 
 use serde_yaml_ng::{Mapping, Value};
 
-use crate::spec::{RawCpu, RawHugepages, RawNuma, RawReservedOverhead, RawResourceList, RawSpec};
+use crate::spec::{
+    RawCpu, RawHugepages, RawNuma, RawRealtime, RawReservedOverhead, RawResourceList, RawSpec,
+};
+
+/// KubeVirt's annotation that gives the isolated emulator a second PU for even parity.
+pub const EVEN_PARITY_ANNOTATION: &str = "alpha.kubevirt.io/EmulatorThreadCompleteToEvenParity";
 use crate::{ConfigError, Quantity};
 
 /// A manifest mapped onto a raw spec, with the domain path and the ignored fields.
@@ -23,10 +28,15 @@ pub struct Mapped {
 /// Fields that change a VM's resources and that vmhost does not support, with why.
 const UNSUPPORTED: &[(&str, &str)] = &[
     ("cpu.maxSockets", "CPU hotplug"),
-    ("cpu.realtime", "realtime vCPUs"),
     ("memory.maxGuest", "memory hotplug"),
-    ("ioThreadsPolicy", "IOThreads"),
-    ("ioThreads", "IOThreads"),
+    (
+        "ioThreadsPolicy",
+        "IOThreads, which come with vmhost's virtio devices (issue 14)",
+    ),
+    (
+        "ioThreads",
+        "IOThreads, which come with vmhost's virtio devices (issue 14)",
+    ),
     (
         "launchSecurity",
         "SEV/TDX memory encryption (256Mi overhead term)",
@@ -145,6 +155,7 @@ pub fn map_manifest(doc: &Value) -> Result<Mapped, ConfigError> {
             w.ignored.push(key.to_string());
         }
     }
+    map_annotations(&mut w, top, &mut spec)?;
     let domain = find_domain(&mut w, top, kind)?;
     w.prefix = domain_prefix.to_string();
     if let Some(domain) = domain {
@@ -155,6 +166,39 @@ pub fn map_manifest(doc: &Value) -> Result<Mapped, ConfigError> {
         domain_prefix: domain_prefix.to_string(),
         ignored: w.ignored,
     })
+}
+
+/// `metadata.annotations` (and the VirtualMachine template's): an annotation that changes
+/// resources is honoured; every other one is listed as ignored, never dropped silently.
+fn map_annotations(w: &mut Walker, top: &Mapping, spec: &mut RawSpec) -> Result<(), ConfigError> {
+    let template = top
+        .get("spec")
+        .and_then(|s| s.get("template"))
+        .and_then(|t| t.get("metadata"));
+    for (prefix, meta) in [
+        ("metadata.", top.get("metadata")),
+        ("spec.template.metadata.", template),
+    ] {
+        let Some(a) = meta.and_then(|m| m.get("annotations")) else {
+            continue;
+        };
+        let path = format!("{prefix}annotations");
+        let a = a.as_mapping().ok_or_else(|| ConfigError::Manifest {
+            field: path.clone(),
+            why: "must be a mapping".into(),
+        })?;
+        for (k, _) in a {
+            let key = k.as_str().unwrap_or("?");
+            if key == EVEN_PARITY_ANNOTATION {
+                // KubeVirt tests for presence only; the value does not matter.
+                let cpu = spec.cpu.get_or_insert_with(RawCpu::default);
+                cpu.emulator_thread_complete_to_even_parity = true;
+            } else {
+                w.ignored.push(format!("{path}.{key}"));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn find_domain<'v>(
@@ -174,8 +218,8 @@ fn find_domain<'v>(
         };
         w.prefix = "spec.template.".into();
         let tm = w.mapping(template, "")?;
-        let t = w.take(tm, "", &["spec"]);
-        let Some((_, s)) = t.first() else {
+        let t = w.take(tm, "", &["spec", "metadata"]);
+        let Some((_, s)) = t.iter().find(|(k, _)| *k == "spec") else {
             return Ok(None);
         };
         spec = w.mapping(s, "spec")?;
@@ -205,7 +249,15 @@ fn map_domain(w: &mut Walker, domain: &Mapping, spec: &mut RawSpec) -> Result<()
     for (key, v) in w.take(domain, "", &["cpu", "memory", "resources", "devices"]) {
         let m = w.mapping(v, key)?;
         match key {
-            "cpu" => spec.cpu = Some(map_cpu(w, m)?),
+            "cpu" => {
+                let parity = spec
+                    .cpu
+                    .as_ref()
+                    .is_some_and(|c| c.emulator_thread_complete_to_even_parity);
+                let mut cpu = map_cpu(w, m)?;
+                cpu.emulator_thread_complete_to_even_parity |= parity;
+                spec.cpu = Some(cpu);
+            }
             "memory" => map_memory(w, m, spec)?,
             "resources" => map_resources(w, m, spec)?,
             _ => {
@@ -242,6 +294,7 @@ fn map_cpu(w: &mut Walker, m: &Mapping) -> Result<RawCpu, ConfigError> {
         "isolateEmulatorThread",
         "numa",
         "model",
+        "realtime",
     ];
     for (key, v) in w.take(m, "cpu.", &known) {
         let path = format!("cpu.{key}");
@@ -252,6 +305,19 @@ fn map_cpu(w: &mut Walker, m: &Mapping) -> Result<RawCpu, ConfigError> {
             "dedicatedCpuPlacement" => cpu.dedicated_cpu_placement = w.bool(v, &path)?,
             "isolateEmulatorThread" => cpu.isolate_emulator_thread = w.bool(v, &path)?,
             "model" => cpu.model = v.as_str().map(str::to_string),
+            "realtime" => {
+                let rt = w.mapping(v, &path)?;
+                let mut mask = None;
+                for (_, m) in w.take(rt, "cpu.realtime.", &["mask"]) {
+                    mask = Some(m.as_str().map(str::to_string).ok_or_else(|| {
+                        w.err(
+                            "cpu.realtime.mask",
+                            format!("must be a vCPU list string, found {m:?}"),
+                        )
+                    })?);
+                }
+                cpu.realtime = Some(RawRealtime { mask });
+            }
             _ => {
                 let numa = w.mapping(v, &path)?;
                 // KubeVirt writes `guestMappingPassthrough: {}`: presence enables it.

@@ -17,6 +17,7 @@ mod kubevirt;
 mod quantity;
 pub mod spec;
 mod validate;
+mod vcpumask;
 
 use std::path::{Path, PathBuf};
 

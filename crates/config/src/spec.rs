@@ -48,10 +48,25 @@ pub struct RawCpu {
     /// Give the emulator thread a host PU of its own (needs dedicated placement).
     #[serde(default)]
     pub isolate_emulator_thread: bool,
+    /// Give the isolated emulator a second PU when the vCPUs are even in number, so that the
+    /// VM holds an even number of PUs (KubeVirt's
+    /// `alpha.kubevirt.io/EmulatorThreadCompleteToEvenParity` annotation).
+    #[serde(default)]
+    pub emulator_thread_complete_to_even_parity: bool,
+    /// Realtime vCPUs (needs dedicated placement and an isolated emulator thread).
+    pub realtime: Option<RawRealtime>,
     /// Guest NUMA settings.
     pub numa: Option<RawNuma>,
     /// CPU model (`host-passthrough`, `host-model`); informational for now.
     pub model: Option<String>,
+}
+
+/// `cpu.realtime` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRealtime {
+    /// The vCPUs that run SCHED_FIFO, as a vCPU list (`"0-3,^1"`); absent: all of them.
+    pub mask: Option<String>,
 }
 
 /// `cpu.numa` section.

@@ -350,3 +350,73 @@ fn kubevirt_wrong_kind_or_api() {
         "{e}"
     );
 }
+
+#[test]
+fn even_parity_annotation_is_honoured_and_others_are_listed() {
+    let vmi = VMI.replace(
+        "  labels: {app: db}\n",
+        "  labels: {app: db}\n  annotations:\n    alpha.kubevirt.io/EmulatorThreadCompleteToEvenParity: \"\"\n    example.com/note: hi\n",
+    );
+    let l = from_yaml_str(&vmi, "vmi.yaml").unwrap();
+    assert!(l.spec.cpu.emulator_even_parity);
+    assert_eq!(
+        l.spec.cpu.emulator_pus(),
+        2,
+        "4 vCPUs: even, so 2 emulator PUs"
+    );
+    assert!(
+        l.warnings[0].contains("metadata.annotations.example.com/note"),
+        "{:?}",
+        l.warnings
+    );
+    let plain = from_yaml_str(VMI, "vmi.yaml").unwrap();
+    assert_eq!(plain.spec.cpu.emulator_pus(), 1);
+}
+
+#[test]
+fn kubevirt_realtime_mask_is_mapped_and_needs_an_isolated_emulator() {
+    let vmi = VMI.replace(
+        "      isolateEmulatorThread: true\n",
+        "      isolateEmulatorThread: true\n      realtime:\n        mask: \"0-3,^1\"\n",
+    );
+    let s = from_yaml_str(&vmi, "vmi.yaml").unwrap().spec;
+    assert_eq!(s.cpu.realtime_vcpus, Some(vec![0, 2, 3]));
+    let no_iso = vmi.replace("      isolateEmulatorThread: true\n", "");
+    let err = from_yaml_str(&no_iso, "vmi.yaml").unwrap_err().to_string();
+    assert!(err.contains("spec.domain.cpu.realtime"), "{err}");
+    assert!(err.contains("isolated emulator thread"), "{err}");
+    let bad = vmi.replace("0-3,^1", "7");
+    let err = from_yaml_str(&bad, "vmi.yaml").unwrap_err().to_string();
+    assert!(err.contains("spec.domain.cpu.realtime.mask"), "{err}");
+    assert!(err.contains("vCPU 7 does not exist"), "{err}");
+}
+
+#[test]
+fn io_threads_refusal_points_at_the_virtio_work() {
+    let vmi = VMI.replace("    cpu:\n", "    ioThreadsPolicy: auto\n    cpu:\n");
+    let err = from_yaml_str(&vmi, "vmi.yaml").unwrap_err().to_string();
+    assert!(err.contains("virtio devices"), "{err}");
+}
+
+#[test]
+fn memory_quantities_that_are_not_whole_pages_are_accepted() {
+    for (q, exact) in [
+        ("1G", 1_000_000_000u64),
+        ("1000M", 1_000_000_000),
+        ("1234567890", 1_234_567_890),
+    ] {
+        let s = from_toml_str(&format!("[memory]\nguest = \"{q}\"\n"), "t.toml")
+            .unwrap()
+            .spec;
+        assert_eq!(s.memory.guest_bytes, exact);
+        assert_eq!(s.memory.guest_ram_bytes(), exact.div_ceil(4096) * 4096);
+    }
+    // Hugepage-backed guests keep KubeVirt's rule.
+    let e = from_toml_str(
+        "[memory]\nguest = \"1G\"\nhugepages = { page_size = \"2Mi\" }\n",
+        "t.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("multiple of the hugepage size 2Mi"), "{e}");
+}

@@ -113,6 +113,25 @@ pub struct CpuSpec {
     pub numa_passthrough: bool,
     /// CPU model, if given.
     pub model: Option<String>,
+    /// The isolated emulator completes the VM's PUs to an even number (a second PU when the
+    /// vCPUs are even in number).
+    pub emulator_even_parity: bool,
+    /// vCPUs that run SCHED_FIFO (`cpu.realtime`), ascending; `None` without realtime.
+    pub realtime_vcpus: Option<Vec<u32>>,
+}
+
+impl CpuSpec {
+    /// PUs of the isolated emulator thread: 0 without isolation, 2 with even parity and an
+    /// even number of vCPUs (KubeVirt's rule), else 1.
+    pub fn emulator_pus(&self) -> u32 {
+        if !self.isolate_emulator_thread {
+            0
+        } else if self.emulator_even_parity && self.topology.vcpus() % 2 == 0 {
+            2
+        } else {
+            1
+        }
+    }
 }
 
 /// Resolved hugepage backing.
@@ -133,6 +152,23 @@ pub struct MemorySpec {
     pub hugepages: Option<HugepageSpec>,
     /// `reserved_overhead.added_overhead` (0 when absent).
     pub added_overhead_bytes: u64,
+}
+
+impl MemorySpec {
+    /// Guest RAM as allocated: `guest_bytes` rounded up to whole 4 KiB pages (hugepage-backed
+    /// guests are already whole pages). Quantities such as `1G` (10^9 bytes) are valid, as in
+    /// KubeVirt; the overhead is computed from the exact `guest_bytes`.
+    ///
+    /// ```
+    /// let s = vmhost_config::from_toml_str("[memory]\nguest = \"1G\"\n", "t.toml").unwrap().spec;
+    /// assert_eq!(s.memory.guest_bytes, 1_000_000_000);
+    /// assert_eq!(s.memory.guest_ram_bytes(), 1_000_001_536);
+    /// ```
+    pub fn guest_ram_bytes(&self) -> u64 {
+        self.guest_bytes
+            .checked_next_multiple_of(4096)
+            .unwrap_or(self.guest_bytes & !4095)
+    }
 }
 
 /// Resolved requests or limits.
@@ -488,6 +524,10 @@ fn check_cpu(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> CpuSpec {
             }
         }
     }
+    let realtime_vcpus = cpu
+        .realtime
+        .as_ref()
+        .and_then(|rt| check_realtime(c, cpu, rt, topology.vcpus()));
     CpuSpec {
         topology,
         topology_given,
@@ -495,6 +535,53 @@ fn check_cpu(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> CpuSpec {
         isolate_emulator_thread: cpu.isolate_emulator_thread,
         numa_passthrough,
         model: cpu.model.clone(),
+        emulator_even_parity: cpu.emulator_thread_complete_to_even_parity,
+        realtime_vcpus,
+    }
+}
+
+/// `cpu.realtime`: exclusive vCPU PUs (dedicated placement and an isolated emulator), and a
+/// mask of existing vCPUs.
+fn check_realtime(
+    c: &mut Checker<'_>,
+    cpu: &crate::spec::RawCpu,
+    rt: &crate::spec::RawRealtime,
+    vcpus: u32,
+) -> Option<Vec<u32>> {
+    if !cpu.dedicated_cpu_placement || !cpu.isolate_emulator_thread {
+        c.fail(
+            "cpu.realtime",
+            "(set)",
+            "realtime vCPUs need PUs nothing else runs on: dedicated CPU placement and an isolated emulator thread",
+            "set cpu.dedicated_cpu_placement = true and cpu.isolate_emulator_thread = true",
+        );
+    }
+    let Some(mask) = rt.mask.as_deref() else {
+        return Some((0..vcpus).collect());
+    };
+    match crate::vcpumask::parse(mask, vcpus) {
+        Ok(list) if !list.is_empty() => Some(list),
+        Ok(_) => {
+            c.fail(
+                "cpu.realtime.mask",
+                format!("{mask:?}"),
+                "selects no vCPU",
+                "name at least one vCPU, e.g. \"0\", or drop the mask for all vCPUs",
+            );
+            None
+        }
+        Err(why) => {
+            c.fail(
+                "cpu.realtime.mask",
+                format!("{mask:?}"),
+                &why,
+                format!(
+                    "write a vCPU list within 0-{}, e.g. \"0-1,^1\"",
+                    vcpus.saturating_sub(1)
+                ),
+            );
+            None
+        }
     }
 }
 
@@ -580,14 +667,9 @@ fn check_memory(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> Option<M
                 format!("use {} or a smaller page size", format_bytes(up)),
             );
         }
-    } else if guest % 4096 != 0 {
-        c.fail(
-            field,
-            guest,
-            "must be a multiple of 4Ki",
-            "round it to whole 4Ki pages",
-        );
     }
+    // Like KubeVirt, any byte count is accepted without hugepages; the guest gets whole 4 KiB
+    // pages (MemorySpec::guest_ram_bytes) and the overhead uses the exact quantity.
     Some(MemorySpec {
         guest_bytes: guest,
         hugepages,

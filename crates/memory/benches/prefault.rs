@@ -73,6 +73,7 @@ fn plan(bytes: u64, cpus: &[u32]) -> vmhost_plan::Plan {
         memory_bytes: bytes,
         prefault_cpus: cpus.to_vec(),
         distances: vec![10],
+        spans: vec![],
     };
     let backing = Backing::Hugetlb {
         page_size_bytes: PAGE,

@@ -31,6 +31,7 @@ fn main() {
             memory_bytes: bytes,
             prefault_cpus: cpus,
             distances: vec![10],
+            spans: vec![],
         }],
         backing,
     );

@@ -57,6 +57,18 @@ pub enum AdmissionError {
         /// The backing page size.
         page_size_bytes: u64,
     },
+    /// A cell's per-node parts do not add up to its memory.
+    #[error(
+        "guest cell {cell}: its per-node parts hold {spans_bytes} bytes, the cell {memory_bytes}"
+    )]
+    SpansMismatch {
+        /// Cell number.
+        cell: u32,
+        /// The cell's memory.
+        memory_bytes: u64,
+        /// Sum of its parts.
+        spans_bytes: u64,
+    },
     /// A cell is bound to a node the host does not have.
     #[error(
         "guest cell {cell} is bound to host node{node}, which does not exist (nodes: {nodes:?})"
@@ -342,11 +354,24 @@ fn check_cells(plan: &Plan) -> Result<(), AdmissionError> {
         if c.memory_bytes == 0 {
             return Err(AdmissionError::EmptyCell { cell: c.cell });
         }
-        if page == 0 || c.memory_bytes % page != 0 {
+        let parts = c.memory_parts();
+        let bad = parts
+            .iter()
+            .map(|p| p.memory_bytes)
+            .find(|&b| page == 0 || b % page != 0);
+        if let Some(memory_bytes) = bad {
             return Err(AdmissionError::NotPageMultiple {
                 cell: c.cell,
-                memory_bytes: c.memory_bytes,
+                memory_bytes,
                 page_size_bytes: page,
+            });
+        }
+        let sum: u64 = parts.iter().map(|p| p.memory_bytes).sum();
+        if sum != c.memory_bytes {
+            return Err(AdmissionError::SpansMismatch {
+                cell: c.cell,
+                memory_bytes: c.memory_bytes,
+                spans_bytes: sum,
             });
         }
     }
@@ -362,7 +387,7 @@ pub fn check_admission(plan: &Plan, host: &HostState) -> Result<Admission, Admis
     check_cells(plan)?;
     let nodes = host.nodes();
     for c in &plan.guest_cells {
-        if let Some(node) = c.host_node {
+        for node in c.memory_parts().iter().filter_map(|p| p.host_node) {
             if !nodes.contains(&node) {
                 return Err(AdmissionError::NodeMissing {
                     cell: c.cell,
@@ -397,8 +422,8 @@ pub fn check_admission(plan: &Plan, host: &HostState) -> Result<Admission, Admis
         check_hugetlbfs(path, page)?;
     }
     let mut per_node: BTreeMap<Option<u32>, u64> = BTreeMap::new();
-    for c in &plan.guest_cells {
-        *per_node.entry(c.host_node).or_default() += c.memory_bytes / page;
+    for part in plan.guest_cells.iter().flat_map(|c| c.memory_parts()) {
+        *per_node.entry(part.host_node).or_default() += part.memory_bytes / page;
     }
     let reserved = host.reserved_pages(page)?;
     let mut pools = Vec::new();

@@ -100,6 +100,7 @@ pub struct GuestLayout {
 
 impl GuestLayout {
     /// Lays out `cells` in the given order from GPA 0 around the MMIO hole `hole`.
+    /// Consecutive spans of the same cell continue in its backing file.
     ///
     /// Every size and the hole bounds must be multiples of `page_size_bytes`, so each region
     /// starts and ends on a backing page.
@@ -116,7 +117,7 @@ impl GuestLayout {
                 page_size_bytes,
             });
         }
-        let mut regions = Vec::new();
+        let mut regions: Vec<LayoutRegion> = Vec::new();
         let mut gpa = 0u64;
         for c in cells {
             if c.size_bytes % page != 0 {
@@ -127,7 +128,12 @@ impl GuestLayout {
                 });
             }
             let mut left = c.size_bytes;
-            let mut file_offset = 0;
+            // A cell may come in several spans (one per host node): they share the cell's
+            // backing file, one after the other.
+            let mut file_offset = match regions.last() {
+                Some(r) if r.cell == c.cell => r.file_offset + r.size_bytes,
+                _ => 0,
+            };
             while left > 0 {
                 if hole.contains(&gpa) {
                     gpa = hole.end;
@@ -159,19 +165,23 @@ impl GuestLayout {
     }
 
     /// The layout of a plan's cells, in ascending cell number, around `hole` (normally
-    /// [`MMIO_HOLE_START`]..[`MMIO_HOLE_END`]).
+    /// [`MMIO_HOLE_START`]..[`MMIO_HOLE_END`]). A cell whose memory is bound to several host
+    /// nodes ([`vmhost_plan::GuestCell::memory_parts`]) gets one span per node, in order, so
+    /// each region is bound to one node while the guest sees one proximity domain.
     pub fn from_plan(plan: &Plan, hole: Range<u64>) -> Result<Self, LayoutError> {
-        let mut cells: Vec<CellSpan> = plan
-            .guest_cells
+        let mut cells: Vec<&vmhost_plan::GuestCell> = plan.guest_cells.iter().collect();
+        cells.sort_by_key(|c| c.cell);
+        let spans: Vec<CellSpan> = cells
             .iter()
-            .map(|c| CellSpan {
-                cell: c.cell,
-                host_node: c.host_node,
-                size_bytes: c.memory_bytes,
+            .flat_map(|c| {
+                c.memory_parts().into_iter().map(|p| CellSpan {
+                    cell: c.cell,
+                    host_node: p.host_node,
+                    size_bytes: p.memory_bytes,
+                })
             })
             .collect();
-        cells.sort_by_key(|c| c.cell);
-        Self::new(&cells, hole, plan.backing.page_size_bytes())
+        Self::new(&spans, hole, plan.backing.page_size_bytes())
     }
 
     /// The regions of one guest cell (one, or two when it straddles the hole).
@@ -289,6 +299,44 @@ mod tests {
         assert!(matches!(err, LayoutError::BadHole { .. }), "{err:?}");
         let err = GuestLayout::new(&[span(0, u64::MAX - 4095)], HOLE, 4096).unwrap_err();
         assert!(matches!(err, LayoutError::Overflow { cell: 0 }), "{err:?}");
+    }
+
+    #[test]
+    fn a_cell_over_two_nodes_gets_a_region_per_node_in_one_file() {
+        let mut plan =
+            crate::testutil::plan("test", &[(None, 3 * GIB)], vmhost_plan::Backing::Anonymous);
+        plan.guest_cells[0].spans = vec![
+            vmhost_plan::MemorySpan {
+                host_node: 0,
+                memory_bytes: 2 * GIB,
+                prefault_cpus: vec![0],
+            },
+            vmhost_plan::MemorySpan {
+                host_node: 1,
+                memory_bytes: GIB,
+                prefault_cpus: vec![1],
+            },
+        ];
+        let l = GuestLayout::from_plan(&plan, HOLE).unwrap();
+        let got: Vec<_> = l
+            .regions
+            .iter()
+            .map(|r| (r.cell, r.host_node, r.gpa, r.size_bytes, r.file_offset))
+            .collect();
+        // Node 1's part straddles the hole: two regions, file offsets continuing.
+        assert_eq!(
+            got,
+            vec![
+                (0, Some(0), 0, 2 * GIB, 0),
+                (0, Some(1), 2 * GIB, GIB, 2 * GIB),
+            ]
+        );
+        plan.guest_cells[0].spans[1].memory_bytes = 2 * GIB;
+        plan.guest_cells[0].memory_bytes = 4 * GIB;
+        let l = GuestLayout::from_plan(&plan, HOLE).unwrap();
+        assert_eq!(l.regions[2].file_offset, 3 * GIB);
+        assert_eq!(l.regions[2].gpa, 4 * GIB);
+        assert_eq!(l.regions[2].host_node, Some(1));
     }
 
     #[test]

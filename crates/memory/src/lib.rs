@@ -28,7 +28,7 @@
 //! # use vmhost_plan::{EmulatorPlacement, Envelope, GuestCell, OverheadModel, Plan};
 //! # let cell = GuestCell {
 //! #     cell: 0, host_node: Some(0), vcpus: vec![0], memory_bytes: 16 << 20,
-//! #     prefault_cpus: vec![], distances: vec![10],
+//! #     prefault_cpus: vec![], distances: vec![10], spans: vec![],
 //! # };
 //! # let plan = Plan {
 //! #     name: "doc".into(),
@@ -41,7 +41,7 @@
 //! #     vcpus: vec![], floating_cpus: vec![],
 //! #     emulator: EmulatorPlacement { host_cpus: vec![], isolated: false },
 //! #     guest_cells: vec![cell], backing: Backing::Anonymous,
-//! #     boot: BootSpec::Payload { payload: Payload::Touch }, notes: vec![],
+//! #     boot: BootSpec::Payload { payload: Payload::Touch }, realtime: None, notes: vec![],
 //! # };
 //! // A one-cell plan bound to host node 0, anonymous backing (no hugepages needed here).
 //! assert_eq!(plan.backing, Backing::Anonymous);
@@ -244,17 +244,23 @@ impl GuestMemory {
         cells.sort_by_key(|c| c.cell);
         let mut targets = Vec::with_capacity(cells.len());
         let mut rest: &[MappedRegion] = &regions;
-        // Regions are in GPA order and cells are laid out in cell order, so each cell's
-        // regions are the next run of the slice.
+        // Regions are in GPA order and cells are laid out in cell order, each cell's parts
+        // (one per host node) in order, so each part's regions are the next run of the slice;
+        // its workers run on its own node's CPUs.
         for c in cells {
-            let n = rest.iter().take_while(|r| r.layout.cell == c.cell).count();
-            let (mine, tail) = rest.split_at(n);
-            targets.push(prefault::CellTarget {
-                cell: c.cell,
-                regions: mine,
-                cpus: &c.prefault_cpus,
-            });
-            rest = tail;
+            for part in c.memory_parts() {
+                let n = rest
+                    .iter()
+                    .take_while(|r| r.layout.cell == c.cell && r.layout.host_node == part.host_node)
+                    .count();
+                let (mine, tail) = rest.split_at(n);
+                targets.push(prefault::CellTarget {
+                    cell: c.cell,
+                    regions: mine,
+                    cpus: part.prefault_cpus,
+                });
+                rest = tail;
+            }
         }
         let stats = timed(&mut timings, Step::Prefault, || {
             prefault::prefault(&targets, &opts.prefault)

@@ -161,11 +161,12 @@ pub struct CellPrefault {
 pub struct PrefaultStats {
     /// The method that actually ran (`populate_write` or `touch`).
     pub method: PrefaultMethod,
-    /// Per cell.
+    /// Per cell, or per host-node part of a cell bound to several nodes.
     pub cells: Vec<CellPrefault>,
 }
 
-/// A cell to prefault: its mapped regions and the CPUs of its node.
+/// A cell (or one host-node part of a cell) to prefault: its mapped regions and the CPUs of
+/// its node.
 #[derive(Debug, Clone, Copy)]
 pub struct CellTarget<'a> {
     /// Cell number.

@@ -15,6 +15,7 @@ pub fn plan(name: &str, cells: &[(Option<u32>, u64)], backing: Backing) -> Plan 
             memory_bytes,
             prefault_cpus: Vec::new(),
             distances: vec![10; cells.len()],
+            spans: vec![],
         })
         .collect();
     Plan::memory_only(name, guest_cells, backing)

@@ -1,12 +1,14 @@
-//! vCPU coordinates, dedicated placement across nodes, guest NUMA cells, memory split and
-//! memory admission.
+//! vCPU coordinates, dedicated placement on the chosen nodes, guest NUMA cells and memory
+//! admission.
 
 use std::collections::BTreeMap;
 
 use vmhost_config::{format_bytes, VmSpec};
 use vmhost_topology::{cpulist, HostTopology};
 
-use crate::model::{Backing, GuestCell, HugepageDemand, Reason, VcpuPlacement};
+use crate::memory;
+use crate::model::{Backing, GuestCell, HugepageDemand, MemorySpan, Reason, VcpuPlacement};
+use crate::nodeset::{self, Request};
 use crate::placement::FreePus;
 use crate::PlanOptions;
 
@@ -42,20 +44,8 @@ pub fn guest_vcpus(spec: &VmSpec) -> Vec<VcpuPlacement> {
         .collect()
 }
 
-/// Pages (or bytes for anonymous memory) the whole guest needs on one node.
-fn fits_memory_on(spec: &VmSpec, host: &HostTopology, node: u32) -> bool {
-    match &spec.memory.hugepages {
-        Some(h) => {
-            host.free_hugepages(node, h.page_size_bytes)
-                >= spec.memory.guest_bytes / h.page_size_bytes
-        }
-        None => host
-            .node(node)
-            .is_none_or(|n| n.memory_bytes == 0 || n.memory_bytes >= spec.memory.guest_bytes),
-    }
-}
-
-/// Places the vCPUs of a dedicated VM; returns the emulator PU when it is isolated and placed.
+/// Places the vCPUs of a dedicated VM; returns the isolated emulator's PUs (empty when the
+/// emulator is not isolated or could not be placed).
 pub fn place_dedicated(
     spec: &VmSpec,
     host: &HostTopology,
@@ -63,16 +53,16 @@ pub fn place_dedicated(
     vcpus: &mut [VcpuPlacement],
     reasons: &mut Vec<Reason>,
     notes: &mut Vec<String>,
-) -> Option<u32> {
+) -> Vec<u32> {
     let t = spec.cpu.topology.threads;
     let n = spec.vcpus();
-    let emu = u32::from(spec.cpu.isolate_emulator_thread);
+    let emu = spec.cpu.emulator_pus();
     let need = n + emu;
     let available = free.total();
-    let detail = if emu == 1 {
-        format!("{n} vCPUs + 1 isolated emulator thread")
-    } else {
-        format!("{n} vCPUs")
+    let detail = match emu {
+        0 => format!("{n} vCPUs"),
+        1 => format!("{n} vCPUs + 1 isolated emulator thread"),
+        _ => format!("{n} vCPUs + 2 PUs of the isolated emulator thread (even parity)"),
     };
     if available < need {
         reasons.push(Reason::Cpus {
@@ -80,124 +70,111 @@ pub fn place_dedicated(
             available,
             detail,
         });
-        return None;
+        return Vec::new();
     }
-    let per_node = free.per_node(host);
-    // One node that holds every vCPU (and the emulator), and the memory when possible.
-    let single = per_node
-        .iter()
-        .find(|&&(node, c)| c >= need && fits_memory_on(spec, host, node))
-        .or_else(|| per_node.iter().find(|&&(_, c)| c >= need))
-        .map(|&(node, _)| node);
+    let stats = memory::node_stats(spec, host, free);
+    let req = Request {
+        groups: n / t,
+        threads: t,
+        cores_per_socket: spec.cpu.topology.cores,
+        emulator: emu,
+        pages: memory::guest_pages(spec),
+        passthrough: spec.cpu.numa_passthrough,
+    };
+    let Some(choice) = nodeset::choose(&stats, host, &req) else {
+        reasons.push(memory::no_node_set(spec, host, &stats, &req, &detail));
+        return Vec::new();
+    };
     let mut pus: Vec<(u32, u32)> = Vec::new(); // (pu, node) in vCPU order
-    if let Some(node) = single {
-        let (got, straddled) = free.take_groups(node, n / t, t)?;
-        if straddled {
-            notes.push(format!("no host core on node{node} has {t} free PUs for every guest core: some guest cores span host cores"));
-        }
-        pus.extend(got.into_iter().map(|p| (p, node)));
-    } else {
-        // Fewest nodes, largest free capacity first; whole guest sockets per node when they
-        // fit (the guest's sockets then match its NUMA cells), else whole guest cores.
-        let topo = spec.cpu.topology;
-        let per_socket = topo.cores * t;
-        let (take, groups_left) = match distribute(&per_node, topo.sockets, per_socket) {
-            (take, 0) if topo.sockets > 1 => (
-                take.into_iter()
-                    .map(|(node, s)| (node, s * topo.cores))
-                    .collect(),
-                0,
-            ),
-            _ => distribute(&per_node, n / t, t),
-        };
-        for (&node, &g) in &take {
-            if let Some((got, _)) = free.take_groups(node, g, t) {
-                pus.extend(got.into_iter().map(|p| (p, node)));
+    for &(node, g) in choice.take.iter().filter(|&&(_, g)| g > 0) {
+        if let Some((got, straddled)) = free.take_groups(node, g, t) {
+            if straddled {
+                notes.push(format!("no host core on node{node} has {t} free PUs for every guest core: some guest cores span host cores"));
             }
+            pus.extend(got.into_iter().map(|p| (p, node)));
         }
-        if groups_left > 0 {
-            if spec.cpu.numa_passthrough {
-                let counts: Vec<String> = per_node
-                    .iter()
-                    .map(|(nd, c)| format!("node{nd}: {c}"))
-                    .collect();
-                reasons.push(Reason::Cpus {
-                    needed: need,
-                    available,
-                    detail: format!(
-                        "{detail}; NUMA passthrough keeps each guest core of {t} threads on one host node and the free PUs per node ({}) hold only {} such cores",
-                        counts.join(", "),
-                        n / t - groups_left
-                    ),
-                });
-                return None;
-            }
-            // Without passthrough a guest core may straddle nodes: use the leftovers.
-            let mut missing = groups_left * t;
-            for &(node, _) in &per_node {
-                while missing > 0 {
-                    let Some((got, _)) = free.take_groups(node, 1, 1) else {
-                        break;
-                    };
-                    pus.extend(got.into_iter().map(|p| (p, node)));
-                    missing -= 1;
-                }
-            }
-            notes.push(
-                "some guest cores span host NUMA nodes (no node has room for whole guest cores)"
-                    .into(),
-            );
-        }
-        let nodes: Vec<String> = take.keys().map(|n| format!("node{n}")).collect();
-        if !spec.cpu.numa_passthrough {
-            notes.push(format!(
-                "vCPUs span host nodes {} but the guest sees one NUMA cell; enable cpu.numa.guest_mapping_passthrough to expose them",
-                nodes.join(", ")
-            ));
-        }
+    }
+    if choice.straddling > 0 {
+        take_straddling(free, &choice, t, &mut pus, notes);
+    }
+    if choice.take.len() > 1 && !spec.cpu.numa_passthrough {
+        let nodes: Vec<String> = choice
+            .take
+            .iter()
+            .map(|(n, _)| format!("node{n}"))
+            .collect();
+        notes.push(format!(
+            "vCPUs span host nodes {} but the guest sees one NUMA cell; enable cpu.numa.guest_mapping_passthrough to expose them",
+            nodes.join(", ")
+        ));
     }
     for (v, &(pu, node)) in vcpus.iter_mut().zip(&pus) {
         v.host_cpu = Some(pu);
         v.host_node = Some(node);
     }
-    if emu == 0 {
-        return None;
-    }
-    let home = pus.first().map(|&(_, node)| node)?;
-    if let Some(pu) = free.take_emulator(home) {
-        return Some(pu);
-    }
-    for &(node, _) in &free.per_node(host) {
-        if let Some(pu) = free.take_emulator(node) {
-            notes.push(format!(
-                "the emulator thread runs on node{node}: vCPU 0's node{home} has no PU left"
-            ));
-            return Some(pu);
-        }
-    }
-    reasons.push(Reason::Cpus {
-        needed: need,
-        available,
-        detail,
-    });
-    None
+    let Some(home) = pus.first().map(|&(_, node)| node) else {
+        return Vec::new();
+    };
+    place_emulator(host, free, home, emu, notes).unwrap_or_else(|| {
+        reasons.push(Reason::Cpus {
+            needed: need,
+            available,
+            detail,
+        });
+        Vec::new()
+    })
 }
 
-/// Spreads `units` of `size` PUs over nodes, largest free capacity first. Returns units per
-/// node and the units that found no room.
-fn distribute(per_node: &[(u32, u32)], units: u32, size: u32) -> (BTreeMap<u32, u32>, u32) {
-    let mut by_size = per_node.to_vec();
-    by_size.sort_by_key(|&(node, c)| (std::cmp::Reverse(c), node));
-    let mut left = units;
-    let mut take = BTreeMap::new();
-    for (node, c) in by_size {
-        let g = (c / size).min(left);
-        if g > 0 {
-            take.insert(node, g);
-            left -= g;
+/// Without passthrough, guest cores no node has room for straddle nodes: the set's leftovers.
+fn take_straddling(
+    free: &mut FreePus,
+    choice: &nodeset::Choice,
+    t: u32,
+    pus: &mut Vec<(u32, u32)>,
+    notes: &mut Vec<String>,
+) {
+    // Without passthrough a guest core may straddle nodes: use the set's leftovers.
+    let mut missing = choice.straddling * t;
+    for &(node, _) in &choice.take {
+        while missing > 0 {
+            let Some((got, _)) = free.take_groups(node, 1, 1) else {
+                break;
+            };
+            pus.extend(got.into_iter().map(|p| (p, node)));
+            missing -= 1;
         }
     }
-    (take, left)
+    notes.push(
+        "some guest cores span host NUMA nodes, so they span host cores (no node has room for them whole)"
+            .into(),
+    );
+}
+
+/// The isolated emulator's `count` PUs: on vCPU 0's node `home` when it has room.
+fn place_emulator(
+    host: &HostTopology,
+    free: &mut FreePus,
+    home: u32,
+    count: u32,
+    notes: &mut Vec<String>,
+) -> Option<Vec<u32>> {
+    let mut out: Vec<u32> = Vec::new();
+    for _ in 0..count {
+        let near = out.first().copied();
+        if let Some(pu) = free.take_emulator(home, near) {
+            out.push(pu);
+            continue;
+        }
+        let (node, pu) = free
+            .per_node(host)
+            .iter()
+            .find_map(|&(node, _)| free.take_emulator(node, near).map(|pu| (node, pu)))?;
+        notes.push(format!(
+            "the emulator thread runs on node{node}: vCPU 0's node{home} has no PU left"
+        ));
+        out.push(pu);
+    }
+    Some(out)
 }
 
 /// Builds the guest cells: one per host node holding vCPUs with NUMA passthrough, else one.
@@ -221,22 +198,8 @@ pub fn guest_cells(
             None => floating.to_vec(),
         }
     };
-    let placed = vcpus.iter().all(|v| v.host_node.is_some());
-    let nodes: Vec<Option<u32>> = if spec.cpu.numa_passthrough && placed {
-        let set: std::collections::BTreeSet<u32> =
-            vcpus.iter().filter_map(|v| v.host_node).collect();
-        set.into_iter().map(Some).collect()
-    } else if spec.cpu.dedicated_cpu_placement {
-        vec![single_cell_node(spec, host, vcpus, notes)]
-    } else {
-        let mut set: Vec<u32> = floating
-            .iter()
-            .filter_map(|&c| host.node_of_cpu(c))
-            .collect();
-        set.dedup();
-        vec![if set.len() == 1 { Some(set[0]) } else { None }]
-    };
-    let sizes = split_memory(spec, nodes.len(), reasons);
+    let (nodes, sizes, mut spans) =
+        cell_nodes(spec, host, vcpus, floating, &usable, reasons, notes);
     let mut cells = Vec::new();
     for (i, (node, memory_bytes)) in nodes.iter().zip(sizes).enumerate() {
         let cell = u32::try_from(i).unwrap_or(u32::MAX);
@@ -262,6 +225,7 @@ pub fn guest_cells(
             memory_bytes,
             prefault_cpus: usable(*node),
             distances,
+            spans: std::mem::take(&mut spans),
         });
     }
     if nodes.len() == 1 && nodes[0].is_none() && !floating.is_empty() {
@@ -273,58 +237,58 @@ pub fn guest_cells(
     cells
 }
 
-/// The node of a dedicated VM's single cell: vCPU 0's node when its memory fits there.
-fn single_cell_node(
+/// The host node and memory of each guest cell, and the per-node parts of a single cell
+/// whose memory spans nodes.
+fn cell_nodes(
     spec: &VmSpec,
     host: &HostTopology,
     vcpus: &[VcpuPlacement],
+    floating: &[u32],
+    usable: &dyn Fn(Option<u32>) -> Vec<u32>,
+    reasons: &mut Vec<Reason>,
     notes: &mut Vec<String>,
-) -> Option<u32> {
-    let home = vcpus.first().and_then(|v| v.host_node)?;
-    if fits_memory_on(spec, host, home) {
-        return Some(home);
-    }
-    // No node holds it: keep vCPU 0's node, admission reports the shortfall there.
-    let Some(other) = host
-        .nodes
-        .iter()
-        .map(|n| n.os_index)
-        .find(|&n| fits_memory_on(spec, host, n))
-    else {
-        return Some(home);
+) -> (Vec<Option<u32>>, Vec<u64>, Vec<MemorySpan>) {
+    let placed = vcpus.iter().all(|v| v.host_node.is_some());
+    let mut spans = Vec::new();
+    let (nodes, sizes): (Vec<Option<u32>>, Vec<u64>) = if spec.cpu.numa_passthrough && placed {
+        let set: std::collections::BTreeSet<u32> =
+            vcpus.iter().filter_map(|v| v.host_node).collect();
+        let nodes: Vec<Option<u32>> = set.into_iter().map(Some).collect();
+        let counts: Vec<u64> = nodes
+            .iter()
+            .map(|n| vcpus.iter().filter(|v| v.host_node == *n).count() as u64)
+            .collect();
+        let sizes = memory::split_cells(spec, &counts, reasons);
+        (nodes, sizes)
+    } else if spec.cpu.dedicated_cpu_placement && placed {
+        let parts = memory::single_cell_parts(spec, host, vcpus, reasons, notes);
+        let node = match parts.as_slice() {
+            [(node, _)] => Some(*node),
+            _ => {
+                spans = parts
+                    .iter()
+                    .map(|&(node, memory_bytes)| MemorySpan {
+                        host_node: node,
+                        memory_bytes,
+                        prefault_cpus: usable(Some(node)),
+                    })
+                    .collect();
+                None
+            }
+        };
+        (vec![node], vec![spec.memory.guest_ram_bytes()])
+    } else if spec.cpu.dedicated_cpu_placement {
+        (vec![None], vec![spec.memory.guest_ram_bytes()])
+    } else {
+        let mut set: Vec<u32> = floating
+            .iter()
+            .filter_map(|&c| host.node_of_cpu(c))
+            .collect();
+        set.dedup();
+        let node = if set.len() == 1 { Some(set[0]) } else { None };
+        (vec![node], vec![spec.memory.guest_ram_bytes()])
     };
-    notes.push(format!(
-        "guest memory is bound to node{other}, remote from vCPU 0 on node{home}: node{home} lacks room for it"
-    ));
-    Some(other)
-}
-
-/// Splits guest memory over `n` cells in whole pages; the first cells get one page more.
-fn split_memory(spec: &VmSpec, n: usize, reasons: &mut Vec<Reason>) -> Vec<u64> {
-    let guest = spec.memory.guest_bytes;
-    let page = spec
-        .memory
-        .hugepages
-        .as_ref()
-        .map_or(4096, |h| h.page_size_bytes);
-    let n64 = n as u64;
-    if n <= 1 {
-        return vec![guest; n];
-    }
-    let pages = guest / page;
-    if pages < n64 {
-        reasons.push(Reason::NumaSplit {
-            detail: format!(
-                "NUMA passthrough gives {n} guest cells but memory.guest {} is only {pages} pages of {}: each cell needs at least one page",
-                format_bytes(guest),
-                format_bytes(page)
-            ),
-        });
-    }
-    let (base, extra) = (pages / n64, pages % n64);
-    (0..n64)
-        .map(|i| (base + u64::from(i < extra)) * page)
-        .collect()
+    (nodes, sizes, spans)
 }
 
 /// Hugepages per node and size (merged per node).
@@ -336,8 +300,8 @@ pub fn hugepage_demand(cells: &[GuestCell], backing: &Backing) -> Vec<HugepageDe
         return Vec::new();
     };
     let mut per: BTreeMap<Option<u32>, u64> = BTreeMap::new();
-    for c in cells {
-        *per.entry(c.host_node).or_default() += c.memory_bytes / page_size_bytes;
+    for part in cells.iter().flat_map(GuestCell::memory_parts) {
+        *per.entry(part.host_node).or_default() += part.memory_bytes / page_size_bytes;
     }
     per.into_iter()
         .filter(|&(_, count)| count > 0)
@@ -389,19 +353,21 @@ pub fn admit_memory(
         return;
     }
     for c in cells {
-        let Some(node) = c.host_node.and_then(|n| host.node(n)) else {
-            continue;
-        };
-        if node.memory_bytes > 0 && node.memory_bytes < c.memory_bytes {
-            reasons.push(Reason::Other {
-                detail: format!(
-                    "node{} has {} of memory, guest cell {} needs {}",
-                    node.os_index,
-                    format_bytes(node.memory_bytes),
-                    c.cell,
-                    format_bytes(c.memory_bytes)
-                ),
-            });
+        for part in c.memory_parts() {
+            let Some(node) = part.host_node.and_then(|n| host.node(n)) else {
+                continue;
+            };
+            if node.memory_bytes > 0 && node.memory_bytes < part.memory_bytes {
+                reasons.push(Reason::Other {
+                    detail: format!(
+                        "node{} has {} of memory, guest cell {} needs {} there",
+                        node.os_index,
+                        format_bytes(node.memory_bytes),
+                        c.cell,
+                        format_bytes(part.memory_bytes)
+                    ),
+                });
+            }
         }
     }
 }

@@ -156,7 +156,7 @@ pub fn envelope(
     };
     let vcpus = spec.vcpus();
     let (cpus, dedicated_cpus) = if spec.cpu.dedicated_cpu_placement {
-        let n = vcpus + u32::from(spec.cpu.isolate_emulator_thread);
+        let n = vcpus + spec.cpu.emulator_pus();
         (f64::from(n), n)
     } else {
         // KubeVirt: the CPU request, else vCPUs / cpuAllocationRatio (10).

@@ -29,7 +29,9 @@
 
 mod cells;
 pub mod envelope;
+mod memory;
 mod model;
+mod nodeset;
 mod placement;
 mod render;
 mod target;
@@ -106,16 +108,19 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
         let emu =
             cells::place_dedicated(spec, host, &mut free, &mut vcpus, &mut reasons, &mut notes);
         let isolated = spec.cpu.isolate_emulator_thread;
-        let host_cpus = match emu {
-            Some(pu) => vec![pu],
-            None if isolated => Vec::new(),
-            None => {
-                notes.push(
-                    "the emulator thread shares the vCPUs' PUs (isolate_emulator_thread is off)"
-                        .into(),
-                );
-                sorted(vcpus.iter().filter_map(|v| v.host_cpu))
+        let host_cpus = if isolated {
+            if emu.len() == 2 {
+                notes.push(format!(
+                    "the isolated emulator thread gets PUs {} to complete the VM's PUs to an even number (EmulatorThreadCompleteToEvenParity)",
+                    vmhost_topology::cpulist::format(&emu)
+                ));
             }
+            emu
+        } else {
+            notes.push(
+                "the emulator thread shares the vCPUs' PUs (isolate_emulator_thread is off)".into(),
+            );
+            sorted(vcpus.iter().filter_map(|v| v.host_cpu))
         };
         (
             Vec::new(),
@@ -166,12 +171,24 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
         &mut reasons,
         &mut notes,
     );
+    let ram = spec.memory.guest_ram_bytes();
+    if ram != spec.memory.guest_bytes {
+        notes.push(format!(
+            "guest memory {} bytes is not a whole number of 4Ki pages: the guest gets {} bytes ({} pages); the overhead uses the exact quantity",
+            spec.memory.guest_bytes,
+            ram,
+            ram / 4096
+        ));
+    }
     let hugepages = cells::hugepage_demand(&guest_cells, &backing);
     cells::admit_memory(host, &guest_cells, &backing, &hugepages, &mut reasons);
     if host.distances.assumed && host.nodes.len() > 1 {
         notes.push("the host gave no distance matrix: assumed 10 local / 20 remote".into());
     }
-    let envelope = envelope::envelope(spec, opts.overhead_model, opts.overhead_ratio, hugepages);
+    let mut envelope =
+        envelope::envelope(spec, opts.overhead_model, opts.overhead_ratio, hugepages);
+    envelope.guest_memory_bytes = ram;
+    let realtime = realtime_plan(spec, &vcpus, &mut notes);
     let plan = Plan {
         name: spec.name.clone(),
         guest_topology: spec.cpu.topology,
@@ -182,6 +199,7 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
         guest_cells,
         backing,
         boot: spec.boot.clone(),
+        realtime,
         notes,
     };
     Outcome {
@@ -193,6 +211,21 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
 }
 
 impl Plan {
+    /// True when nothing of this VM but its own vCPU thread can run on each vCPU's PU: every
+    /// vCPU is pinned to a PU of its own and the emulator thread (with the API, signal and
+    /// other helper threads, which inherit its affinity) is isolated on other PUs.
+    ///
+    /// Only then may the guest be told that its vCPUs are never preempted
+    /// (`KVM_HINTS_REALTIME`); see docs/placement.md ("The KVM realtime hint").
+    pub fn vcpu_pus_exclusive(&self) -> bool {
+        let pinned: BTreeSet<u32> = self.vcpus.iter().filter_map(|v| v.host_cpu).collect();
+        !self.vcpus.is_empty()
+            && pinned.len() == self.vcpus.len()
+            && self.emulator.isolated
+            && !self.emulator.host_cpus.is_empty()
+            && !self.emulator.host_cpus.iter().any(|c| pinned.contains(c))
+    }
+
     /// Recomputes `envelope.hugepages` (and `guest_memory_bytes`) from the guest cells, after
     /// a caller moved cells to other nodes or resized them (benchmark scenarios do).
     pub fn refresh_memory_demand(&mut self) {
@@ -207,7 +240,7 @@ impl Plan {
     /// ```
     /// use vmhost_plan::{Backing, GuestCell, Plan};
     /// let cell = GuestCell { cell: 0, host_node: Some(0), vcpus: vec![], memory_bytes: 64 << 20,
-    ///     prefault_cpus: vec![], distances: vec![10] };
+    ///     prefault_cpus: vec![], distances: vec![10], spans: vec![] };
     /// let plan = Plan::memory_only("baseline", vec![cell], Backing::Hugetlb { page_size_bytes: 2 << 20, hugetlbfs: None });
     /// assert_eq!(plan.envelope.hugepages[0].count, 32);
     /// assert!(plan.vcpus.is_empty());
@@ -248,9 +281,29 @@ impl Plan {
             boot: vmhost_config::BootSpec::Payload {
                 payload: vmhost_config::Payload::Touch,
             },
+            realtime: None,
             notes: Vec::new(),
         }
     }
+}
+
+/// `cpu.realtime`: the masked vCPUs run SCHED_FIFO on their exclusive PUs.
+fn realtime_plan(
+    spec: &VmSpec,
+    vcpus: &[VcpuPlacement],
+    notes: &mut Vec<String>,
+) -> Option<RealtimePlan> {
+    let list = spec.cpu.realtime_vcpus.clone()?;
+    notes.push(format!(
+        "realtime: vCPUs {} run SCHED_FIFO at priority {} on their PUs",
+        vmhost_topology::cpulist::format(&list),
+        RealtimePlan::PRIORITY
+    ));
+    debug_assert!(list.iter().all(|&v| (v as usize) < vcpus.len()));
+    Some(RealtimePlan {
+        vcpus: list,
+        priority: RealtimePlan::PRIORITY,
+    })
 }
 
 fn sorted(it: impl Iterator<Item = u32>) -> Vec<u32> {

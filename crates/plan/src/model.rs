@@ -85,12 +85,34 @@ pub struct EmulatorPlacement {
     pub isolated: bool,
 }
 
-/// One guest NUMA cell and the host node that backs it.
+/// The part of a guest cell's memory that is bound to one host node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MemorySpan {
+    /// Host node the part is bound to.
+    pub host_node: u32,
+    /// Bytes of the part (whole backing pages).
+    pub memory_bytes: u64,
+    /// Host PUs of `host_node` that this process may use: where its first-touch workers run.
+    pub prefault_cpus: Vec<u32>,
+}
+
+/// A view of one host-bound part of a cell's memory (see [`GuestCell::memory_parts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryPart<'a> {
+    /// Host node (`None`: not bound).
+    pub host_node: Option<u32>,
+    /// Bytes of the part.
+    pub memory_bytes: u64,
+    /// Where its first-touch workers run.
+    pub prefault_cpus: &'a [u32],
+}
+
+/// One guest NUMA cell and the host node(s) that back it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GuestCell {
     /// Guest cell number (0..).
     pub cell: u32,
-    /// Host node its memory is bound to (`None`: not bound).
+    /// Host node its memory is bound to (`None`: not bound, or bound per part in `spans`).
     pub host_node: Option<u32>,
     /// vCPUs in this cell.
     pub vcpus: Vec<u32>,
@@ -100,6 +122,48 @@ pub struct GuestCell {
     pub prefault_cpus: Vec<u32>,
     /// Guest distances from this cell to every cell (10 = local).
     pub distances: Vec<u32>,
+    /// When the cell's memory is bound to several host nodes (a dedicated VM without NUMA
+    /// passthrough whose memory is split over its vCPUs' nodes, or spills to a nearby node):
+    /// the part on each node, in guest-physical order, summing to `memory_bytes`; `host_node`
+    /// is then `None`. Empty when all of the memory is on `host_node` (or unbound).
+    pub spans: Vec<MemorySpan>,
+}
+
+impl GuestCell {
+    /// The cell's memory by host node, in guest-physical order: its `spans`, or one part on
+    /// `host_node`. Memory and boot code consume this, so a cell bound to several nodes gets
+    /// one region (one `mbind`) per node while the guest sees one NUMA node.
+    ///
+    /// ```
+    /// use vmhost_plan::{GuestCell, MemorySpan};
+    /// let mut cell = GuestCell { cell: 0, host_node: Some(1), vcpus: vec![0], memory_bytes: 8 << 20,
+    ///     prefault_cpus: vec![2], distances: vec![10], spans: vec![] };
+    /// assert_eq!(cell.memory_parts()[0].host_node, Some(1));
+    /// cell.host_node = None;
+    /// cell.spans = vec![
+    ///     MemorySpan { host_node: 0, memory_bytes: 6 << 20, prefault_cpus: vec![0] },
+    ///     MemorySpan { host_node: 1, memory_bytes: 2 << 20, prefault_cpus: vec![2] },
+    /// ];
+    /// let parts = cell.memory_parts();
+    /// assert_eq!((parts[1].host_node, parts[1].memory_bytes), (Some(1), 2 << 20));
+    /// ```
+    pub fn memory_parts(&self) -> Vec<MemoryPart<'_>> {
+        if self.spans.is_empty() {
+            return vec![MemoryPart {
+                host_node: self.host_node,
+                memory_bytes: self.memory_bytes,
+                prefault_cpus: &self.prefault_cpus,
+            }];
+        }
+        self.spans
+            .iter()
+            .map(|s| MemoryPart {
+                host_node: Some(s.host_node),
+                memory_bytes: s.memory_bytes,
+                prefault_cpus: &s.prefault_cpus,
+            })
+            .collect()
+    }
 }
 
 /// How guest RAM is backed.
@@ -129,6 +193,21 @@ impl Backing {
     }
 }
 
+/// Realtime vCPU threads: SCHED_FIFO on PUs nothing else of the VM runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RealtimePlan {
+    /// vCPUs whose threads run SCHED_FIFO (the realtime mask), ascending.
+    pub vcpus: Vec<u32>,
+    /// Their SCHED_FIFO priority.
+    pub priority: i32,
+}
+
+impl RealtimePlan {
+    /// SCHED_FIFO priority of realtime vCPU threads: libvirt's `<vcpusched scheduler='fifo'
+    /// priority='1'>`, which KubeVirt writes for the masked vCPUs.
+    pub const PRIORITY: i32 = 1;
+}
+
 /// A complete placement plan.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Plan {
@@ -150,6 +229,8 @@ pub struct Plan {
     pub backing: Backing,
     /// What the guest boots.
     pub boot: BootSpec,
+    /// Realtime vCPUs (`cpu.realtime`), if any.
+    pub realtime: Option<RealtimePlan>,
     /// Decisions worth telling the operator (where placement differs from KubeVirt and why).
     pub notes: Vec<String>,
 }

@@ -6,11 +6,11 @@
 //!    core has that many free PUs.
 //! 3. Whole free cores before fragmented ones (a core is fragmented when some of its PUs are
 //!    not allowed or already held); the core being filled is finished before a new one opens.
-//! 4. All vCPUs on one host node when one node can hold them (and, with hugepages, their
-//!    memory); otherwise the fewest nodes, largest free capacity first. Without NUMA
-//!    passthrough a guest core may then straddle nodes; with it, it may not.
+//! 4. Which nodes, and how many guest cores each, is [`crate::nodeset`]'s choice. Without NUMA
+//!    passthrough a guest core may straddle nodes; with it, it may not.
 //! 5. The isolated emulator thread gets a PU of its own on vCPU 0's node: a PU left over in a
-//!    fragmented core first, then one that breaks a whole core (KubeVirt's order).
+//!    fragmented core first, then one that breaks a whole core (KubeVirt's order); a second
+//!    PU for even parity is the first one's sibling when it is free.
 
 use std::collections::BTreeSet;
 
@@ -22,6 +22,15 @@ struct FreeCore {
     node: u32,
     whole: bool,
     free: Vec<u32>,
+    /// Every PU of the core.
+    all: Vec<u32>,
+}
+
+impl FreeCore {
+    /// True when `pu` belongs to this core (it was taken from it).
+    fn has_sibling(&self, pu: Option<u32>) -> bool {
+        pu.is_some_and(|p| self.all.contains(&p))
+    }
 }
 
 /// The host PUs a plan may take, by node and core.
@@ -47,6 +56,7 @@ impl FreePus {
                     node: c.node,
                     whole: free.len() == c.pus.len(),
                     free,
+                    all: c.pus.clone(),
                 });
             }
         }
@@ -135,14 +145,27 @@ impl FreePus {
         Some((out, straddled))
     }
 
-    /// Takes one PU for the emulator from `node`: fragmented cores first, then whole ones.
-    pub fn take_emulator(&mut self, node: u32) -> Option<u32> {
+    /// Guest cores of `threads` PUs that fit whole on one host core each, on `node`.
+    pub fn whole_groups(&self, node: u32, threads: u32) -> u32 {
+        let t = threads.max(1) as usize;
+        let n: usize = self
+            .cores
+            .iter()
+            .filter(|c| c.node == node)
+            .map(|c| c.free.len() / t)
+            .sum();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Takes one PU for the emulator from `node`: a sibling of `near` (the emulator's first
+    /// PU, when it gets two) first, then fragmented cores, then whole ones.
+    pub fn take_emulator(&mut self, node: u32, near: Option<u32>) -> Option<u32> {
         let mut idx: Vec<usize> = (0..self.cores.len())
             .filter(|&i| self.cores[i].node == node && !self.cores[i].free.is_empty())
             .collect();
         // A core is fragmented for this purpose when it is not whole any more: partly held
         // before planning, or partly taken by this VM's vCPUs.
-        idx.sort_by_key(|&i| self.cores[i].whole);
+        idx.sort_by_key(|&i| (!self.cores[i].has_sibling(near), self.cores[i].whole));
         let i = *idx.first()?;
         self.cores[i].whole = false;
         Some(self.cores[i].free.remove(0))

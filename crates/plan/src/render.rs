@@ -139,6 +139,26 @@ pub fn render_text(o: &Outcome) -> String {
                 .collect::<Vec<_>>()
                 .join(" ")
         );
+        for span in &c.spans {
+            let _ = writeln!(
+                s,
+                "        {:>9}  {:<11} {:>8}  {:>12}  (part of cell {})",
+                span.host_node,
+                "",
+                format_bytes(span.memory_bytes),
+                cpulist::format(&span.prefault_cpus),
+                c.cell
+            );
+        }
+    }
+    if let Some(rt) = &p.realtime {
+        let _ = writeln!(
+            s,
+            "
+  realtime vCPUs: {} (SCHED_FIFO priority {})",
+            cpulist::format(&rt.vcpus),
+            rt.priority
+        );
     }
     for n in &p.notes {
         let _ = writeln!(s, "  note: {n}");

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 use vmhost_config::VmSpec;
-use vmhost_topology::HostTopology;
+use vmhost_topology::{HostTopology, HugepagePool};
 
 use crate::{plan, Outcome, PlanOptions};
 
@@ -29,7 +29,7 @@ pub fn check_target(
     target: &HostTopology,
     opts: &PlanOptions,
 ) -> TargetCheck {
-    let src = plan(spec, source, opts);
+    let src = plan(spec, &with_own_memory(source, spec), opts);
     let tgt = plan(
         spec,
         target,
@@ -62,4 +62,33 @@ pub fn check_target(
         target: tgt,
         source_cells: sc,
     }
+}
+
+/// The source as the running VM sees it: its guest memory is there already, so the source's
+/// free pools (often empty, or not given with `--source-topology`) do not decide the guest
+/// topology; every node is given room for the whole guest.
+fn with_own_memory(source: &HostTopology, spec: &VmSpec) -> HostTopology {
+    let mut h = source.clone();
+    let Some(page) = spec.memory.hugepages.as_ref().map(|p| p.page_size_bytes) else {
+        return h;
+    };
+    let pages = spec.memory.guest_ram_bytes().div_ceil(page);
+    for n in &mut h.nodes {
+        match n.hugepages.iter_mut().find(|p| p.page_size_bytes == page) {
+            Some(p) => p.free = p.free.max(pages),
+            None => {
+                n.hugepages.push(HugepagePool {
+                    page_size_bytes: page,
+                    total: pages,
+                    free: pages,
+                });
+                n.hugepages.sort_by_key(|p| p.page_size_bytes);
+            }
+        }
+    }
+    if !h.hugepage_sizes.contains(&page) {
+        h.hugepage_sizes.push(page);
+        h.hugepage_sizes.sort_unstable();
+    }
+    h
 }

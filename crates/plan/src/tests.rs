@@ -103,7 +103,9 @@ fn passthrough_spans_nodes_and_splits_memory() {
         p.guest_cells.iter().map(|c| c.memory_bytes).sum::<u64>(),
         4 << 30
     );
-    assert_eq!(p.guest_cells[0].memory_bytes, 2 << 30);
+    // In proportion to vCPUs (4 of 6): 2.67 and 1.33 pages → 3 and 1.
+    assert_eq!(p.guest_cells[0].memory_bytes, 3 << 30);
+    assert_eq!(p.guest_cells[1].memory_bytes, 1 << 30);
     assert_eq!(p.guest_cells[0].distances, vec![10, 20]);
     for v in &p.vcpus {
         assert_eq!(
@@ -120,12 +122,12 @@ fn passthrough_spans_nodes_and_splits_memory() {
             HugepageDemand {
                 node: Some(0),
                 page_size_bytes: 1 << 30,
-                count: 2
+                count: 3
             },
             HugepageDemand {
                 node: Some(1),
                 page_size_bytes: 1 << 30,
-                count: 2
+                count: 1
             }
         ]
     );
@@ -159,14 +161,59 @@ fn one_node_when_it_fits_cpus_and_memory() {
 
 #[test]
 fn hugepage_shortfall_is_exact() {
-    // Neither node has 4 free 1Gi pages: the CPUs go to the first node, which is short.
-    let h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=2,node1:1Gi=3");
+    // Neither node has 4 free 1Gi pages and both together have 3: the vCPUs go to node1 (more
+    // of the memory local), the memory fills node1 then node0, and the rest is reported with
+    // the host's total and the node that is short.
+    let h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=1,node1:1Gi=2");
     let o = plan(&spec(&dedicated(2, 1, "")), &h, &PlanOptions::default());
     assert!(!o.fits);
     assert_eq!(
         o.reasons,
-        vec!["node0 has 2 free 1Gi hugepages, the plan needs 4".to_string()]
+        vec![
+            "the host has 3 free 1Gi hugepages in all, the plan needs 4".to_string(),
+            "node1 has 2 free 1Gi hugepages, the plan needs 3".to_string()
+        ]
     );
+}
+
+#[test]
+fn memory_larger_than_a_node_spans_nodes_without_passthrough() {
+    // Issue 17 #3: 2 free pages on node0, 3 on node1, 4 wanted: the vCPUs stay on one node,
+    // the memory is split and bound per node, and a note says how much sits where.
+    let h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=2,node1:1Gi=3");
+    let p = plan(&spec(&dedicated(2, 1, "")), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    let node = p.vcpus[0].host_node.unwrap();
+    assert!(p.vcpus.iter().all(|v| v.host_node == Some(node)));
+    let c = &p.guest_cells[0];
+    assert_eq!(p.guest_cells.len(), 1);
+    assert_eq!(c.host_node, None);
+    let parts: Vec<(Option<u32>, u64)> = c
+        .memory_parts()
+        .iter()
+        .map(|m| (m.host_node, m.memory_bytes >> 30))
+        .collect();
+    // The vCPUs' node is filled first.
+    let expect = if node == 0 {
+        vec![(Some(0), 2), (Some(1), 2)]
+    } else {
+        vec![(Some(0), 1), (Some(1), 3)]
+    };
+    assert_eq!(parts, expect);
+    assert!(c.spans.iter().all(|s| !s.prefault_cpus.is_empty()
+        && s.prefault_cpus
+            .iter()
+            .all(|&pu| h.node_of_cpu(pu) == Some(s.host_node))));
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.contains("the guest sees one NUMA node while its memory spans host nodes")),
+        "{:?}",
+        p.notes
+    );
+    let demand: u64 = p.envelope.hugepages.iter().map(|d| d.count).sum();
+    assert_eq!(demand, 4);
 }
 
 #[test]
@@ -417,4 +464,338 @@ fn guest_sockets_align_with_host_nodes_when_spanning() {
         assert_eq!(v.guest_cell, v.socket);
     }
     assert_eq!(h.node_of_cpu(p.emulator.host_cpus[0]), Some(0));
+}
+
+#[test]
+fn realtime_hint_only_when_vcpu_pus_are_exclusive() {
+    // Issue 15 #2: dedicated placement alone leaves the emulator, API and signal threads on
+    // the vCPU PUs, so the guest must not be told its vCPUs are never preempted.
+    let h = host("package:1 numa:1 core:4 pu:1", "node0:1Gi=8");
+    let shared_emu = plan(&spec(&dedicated(2, 1, "")), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    assert!(!shared_emu.vcpu_pus_exclusive());
+    let isolated = plan(
+        &spec(&dedicated(2, 1, "isolate_emulator_thread = true")),
+        &h,
+        &PlanOptions::default(),
+    )
+    .into_result()
+    .unwrap();
+    assert!(isolated.vcpu_pus_exclusive());
+    let floating = plan(
+        &spec("[cpu]\ncores = 2\n[memory]\nguest = \"1Gi\"\n"),
+        &h,
+        &PlanOptions::default(),
+    )
+    .into_result()
+    .unwrap();
+    assert!(!floating.vcpu_pus_exclusive());
+}
+
+#[test]
+fn issue17_two_nodes_with_five_pages_each_hold_eight() {
+    let h = host("package:2 numa:1 core:8 pu:2", "node0:1Gi=5,node1:1Gi=5");
+    let base = "[cpu]\ncores = 4\ndedicated_cpu_placement = true\n";
+    let mem = "[memory]\nguest = \"8Gi\"\nhugepages = { page_size = \"1Gi\" }\n";
+    // With passthrough: two cells of 2 vCPUs + 4Gi, one per node.
+    let s = spec(&format!(
+        "{base}numa = {{ guest_mapping_passthrough = true }}\n{mem}"
+    ));
+    let p = plan(&s, &h, &PlanOptions::default()).into_result().unwrap();
+    let cells: Vec<(Option<u32>, usize, u64)> = p
+        .guest_cells
+        .iter()
+        .map(|c| (c.host_node, c.vcpus.len(), c.memory_bytes >> 30))
+        .collect();
+    assert_eq!(cells, vec![(Some(0), 2, 4), (Some(1), 2, 4)]);
+    // Without: the vCPUs on one node, the memory over both, bound per node.
+    let p = plan(&spec(&format!("{base}{mem}")), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    assert!(p.vcpus.iter().all(|v| v.host_node == Some(0)));
+    let parts: Vec<(Option<u32>, u64)> = p.guest_cells[0]
+        .memory_parts()
+        .iter()
+        .map(|m| (m.host_node, m.memory_bytes >> 30))
+        .collect();
+    assert_eq!(parts, vec![(Some(0), 5), (Some(1), 3)]);
+}
+
+#[test]
+fn issue17_sixteen_nodes_spread_over_eight() {
+    let mut h = host("package:8 numa:2 core:32 pu:2", "");
+    let pools: Vec<String> = (0..16).map(|n| format!("node{n}:1Gi=64")).collect();
+    apply_hugepages(&mut h, &parse_hugepages_arg(&pools.join(",")).unwrap()).unwrap();
+    let s = spec(
+        "[cpu]\nsockets = 4\ncores = 32\nthreads = 2\ndedicated_cpu_placement = true\n\
+         numa = { guest_mapping_passthrough = true }\n\
+         [memory]\nguest = \"512Gi\"\nhugepages = { page_size = \"1Gi\" }\n",
+    );
+    let p = plan(&s, &h, &PlanOptions::default()).into_result().unwrap();
+    assert_eq!(p.guest_cells.len(), 8);
+    for c in &p.guest_cells {
+        assert_eq!((c.vcpus.len(), c.memory_bytes >> 30), (32, 64));
+    }
+    // Every guest core on one host core's siblings.
+    for pair in pus(&p).chunks(2) {
+        let core = h.cores.iter().find(|c| c.pus.contains(&pair[0])).unwrap();
+        assert!(core.pus.contains(&pair[1]));
+    }
+}
+
+#[test]
+fn passthrough_refusal_names_totals_and_the_constraint() {
+    let h = host("package:2 numa:1 core:8 pu:2", "node0:1Gi=3,node1:1Gi=3");
+    let s = spec(
+        "[cpu]\ncores = 4\ndedicated_cpu_placement = true\nnuma = { guest_mapping_passthrough = true }\n\
+         [memory]\nguest = \"8Gi\"\nhugepages = { page_size = \"1Gi\" }\n",
+    );
+    let o = plan(&s, &h, &PlanOptions::default());
+    assert!(!o.fits);
+    let r = o.reasons.join("\n");
+    assert!(r.contains("node0: 16 free PUs, 3 free 1Gi pages"), "{r}");
+    assert!(r.contains("6 free 1Gi pages in all"), "{r}");
+    assert!(
+        r.contains("each guest cell's memory on its vCPUs' node"),
+        "{r}"
+    );
+    assert!(r.contains("lacks 2 pages in all"), "{r}");
+}
+
+/// A host whose node 0 has only fragmented cores (one free PU each) and node 1 whole ones.
+fn fragmented_node0() -> HostTopology {
+    let mut h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=8,node1:1Gi=8");
+    let allowed: Vec<u32> = h
+        .cores
+        .iter()
+        .flat_map(|c| {
+            if c.node == 0 {
+                vec![c.pus[0]]
+            } else {
+                c.pus.clone()
+            }
+        })
+        .collect();
+    restrict_allowed(&mut h, &allowed).unwrap();
+    h
+}
+
+#[test]
+fn smt_guest_prefers_the_node_with_whole_cores() {
+    let h = fragmented_node0();
+    let p = plan(&spec(&dedicated(2, 2, "")), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    assert!(
+        p.vcpus.iter().all(|v| v.host_node == Some(1)),
+        "{:?}",
+        pus(&p)
+    );
+    assert!(!p.notes.iter().any(|n| n.contains("span host cores")));
+}
+
+#[test]
+fn guest_cores_spanning_host_cores_are_always_noted() {
+    // Only fragmented PUs: 4 on node0, 4 on node1; a 2×2 guest spans host cores.
+    let mut h = host("package:2 numa:1 core:4 pu:2", "node0:1Gi=8,node1:1Gi=8");
+    let allowed: Vec<u32> = h.cores.iter().map(|c| c.pus[0]).collect();
+    restrict_allowed(&mut h, &allowed).unwrap();
+    let p = plan(&spec(&dedicated(2, 2, "")), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    assert!(
+        p.notes.iter().any(|n| n.contains("span host cores")),
+        "{:?}",
+        p.notes
+    );
+    // Spanning nodes without room for whole guest cores: noted too.
+    let p = plan(&spec(&dedicated(3, 2, "")), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    assert!(
+        p.notes.iter().any(|n| n.contains("span host cores")),
+        "{:?}",
+        p.notes
+    );
+}
+
+#[test]
+fn even_parity_gives_the_emulator_a_sibling_or_refuses() {
+    let h = host("package:1 numa:1 core:4 pu:2", "node0:1Gi=8");
+    let iso = "isolate_emulator_thread = true\nemulator_thread_complete_to_even_parity = true";
+    let p = plan(&spec(&dedicated(2, 1, iso)), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    assert_eq!(p.emulator.host_cpus.len(), 2);
+    assert_eq!(p.envelope.dedicated_cpus, 4);
+    let core = h
+        .cores
+        .iter()
+        .find(|c| c.pus.contains(&p.emulator.host_cpus[0]))
+        .unwrap();
+    assert!(core.pus.contains(&p.emulator.host_cpus[1]), "siblings");
+    // Odd vCPUs: one PU completes the parity.
+    let p = plan(&spec(&dedicated(3, 1, iso)), &h, &PlanOptions::default())
+        .into_result()
+        .unwrap();
+    assert_eq!(p.emulator.host_cpus.len(), 1);
+    // 6 vCPUs + 2 = 8 fits 8 PUs; 8 vCPUs + 2 does not (KubeVirt refuses too).
+    assert!(plan(&spec(&dedicated(6, 1, iso)), &h, &PlanOptions::default()).fits);
+    let o = plan(&spec(&dedicated(8, 1, iso)), &h, &PlanOptions::default());
+    assert_eq!(
+        o.reasons,
+        vec!["dedicated placement needs 10 PUs (8 vCPUs + 2 PUs of the isolated emulator thread (even parity)), the host allows 8 free".to_string()]
+    );
+}
+
+#[test]
+fn memory_not_whole_pages_is_rounded_up_with_a_note() {
+    let h = host("package:1 numa:1 core:4 pu:1", "");
+    let p = plan(
+        &spec("[cpu]\ncores = 1\n[memory]\nguest = \"1G\"\n"),
+        &h,
+        &PlanOptions::default(),
+    )
+    .into_result()
+    .unwrap();
+    assert_eq!(p.guest_cells[0].memory_bytes, 1_000_001_536);
+    assert_eq!(p.envelope.guest_memory_bytes, 1_000_001_536);
+    assert!(p
+        .notes
+        .iter()
+        .any(|n| n.contains("not a whole number of 4Ki pages")));
+}
+
+#[test]
+fn realtime_mask_is_in_the_plan() {
+    let h = host("package:1 numa:1 core:4 pu:1", "node0:1Gi=8");
+    let p = plan(
+        &spec(&dedicated(
+            3,
+            1,
+            "isolate_emulator_thread = true\nrealtime = { mask = \"0-2,^1\" }",
+        )),
+        &h,
+        &PlanOptions::default(),
+    )
+    .into_result()
+    .unwrap();
+    assert_eq!(p.realtime.as_ref().unwrap().vcpus, vec![0, 2]);
+    assert!(p.vcpu_pus_exclusive());
+}
+
+#[test]
+fn check_target_compares_cells_under_the_proportional_rule() {
+    // Source: 6 + 2 vCPUs over two nodes → 6Gi + 2Gi. A target whose nodes hold 4 PUs each
+    // splits 4 + 4 → 4Gi + 4Gi: the guest topology would change.
+    let src = host("package:2 numa:1 core:6 pu:1", "node0:1Gi=8,node1:1Gi=8");
+    let src_held = PlanOptions::default();
+    let tgt = host("package:2 numa:1 core:4 pu:1", "node0:1Gi=8,node1:1Gi=8");
+    let s = spec(
+        "[cpu]\ncores = 8\ndedicated_cpu_placement = true\nnuma = { guest_mapping_passthrough = true }\n\
+         [memory]\nguest = \"8Gi\"\nhugepages = { page_size = \"1Gi\" }\n",
+    );
+    let src_plan = plan(&s, &src, &src_held).into_result().unwrap();
+    let mem: Vec<u64> = src_plan
+        .guest_cells
+        .iter()
+        .map(|c| c.memory_bytes >> 30)
+        .collect();
+    assert_eq!(mem, vec![6, 2]);
+    let c = check_target(&s, &src, &tgt, &PlanOptions::default());
+    assert!(!c.fits, "{:?}", c.reasons);
+    assert!(c.reasons[0].contains("guest topology would change"));
+}
+
+/// Exhaustive check: can any node set hold `s` on `h` (passthrough rules when set)?
+fn some_set_holds(s: &VmSpec, h: &HostTopology) -> bool {
+    let free = placement::FreePus::new(h, &BTreeSet::new());
+    let per: Vec<(u32, u32)> = free.per_node(h);
+    let t = s.cpu.topology.threads;
+    let n = s.vcpus();
+    let need = if s.cpu.dedicated_cpu_placement {
+        n + s.cpu.emulator_pus()
+    } else {
+        1
+    };
+    if free.total() < need {
+        return false;
+    }
+    let page = s
+        .memory
+        .hugepages
+        .as_ref()
+        .map_or(4096, |p| p.page_size_bytes);
+    let pages = s.memory.guest_ram_bytes() / page;
+    let pool = |node: u32| h.free_hugepages(node, page);
+    let all: u64 = h.nodes.iter().map(|nd| pool(nd.os_index)).sum();
+    if !s.cpu.dedicated_cpu_placement {
+        // Shared: memory bound to the floating PUs' node when they are on one, else unbound.
+        return match per.as_slice() {
+            [(node, _)] => pool(*node) >= pages,
+            _ => all >= pages,
+        };
+    }
+    if !s.cpu.numa_passthrough {
+        return all >= pages;
+    }
+    // Every split of the guest cores over the nodes with room, memory in proportion.
+    fn rec(
+        i: usize,
+        left: u32,
+        g: &mut Vec<u32>,
+        caps: &[u32],
+        f: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> bool {
+        if i == caps.len() {
+            return left == 0 && f(g);
+        }
+        for x in 0..=caps[i].min(left) {
+            g.push(x);
+            let ok = rec(i + 1, left - x, g, caps, f);
+            g.pop();
+            if ok {
+                return true;
+            }
+        }
+        false
+    }
+    let caps: Vec<u32> = per.iter().map(|&(_, c)| c / t).collect();
+    let mut check = |g: &[u32]| {
+        let used: Vec<(u32, u64)> = per
+            .iter()
+            .zip(g)
+            .filter(|(_, &x)| x > 0)
+            .map(|(&(node, _), &x)| (node, u64::from(x * t)))
+            .collect();
+        if used.len() > 1 && pages < used.len() as u64 {
+            return false;
+        }
+        let w: Vec<u64> = used.iter().map(|&(_, v)| v).collect();
+        let split = crate::nodeset::split_pages(pages, &w);
+        used.iter()
+            .zip(split)
+            .all(|(&(node, _), p)| p <= pool(node))
+    };
+    rec(0, n / t, &mut Vec::new(), &caps, &mut check)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    #[test]
+    fn refuses_only_when_no_node_set_can_hold(
+        (pk, nu, co, pu) in (1u32..=2, 1u32..=2, 1u32..=3, 1u32..=2),
+        pools in proptest::collection::vec(0u64..6, 4),
+        s in arb_spec(),
+    ) {
+        let mut h = load_synthetic(&format!("package:{pk} numa:{nu} core:{co} pu:{pu}")).unwrap();
+        let arg: Vec<String> = h.nodes.iter().zip(&pools)
+            .flat_map(|(n, &p)| [format!("node{}:1Gi={p}", n.os_index), format!("node{}:2Mi={}", n.os_index, p * 3)])
+            .collect();
+        apply_hugepages(&mut h, &parse_hugepages_arg(&arg.join(",")).unwrap()).unwrap();
+        let o = plan(&s, &h, &PlanOptions::default());
+        let holds = some_set_holds(&s, &h);
+        prop_assert_eq!(o.fits, holds, "reasons {:?} notes {:?}", o.reasons, o.plan.notes);
+    }
 }

@@ -16,7 +16,7 @@ use vmhost_plan::Plan;
 
 use crate::devices::serial::{SerialConsole, COM1_GSI};
 use crate::devices::LinuxDevices;
-use crate::setup::{open_vm, register_memslots, vcpu_cpuids, vcpu_cpus};
+use crate::setup::{open_vm, register_memslots, vcpu_cpuids, vcpu_cpus, vcpu_fifo};
 use crate::vcpu::{VcpuConfig, VcpuStart};
 use crate::vm::{kvm_err, Guest, GuestRam, Prepared, VmError, VmOptions};
 
@@ -75,6 +75,7 @@ pub(crate) fn prepare_linux(
             index: i,
             kvm_id: v.apic_id,
             cpus: vcpu_cpus(plan, v),
+            fifo_priority: vcpu_fifo(plan, v),
             cpuid,
             start: if i == bsp {
                 VcpuStart::LinuxBoot(Box::new(boot.cpu_state()))

@@ -108,16 +108,22 @@ pub(crate) fn vcpu_cpuids(kvm: &Kvm, plan: &Plan, nested: bool) -> Result<Vec<Cp
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
-    let dedicated = plan.vcpus.iter().all(|v| v.host_cpu.is_some());
+    plan_cpuids(&supported, plan, nested)
+}
+
+/// [`vcpu_cpuids`] from a given supported set. The KVM realtime hint is set only when the
+/// plan's vCPU PUs are exclusive ([`Plan::vcpu_pus_exclusive`]).
+fn plan_cpuids(supported: &CpuId, plan: &Plan, nested: bool) -> Result<Vec<CpuId>, VmError> {
+    let realtime_hint = plan.vcpu_pus_exclusive();
     plan.vcpus
         .iter()
         .map(|v| {
             let inputs = CpuidInputs {
                 topology: plan.guest_topology,
                 vcpu: v,
-                dedicated,
+                realtime_hint,
             };
-            let mut c = cpuid::vcpu_cpuid(&supported, &inputs, &cpuid::host_cpuid)
+            let mut c = cpuid::vcpu_cpuid(supported, &inputs, &cpuid::host_cpuid)
                 .map_err(VmError::Cpuid)?;
             if nested {
                 mask_for_nested_emulation(&mut c);
@@ -125,6 +131,14 @@ pub(crate) fn vcpu_cpuids(kvm: &Kvm, plan: &Plan, nested: bool) -> Result<Vec<Cp
             Ok(c)
         })
         .collect()
+}
+
+/// vCPU `v`'s SCHED_FIFO priority when the plan's realtime mask holds it.
+pub(crate) fn vcpu_fifo(plan: &Plan, v: &VcpuPlacement) -> Option<i32> {
+    plan.realtime
+        .as_ref()
+        .filter(|rt| rt.vcpus.contains(&v.vcpu))
+        .map(|rt| rt.priority)
 }
 
 /// The PUs vCPU `v`'s thread is pinned to: its own, or the plan's floating set.
@@ -181,6 +195,7 @@ pub(crate) fn prepare_payload(
             index: i,
             kvm_id: v.apic_id,
             cpus: vcpu_cpus(plan, v),
+            fifo_priority: vcpu_fifo(plan, v),
             cpuid,
             start: VcpuStart::Payload {
                 entry: entry_points.entry,
@@ -248,4 +263,86 @@ fn build_boot_area(
             })
         })?;
     Ok((boot, boot_mem, entry_points))
+}
+
+#[cfg(test)]
+mod tests {
+    use kvm_bindings::kvm_cpuid_entry2;
+
+    use super::*;
+
+    fn supported() -> CpuId {
+        let e = |function, eax, ebx, ecx, edx| kvm_cpuid_entry2 {
+            function,
+            eax,
+            ebx,
+            ecx,
+            edx,
+            ..Default::default()
+        };
+        // "GenuineIntel", leaf 1, and the KVM leaves.
+        CpuId::from_entries(&[
+            e(0, 1, 0x756e_6547, 0x6c65_746e, 0x4965_6e69),
+            e(1, 0x000a_0f12, 0, 0, 0),
+            e(0x4000_0000, 0x4000_0001, 0x4b4d_564b, 0x564b_4d56, 0x4d),
+            e(0x4000_0001, 0x0100_07fb, 0, 0, 0),
+        ])
+        .expect("a small CPUID")
+    }
+
+    fn hint(toml_cpu: &str) -> Vec<bool> {
+        let spec = vmhost_config::from_toml_str(
+            &format!("[cpu]\ncores = 2\n{toml_cpu}\n[memory]\nguest = \"64Mi\"\n"),
+            "t.toml",
+        )
+        .expect("valid spec")
+        .spec;
+        let host = vmhost_topology::load_synthetic("package:1 numa:1 core:4 pu:1").expect("host");
+        let plan = vmhost_plan::plan(&spec, &host, &Default::default())
+            .into_result()
+            .expect("fits");
+        plan_cpuids(&supported(), &plan, false)
+            .expect("cpuid")
+            .iter()
+            .map(|c| {
+                let leaf = c.as_slice().iter().find(|e| e.function == 0x4000_0001);
+                leaf.is_some_and(|e| e.edx & cpuid::KVM_HINTS_REALTIME != 0)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn realtime_mask_gives_fifo_to_the_masked_vcpus_only() {
+        let spec = vmhost_config::from_toml_str(
+            "[cpu]\ncores = 3\ndedicated_cpu_placement = true\nisolate_emulator_thread = true\n\
+             realtime = { mask = \"0,2\" }\n[memory]\nguest = \"64Mi\"\n",
+            "t.toml",
+        )
+        .expect("valid spec")
+        .spec;
+        let host = vmhost_topology::load_synthetic("package:1 numa:1 core:4 pu:1").expect("host");
+        let plan = vmhost_plan::plan(&spec, &host, &Default::default())
+            .into_result()
+            .expect("fits");
+        let fifo: Vec<Option<i32>> = plan.vcpus.iter().map(|v| vcpu_fifo(&plan, v)).collect();
+        assert_eq!(fifo, vec![Some(1), None, Some(1)]);
+        // The realtime VM's vCPU PUs are exclusive, so the guest gets the KVM realtime hint.
+        assert!(plan_cpuids(&supported(), &plan, false)
+            .expect("cpuid")
+            .iter()
+            .all(|c| c
+                .as_slice()
+                .iter()
+                .any(|e| e.function == 0x4000_0001 && e.edx & cpuid::KVM_HINTS_REALTIME != 0)));
+    }
+
+    #[test]
+    fn realtime_hint_needs_an_isolated_emulator_not_just_dedicated_pus() {
+        assert_eq!(hint("dedicated_cpu_placement = true"), vec![false, false]);
+        assert_eq!(
+            hint("dedicated_cpu_placement = true\nisolate_emulator_thread = true"),
+            vec![true, true]
+        );
+        assert_eq!(hint(""), vec![false, false]);
+    }
 }

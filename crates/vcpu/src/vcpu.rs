@@ -67,6 +67,17 @@ pub enum VcpuError {
         #[source]
         source: std::io::Error,
     },
+    /// `sched_setscheduler(SCHED_FIFO)` failed (realtime vCPUs need CAP_SYS_NICE).
+    #[error("vCPU {vcpu}: cannot make its thread SCHED_FIFO at priority {priority} (cpu.realtime needs CAP_SYS_NICE or RLIMIT_RTPRIO)")]
+    Realtime {
+        /// vCPU index.
+        vcpu: u32,
+        /// The priority.
+        priority: i32,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// The kick signal could not be installed.
     #[error("vCPU {vcpu}: cannot install the kick signal handler")]
     Signal {
@@ -122,6 +133,8 @@ pub(crate) struct VcpuConfig {
     pub cpus: Vec<u32>,
     /// Its CPUID.
     pub cpuid: CpuId,
+    /// SCHED_FIFO priority when the vCPU is realtime (the plan's realtime mask).
+    pub fifo_priority: Option<i32>,
     /// How it starts.
     pub start: VcpuStart,
 }
@@ -222,6 +235,13 @@ fn setup(cfg: &VcpuConfig, ctx: &VcpuContext) -> Result<(VcpuFd, u32), VcpuError
         sys::pin_current_thread(&cfg.cpus).map_err(|source| VcpuError::Pin {
             vcpu,
             cpus: cfg.cpus.clone(),
+            source,
+        })?;
+    }
+    if let Some(priority) = cfg.fifo_priority {
+        sys::set_current_thread_fifo(priority).map_err(|source| VcpuError::Realtime {
+            vcpu,
+            priority,
             source,
         })?;
     }

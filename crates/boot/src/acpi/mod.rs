@@ -24,7 +24,7 @@
 //! # };
 //! # let cell = |c: u32, vcpus: Vec<u32>| GuestCell {
 //! #     cell: c, host_node: Some(c), vcpus, memory_bytes: 64 << 20, prefault_cpus: vec![],
-//! #     distances: if c == 0 { vec![10, 21] } else { vec![21, 10] },
+//! #     distances: if c == 0 { vec![10, 21] } else { vec![21, 10] }, spans: vec![],
 //! # };
 //! # let plan = Plan {
 //! #     name: "doc".into(),
@@ -37,7 +37,7 @@
 //! #     vcpus: vec![vcpu(0, 0), vcpu(1, 1)], floating_cpus: vec![],
 //! #     emulator: EmulatorPlacement { host_cpus: vec![], isolated: false },
 //! #     guest_cells: vec![cell(0, vec![0]), cell(1, vec![1])], backing: Backing::Anonymous,
-//! #     boot: BootSpec::Payload { payload: Payload::Touch }, notes: vec![],
+//! #     boot: BootSpec::Payload { payload: Payload::Touch }, realtime: None, notes: vec![],
 //! # };
 //! // A plan with two vCPUs in two guest cells of 64 MiB each.
 //! let layout = GuestLayout::from_plan(&plan, MMIO_HOLE_START..MMIO_HOLE_END).unwrap();

@@ -4,7 +4,7 @@
 //! threads, with x86's APIC ID field widths (thread bits = ⌈log2 threads⌉, core bits =
 //! ⌈log2 cores⌉, the same arithmetic the planner used for `apic_id`): leaf 0x1, 0x4/0xB/0x1F on
 //! Intel, 0xB/0x8000_0008/0x8000_001D/0x8000_001E on AMD. Feature bits the host itself lacks are
-//! masked, and the KVM "realtime" hint (dedicated PUs) is set in leaf 0x4000_0001 EDX.
+//! masked, and the KVM "realtime" hint (exclusive vCPU PUs) is set in leaf 0x4000_0001 EDX.
 //!
 //! On this nested host `cpuid` in guest ring 3 returns the host's raw values: only ring 0 sees
 //! what is set here, so the guest reads these leaves in its ring-0 prologue.
@@ -138,8 +138,9 @@ pub struct CpuidInputs<'a> {
     pub topology: CpuTopology,
     /// The vCPU's placement (APIC ID, socket, core, thread).
     pub vcpu: &'a VcpuPlacement,
-    /// Dedicated placement: set the realtime hint.
-    pub dedicated: bool,
+    /// Set the KVM realtime hint: only when the vCPU PUs are exclusive
+    /// ([`vmhost_plan::Plan::vcpu_pus_exclusive`]).
+    pub realtime_hint: bool,
 }
 
 /// Builds vCPU `inputs.vcpu`'s CPUID from `supported` (KVM_GET_SUPPORTED_CPUID), masking
@@ -193,7 +194,7 @@ pub fn vcpu_cpuid(
                 e.edx = 0;
             }
             0x4000_0001 => {
-                e.edx = if inputs.dedicated {
+                e.edx = if inputs.realtime_hint {
                     e.edx | KVM_HINTS_REALTIME
                 } else {
                     e.edx & !KVM_HINTS_REALTIME
@@ -517,7 +518,7 @@ mod tests {
             &CpuidInputs {
                 topology: t,
                 vcpu: &v,
-                dedicated: false,
+                realtime_hint: false,
             },
             &ALL_HOST,
         )
@@ -560,7 +561,7 @@ mod tests {
             &CpuidInputs {
                 topology: t,
                 vcpu: &v,
-                dedicated: true,
+                realtime_hint: true,
             },
             &ALL_HOST,
         )
@@ -610,7 +611,7 @@ mod tests {
             &CpuidInputs {
                 topology: t,
                 vcpu: &v,
-                dedicated: false,
+                realtime_hint: false,
             },
             &host,
         )
@@ -637,7 +638,7 @@ mod tests {
             &CpuidInputs {
                 topology: t,
                 vcpu: &v,
-                dedicated: false,
+                realtime_hint: false,
             },
             &ALL_HOST,
         )
