@@ -1,7 +1,7 @@
 # vmhost: `make run` runs the main job on the embedded quickstart spec; `make test` runs every test.
 CARGO ?= cargo
 
-.PHONY: setup run test lint bench
+.PHONY: setup run test testbed lint bench
 
 setup:
 	bash scripts/setup.sh
@@ -12,6 +12,12 @@ run: setup
 test: setup
 	bash crates/boot/scripts/fetch-test-kernel.sh
 	bash scripts/with-hugepages.sh $(CARGO) test --workspace
+	bash testbed/run.sh
+
+# The emulated multi-NUMA host suite alone (docs/testing.md).
+testbed: setup
+	bash crates/boot/scripts/fetch-test-kernel.sh
+	bash testbed/run.sh
 
 lint: setup
 	$(CARGO) fmt --all -- --check

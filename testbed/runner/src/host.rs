@@ -187,3 +187,19 @@ pub fn children(pid: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+/// The scheduling policy of thread `tid` of `pid` (field 41 of its `stat`: 0 SCHED_OTHER,
+/// 1 SCHED_FIFO, 2 SCHED_RR).
+pub fn sched_policy(pid: u32, tid: u32) -> Result<u32, String> {
+    let path = format!("/proc/{pid}/task/{tid}/stat");
+    let stat = read(&path)?;
+    // Fields after `(comm)` start at field 3; policy is field 41.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| format!("{path}: no (comm)"))?;
+    rest.split_whitespace()
+        .nth(41 - 3)
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("{path}: no policy field"))
+}

@@ -49,6 +49,18 @@ const TWO_NODE: &[Test] = &[
         memory_tests::one_gig_pages_per_node,
     ),
     (
+        "memory_spans_nodes_without_passthrough",
+        memory_tests::memory_spans_nodes_without_passthrough,
+    ),
+    (
+        "memory_split_by_vcpus_without_passthrough",
+        memory_tests::memory_split_by_vcpus_without_passthrough,
+    ),
+    (
+        "vcpu_realtime_mask_runs_fifo",
+        memory_tests::realtime_vcpus_run_fifo,
+    ),
+    (
         "bench_numa_all_scenarios",
         memory_tests::bench_numa_all_scenarios,
     ),
@@ -113,6 +125,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(unknown) = only.iter().find(|o| !tests.iter().any(|(n, _)| n == o)) {
+        println!("FAIL testbed_setup: --only names {unknown:?}, not a test of suite {suite:?}");
+        std::process::exit(1);
+    }
     let env = match vm::Env::new(&vmhost) {
         Ok(env) => env,
         Err(e) => {

@@ -36,9 +36,16 @@ fn check_residency(
     );
     let mut want: BTreeMap<u32, u64> = BTreeMap::new();
     for cell in at(plan, "/guest_cells")?.as_array().ok_or("guest_cells")? {
-        let node = num(&cell["host_node"], "a guest cell's host_node")?;
-        *want.entry(node).or_default() +=
-            cell["memory_bytes"].as_u64().unwrap_or(0) / (page_kib * 1024);
+        // A cell bound per node (memory spanning nodes) lists its parts in `spans`.
+        let parts = match cell["spans"].as_array().filter(|s| !s.is_empty()) {
+            Some(spans) => spans.clone(),
+            None => vec![cell.clone()],
+        };
+        for part in parts {
+            let node = num(&part["host_node"], "a guest cell's host_node")?;
+            *want.entry(node).or_default() +=
+                part["memory_bytes"].as_u64().unwrap_or(0) / (page_kib * 1024);
+        }
     }
     let mut audited: BTreeMap<u32, u64> = BTreeMap::new();
     for region in at(&live, "/memory")?.as_array().ok_or("memory")? {
@@ -425,6 +432,125 @@ pub fn four_cells_on_four_nodes(env: &Env) -> Outcome {
     )?;
     check_vcpu_threads(&vm, &plan)?;
     check_residency(env, &vm, &plan, 2048)?;
+    let code = env.shutdown(&vm)?;
+    ensure!(
+        code == 0,
+        "exit {code} after shutdown; stderr: {}",
+        vm.stderr()
+    );
+    Ok(())
+}
+
+/// Without passthrough, a VM whose memory is larger than its vCPUs' node's pool runs with its
+/// memory bound per node (node 0 as far as its pool goes, the rest on node 1), one guest node.
+pub fn memory_spans_nodes_without_passthrough(env: &Env) -> Outcome {
+    host::set_2m_pools(&[50, 50])?;
+    let spec = env.spec("span", &dedicated_spec("span", 1, 2, "", "160Mi", "idle"))?;
+    let plan = env.plan(&spec)?;
+    let cells = at(&plan, "/guest_cells")?
+        .as_array()
+        .ok_or("cells")?
+        .clone();
+    ensure!(
+        cells.len() == 1,
+        "{} guest cells, want one guest node",
+        cells.len()
+    );
+    let spans: Vec<(u64, u64)> = cells[0]["spans"]
+        .as_array()
+        .map(|s| {
+            s.iter()
+                .map(|p| {
+                    (
+                        p["host_node"].as_u64().unwrap_or(99),
+                        p["memory_bytes"].as_u64().unwrap_or(0) >> 20,
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ensure!(
+        spans == vec![(0, 100), (1, 60)],
+        "memory parts (node, MiB) {spans:?}, want [(0, 100), (1, 60)]"
+    );
+    let notes = at(&plan, "/notes")?.to_string();
+    ensure!(
+        notes.contains("spans host nodes"),
+        "no plan note says the memory spans nodes: {notes}"
+    );
+    let vm = env.start(
+        "span",
+        env.command(&["--config", &spec.to_string_lossy()]),
+        2,
+    )?;
+    check_vcpu_threads(&vm, &plan)?;
+    let seen = check_residency(env, &vm, &plan, 2048)?;
+    ensure!(
+        seen == BTreeMap::from([(0, 50), (1, 30)]),
+        "pages per node {seen:?}, want 50 on node0 and 30 on node1"
+    );
+    let code = env.shutdown(&vm)?;
+    ensure!(
+        code == 0,
+        "exit {code} after shutdown; stderr: {}",
+        vm.stderr()
+    );
+    Ok(())
+}
+
+/// A dedicated VM without passthrough whose vCPUs span nodes (2 on node 0, 1 on node 1) gets
+/// its memory split in proportion to them, each part bound to its node.
+pub fn memory_split_by_vcpus_without_passthrough(env: &Env) -> Outcome {
+    host::set_2m_pools(&[96, 96])?;
+    let spec = env.spec("split", &dedicated_spec("split", 1, 3, "", "192Mi", "idle"))?;
+    let plan = env.plan(&spec)?;
+    let vcpu_nodes: Vec<u64> = at(&plan, "/vcpus")?
+        .as_array()
+        .ok_or("vcpus")?
+        .iter()
+        .filter_map(|v| v["host_node"].as_u64())
+        .collect();
+    ensure!(
+        vcpu_nodes == vec![0, 0, 1],
+        "vCPUs on nodes {vcpu_nodes:?}, want [0, 0, 1]"
+    );
+    let vm = env.start(
+        "split",
+        env.command(&["--config", &spec.to_string_lossy()]),
+        3,
+    )?;
+    check_vcpu_threads(&vm, &plan)?;
+    let seen = check_residency(env, &vm, &plan, 2048)?;
+    ensure!(
+        seen == BTreeMap::from([(0, 64), (1, 32)]),
+        "pages per node {seen:?}, want 64 (128 MiB) on node0 and 32 (64 MiB) on node1"
+    );
+    let code = env.shutdown(&vm)?;
+    ensure!(
+        code == 0,
+        "exit {code} after shutdown; stderr: {}",
+        vm.stderr()
+    );
+    Ok(())
+}
+
+/// `cpu.realtime` with a mask: the masked vCPU threads run SCHED_FIFO, the others and every
+/// helper thread stay SCHED_OTHER (policy read back from `/proc/<pid>/task/<tid>/stat`).
+pub fn realtime_vcpus_run_fifo(env: &Env) -> Outcome {
+    host::set_2m_pools(&[0, 64])?;
+    let cpu = "isolate_emulator_thread = true\nrealtime = { mask = \"1\" }";
+    let spec = env.spec("rt", &dedicated_spec("rt", 1, 2, cpu, "64Mi", "idle"))?;
+    let vm = env.start("rt", env.command(&["--config", &spec.to_string_lossy()]), 2)?;
+    for t in host::threads(vm.vmm)? {
+        let policy = host::sched_policy(vm.vmm, t.tid)?;
+        let want = if t.name == "vcpu1" { 1 } else { 0 };
+        ensure!(
+            policy == want,
+            "thread {} (tid {}) has scheduling policy {policy}, want {want} (1 = SCHED_FIFO)",
+            t.name,
+            t.tid
+        );
+    }
     let code = env.shutdown(&vm)?;
     ensure!(
         code == 0,

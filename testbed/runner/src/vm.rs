@@ -116,8 +116,8 @@ impl Env {
         self.run(&["plan", "--json", "--config", &spec])?.json()
     }
 
-    /// Starts a VM in the background with a control socket and waits until its vCPU threads
-    /// exist (`vcpus` of them) and the socket answers.
+    /// Starts a VM in the background with a control socket and waits until its API says
+    /// `running` (every vCPU thread set up and pinned) and its `vcpus` vCPU threads are found.
     pub fn start(&self, name: &str, cmd: Command, vcpus: usize) -> Result<Running, String> {
         let mut cmd = cmd;
         let socket = self.work.join(format!("{name}.sock"));
@@ -152,7 +152,8 @@ impl Env {
                     .map(|t| t.iter().filter(|t| t.name.starts_with("vcpu")).count() == vcpus)
                     .unwrap_or(false)
             };
-            if vm.socket.exists() {
+            // Running (in the API) means every vCPU thread is set up and pinned.
+            if vm.socket.exists() && self.state(&vm).as_deref() == Some("running") {
                 if let Some(vmm) = std::iter::once(pid)
                     .chain(crate::host::children(pid))
                     .find(|&p| has_vcpus(p))
@@ -172,6 +173,14 @@ impl Env {
         }
         self.lock_children().push(child);
         Ok(vm)
+    }
+
+    /// The VM's state from its control API (`GET /vm`), if it answers.
+    fn state(&self, vm: &Running) -> Option<String> {
+        let sock = vm.socket.to_string_lossy().to_string();
+        let out = self.run(&["ctl", "--api-socket", &sock, "info"]).ok()?;
+        let info = out.json().ok()?;
+        info["state"].as_str().map(str::to_string)
     }
 
     /// Asks a running VM to stop through its control API and waits for its exit status.
