@@ -342,3 +342,47 @@ mod tests {
         assert!(text.ends_with("\r\n\r\n{\"error\":\"no\"}\n"), "{text}");
     }
 }
+
+/// Fuzzing entry point (feature `fuzzing`): parses `input` as one request with the default
+/// limits, as the server reads it from a connection, and returns the method, path and body
+/// length, or the status the server would answer.
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_read_request(input: &[u8]) -> Result<Option<(String, String, usize)>, u16> {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A connection whose client sends `input` and then closes; replies are discarded.
+    struct Conn<'a>(&'a [u8]);
+    impl AsyncRead for Conn<'_> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let n = buf.remaining().min(self.0.len());
+            buf.put_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Poll::Ready(Ok(()))
+        }
+    }
+    impl AsyncWrite for Conn<'_> {
+        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, b: &[u8]) -> Poll<std::io::Result<usize>> {
+            Poll::Ready(Ok(b.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|_| 500u16)?;
+    let mut conn = Conn(input);
+    match rt.block_on(read_request(&mut conn, &crate::ServerLimits::default())) {
+        Ok(Some(r)) => Ok(Some((r.method, r.path, r.body.len()))),
+        Ok(None) => Ok(None),
+        Err(e) => Err(e.status()),
+    }
+}

@@ -54,7 +54,7 @@ impl Quantity {
         self.nanos < 0
     }
 
-    /// The value rounded up to a whole number, like `Quantity.Value()`.
+    /// The value rounded up (away from zero) to a whole number, like `Quantity.Value()`.
     pub fn ceil(&self) -> i128 {
         ceil_div(self.nanos, NANO)
     }
@@ -66,6 +66,9 @@ impl Quantity {
 
     /// The value as a byte count (rounded up to a whole byte); `None` when negative or too large.
     pub fn to_bytes(&self) -> Option<u64> {
+        if self.nanos < 0 {
+            return None;
+        }
         u64::try_from(self.ceil()).ok()
     }
 
@@ -98,12 +101,13 @@ pub fn format_bytes(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// `n / d` rounded away from zero, as Kubernetes rounds `Value()` and `MilliValue()`.
 fn ceil_div(n: i128, d: i128) -> i128 {
     let q = n / d;
-    if n % d > 0 {
-        q + 1
-    } else {
-        q
+    match (n % d).signum() {
+        1 => q + 1,
+        -1 => q - 1,
+        _ => q,
     }
 }
 
@@ -249,6 +253,21 @@ impl<'de> Deserialize<'de> for Quantity {
 
 #[cfg(test)]
 mod tests {
+    /// Found by fuzzing (fuzz/fuzz_targets/quantity.rs): `-1n` converted to 0 bytes, and
+    /// negative values rounded toward zero where Kubernetes rounds away from it.
+    #[test]
+    fn negative_fraction_is_no_byte_count_and_rounds_away_from_zero() {
+        let q: Quantity = "-1n".parse().unwrap();
+        assert!(q.is_negative());
+        assert_eq!(q.to_bytes(), None);
+        assert_eq!(q.ceil(), -1);
+        assert_eq!("-1.5".parse::<Quantity>().unwrap().ceil(), -2);
+        assert_eq!("-100m".parse::<Quantity>().unwrap().to_millis(), -100);
+        assert_eq!("-1u".parse::<Quantity>().unwrap().to_millis(), -1);
+        assert_eq!("1.5".parse::<Quantity>().unwrap().ceil(), 2);
+        assert_eq!("0".parse::<Quantity>().unwrap().to_bytes(), Some(0));
+    }
+
     use super::*;
     use proptest::prelude::*;
 
