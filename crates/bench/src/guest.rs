@@ -40,16 +40,18 @@ pub struct GuestRun {
     pub tsc_khz: u32,
 }
 
-/// The per-cell policies of an audit, against the scenario's expectations.
+/// The per-cell policies of an audit, against the scenario's expectations (an empty or
+/// missing expectation: the region's own binding from the plan).
 pub fn cell_policies(audit: &Audit, expected: &[(u32, String)]) -> Vec<CellPolicy> {
     audit
         .regions
         .iter()
         .map(|r| {
+            // No policy for the cell: its regions are bound per node as the plan says.
             let want = expected
                 .iter()
-                .find(|(c, _)| *c == r.cell)
-                .map_or_else(String::new, |(_, p)| p.clone());
+                .find(|(c, p)| *c == r.cell && !p.is_empty())
+                .map_or_else(|| r.expected_policy.clone(), |(_, p)| p.clone());
             let nm = r.numa_maps.as_ref();
             let numa_maps =
                 nm.map_or_else(|| "(no numa_maps line)".to_string(), |n| n.policy.clone());

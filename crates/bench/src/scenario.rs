@@ -93,7 +93,8 @@ impl ScenarioSetup {
             .collect()
     }
 
-    /// The memory policy each cell should show in `numa_maps`, by cell (policy-string form).
+    /// The memory policy each cell should show in `numa_maps`, by cell (policy-string form;
+    /// empty for a cell bound per part, whose regions each show their own node).
     pub fn expected_policies(&self) -> Vec<(u32, String)> {
         self.plan
             .guest_cells
@@ -102,7 +103,8 @@ impl ScenarioSetup {
                 let p = match (&self.policy, c.host_node) {
                     (Some(p), _) => p.policy_string(),
                     (None, Some(n)) => format!("bind:{n}"),
-                    (None, None) => "default".to_string(),
+                    // Bound per part (`spans`): each region's own binding, from the audit.
+                    (None, None) => String::new(),
                 };
                 (c.cell, p)
             })
@@ -224,12 +226,19 @@ fn move_cells_remote(p: &mut Plan, host: &HostTopology) -> Result<(), String> {
 }
 
 /// The plan the host baseline allocates for a setup: the same cells, nodes, backing and
-/// policy, each cell `ws` bytes (the working set only).
+/// policy, each cell `ws` bytes (the working set only). A cell bound per node (`spans`) keeps
+/// the node of its largest part, where the guest's working set lies (`payload::bench` runs in
+/// the cell's largest region).
 pub fn baseline_plan(setup: &ScenarioSetup, ws: u64) -> Plan {
     let mut p = setup.plan.clone();
     p.name = format!("{}-host", setup.plan.name);
     for c in &mut p.guest_cells {
         c.memory_bytes = ws;
+        if let Some(largest) = c.spans.iter().max_by_key(|s| s.memory_bytes).cloned() {
+            c.host_node = Some(largest.host_node);
+            c.prefault_cpus = largest.prefault_cpus;
+            c.spans.clear();
+        }
     }
     p.refresh_memory_demand();
     p
@@ -260,6 +269,36 @@ mod tests {
             .into_result()
             .unwrap();
         (plan, host)
+    }
+
+    /// Broke in the emulated 2-node host: the baseline of a cell whose memory spans nodes
+    /// kept the full per-node parts while the cell shrank to the working set, so the memory
+    /// crate refused it ("its per-node parts hold … bytes, the cell …").
+    #[test]
+    fn baseline_of_a_spanning_cell_is_the_largest_part_s_node() {
+        let spec = vmhost_config::from_toml_str(
+            "name = \"s\"\n[cpu]\ncores = 2\ndedicated_cpu_placement = true\n\
+             [memory]\nguest = \"256Mi\"\nhugepages = { page_size = \"2Mi\" }\n\
+             [boot]\npayload = \"numa-bench\"\n",
+            "s.toml",
+        )
+        .unwrap()
+        .spec;
+        let mut host = load_synthetic("package:2 numa:1 core:4 pu:2").unwrap();
+        let pools = parse_hugepages_arg("node0:2Mi=80,node1:2Mi=48").unwrap();
+        apply_hugepages(&mut host, &pools).unwrap();
+        let plan = plan(&spec, &host, &PlanOptions::default())
+            .into_result()
+            .unwrap();
+        assert_eq!(plan.guest_cells[0].spans.len(), 2, "{:?}", plan.guest_cells);
+        let pinned = setup(Scenario::Pinned, &plan, &host).unwrap();
+        let base = baseline_plan(&pinned, 16 << 20);
+        let cell = &base.guest_cells[0];
+        assert!(cell.spans.is_empty());
+        assert_eq!(cell.host_node, Some(0), "node0 holds the larger part (160Mi)");
+        assert_eq!(cell.memory_bytes, 16 << 20);
+        assert_eq!(base.envelope.hugepages.iter().map(|h| h.count).sum::<u64>(), 8);
+        assert_eq!(pinned.expected_policies(), vec![(0, String::new())]);
     }
 
     #[test]
