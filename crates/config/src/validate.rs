@@ -202,6 +202,19 @@ pub enum BootSpec {
     },
 }
 
+impl BootSpec {
+    /// Makes a relative kernel or initrd path relative to `dir` (the spec file's directory).
+    pub fn resolve_paths(&mut self, dir: &std::path::Path) {
+        if let BootSpec::Kernel { kernel, initrd, .. } = self {
+            for p in std::iter::once(kernel).chain(initrd.as_mut()) {
+                if p.is_relative() {
+                    *p = dir.join(&*p);
+                }
+            }
+        }
+    }
+}
+
 /// A validated, resolved VM spec: what the planner consumes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VmSpec {
