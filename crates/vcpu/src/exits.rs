@@ -162,8 +162,8 @@ pub(crate) fn handle_exit(
         }
         Exit::Interrupted => {
             // A kick: the stop or pause it announces is seen at the top of the loop. Clearing
-            // it here is safe against a racing kick, which sets its flag before
-            // `immediate_exit`.
+            // it here is safe against a racing kick, whose sender sets its flag before it
+            // signals (and this thread's handler sets `immediate_exit`).
             // SAFETY: `ie` points into this vCPU's kvm_run mapping, live while `fd` is.
             unsafe { (*ie).store(0, Ordering::SeqCst) };
             Step::Continue

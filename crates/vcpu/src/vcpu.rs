@@ -200,8 +200,11 @@ pub(crate) fn thread_main(cfg: VcpuConfig, ctx: VcpuContext) {
         let ie = addr_of_mut!(fd.get_kvm_run().immediate_exit)
             .cast::<AtomicU8>()
             .cast_const();
-        // Declared after `fd`, so dropped (deregistered) before `fd` unmaps kvm_run.
-        let _kick = ctx.control.register(vcpu, ie);
+        // Declared after `fd`, so dropped (cleared) before `fd` unmaps kvm_run.
+        // SAFETY: `ie` points into this thread's own kvm_run mapping, which lives as long as
+        // `fd`; the guard is dropped on this thread, before `fd`.
+        let _target = unsafe { sys::KickTarget::set(ie) };
+        let _kick = ctx.control.register(vcpu);
         run_loop(&mut fd, vcpu, &ctx, ie, &mut stats)
     } else {
         VcpuOutcome::NotStarted

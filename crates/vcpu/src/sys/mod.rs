@@ -9,7 +9,9 @@
 pub use vmhost_topology::affinity::current_thread as current_affinity;
 pub use vmhost_topology::affinity::pin_current_thread;
 
+use std::cell::Cell;
 use std::io;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Once;
 
 use libc::{c_int, c_void, siginfo_t};
@@ -36,14 +38,53 @@ pub fn kick_signal() -> c_int {
     vmm_sys_util::signal::SIGRTMIN()
 }
 
+thread_local! {
+    /// The calling vCPU thread's `immediate_exit` byte, for its own kick handler; null when the
+    /// thread has none (before its vCPU runs, after its `kvm_run` is gone, any other thread).
+    /// Const-initialised and without a destructor: reading it is a plain thread-local load,
+    /// safe in a signal handler.
+    static KICK_TARGET: Cell<*const AtomicU8> = const { Cell::new(std::ptr::null()) };
+}
+
 extern "C" fn on_kick(_num: c_int, _info: *mut siginfo_t, _ctx: *mut c_void) {
-    // Nothing to do: delivery alone makes KVM_RUN return EINTR, and the kicker has already set
-    // `immediate_exit` for a vCPU that was about to enter.
+    // Runs on the kicked vCPU thread itself (as in Firecracker and Cloud Hypervisor): no other
+    // thread ever writes this vCPU's kvm_run. Delivery alone makes a running KVM_RUN return
+    // EINTR; setting `immediate_exit` also stops one the thread was about to enter.
+    let target = KICK_TARGET.with(Cell::get);
+    if !target.is_null() {
+        // SAFETY: a non-null target is this thread's kvm_run `immediate_exit` byte, registered
+        // by `KickTarget::set` and cleared by its drop before the mapping goes away; the
+        // access is atomic, and only this thread (here or in its run loop) touches it.
+        unsafe { (*target).store(1, Ordering::SeqCst) };
+    }
+}
+
+/// The calling thread's kick target while it lives: the kick handler sets `immediate_exit`
+/// through it. Drop it before the `kvm_run` mapping it points into.
+pub struct KickTarget(());
+
+impl KickTarget {
+    /// Registers `immediate_exit` for the calling thread's kick handler.
+    ///
+    /// # Safety
+    ///
+    /// `immediate_exit` must point into the calling thread's own live `kvm_run` mapping and
+    /// stay valid until the returned guard is dropped, on this thread.
+    pub unsafe fn set(immediate_exit: *const AtomicU8) -> KickTarget {
+        KICK_TARGET.with(|t| t.set(immediate_exit));
+        KickTarget(())
+    }
+}
+
+impl Drop for KickTarget {
+    fn drop(&mut self) {
+        KICK_TARGET.with(|t| t.set(std::ptr::null()));
+    }
 }
 
 static KICK_HANDLER: Once = Once::new();
 
-/// Installs the (empty) kick handler once per process, without `SA_RESTART`, and unblocks the
+/// Installs the kick handler once per process, without `SA_RESTART`, and unblocks the
 /// kick signal in the calling thread.
 pub fn prepare_kick_signal() -> io::Result<()> {
     let mut result = Ok(());
