@@ -60,6 +60,7 @@ pub mod placement;
 pub mod report;
 mod setup;
 mod sys;
+pub mod unknown;
 pub mod vcpu;
 pub mod vm;
 

@@ -4,7 +4,7 @@
 //! there, before any thread starts.
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use kvm_ioctls::{Kvm, VmFd};
@@ -430,7 +430,6 @@ impl Vm {
                 gate,
                 events,
                 policy: self.policy,
-                unknown_seen: Arc::new(Mutex::new(Default::default())),
             },
             run_start,
             vm_setup_seconds: self.setup_seconds,
