@@ -450,6 +450,9 @@ impl Vm {
         if let Some(c) = console {
             c.finish();
         }
+        if let Some(d) = &devices {
+            flush_serial(d);
+        }
         self.control.mark_ended();
         result?
     }
@@ -486,5 +489,21 @@ impl Vm {
                 Some(Arc::clone(devices)),
             ),
         }
+    }
+}
+
+/// Lets the guest's last serial output reach the writer (bounded: a writer nobody reads does
+/// not hold up the end of the run) and reports bytes that were dropped.
+fn flush_serial(devices: &LinuxDevices) {
+    let serial = devices.serial();
+    if !serial.sync_output(crate::devices::serial::FLUSH_TIMEOUT) {
+        tracing::warn!("the serial output is not being read; its last bytes may be lost");
+    }
+    let dropped = serial.stats().dropped();
+    if dropped > 0 {
+        tracing::warn!(
+            dropped,
+            "serial output bytes dropped: nobody read them in time"
+        );
     }
 }
