@@ -7,6 +7,7 @@ mod host;
 mod output;
 mod overhead;
 mod run;
+mod signals;
 mod sys;
 mod timeline;
 mod vms;

@@ -387,13 +387,18 @@ impl VmHandle {
     }
 }
 
-/// Calls [`StopHandle::stop`] when the process gets SIGINT or SIGTERM.
+/// The signals that stop a VM in order: SIGINT, SIGTERM, SIGHUP (the terminal went away) and
+/// SIGQUIT. Their default actions would end the process with no clean-up.
+pub const STOP_SIGNALS: [libc::c_int; 4] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+/// Calls [`StopHandle::stop`] when the process gets one of [`STOP_SIGNALS`].
 ///
-/// Blocks both signals in the calling thread and starts a `vmhost-sig` thread that waits for
-/// them. Call it from `main` before any other thread starts (threads inherit the mask; a thread
+/// Blocks them in the calling thread and starts a `vmhost-sig` thread that waits for them.
+/// Call it from `main` before any other thread starts (threads inherit the mask; a thread
 /// started earlier would still take the default action).
 pub fn stop_on_signals(handle: StopHandle) -> std::io::Result<JoinHandle<()>> {
-    let signals = [libc::SIGINT, libc::SIGTERM];
+    let signals = STOP_SIGNALS;
     sys::set_signal_mask(&signals, libc::SIG_BLOCK)?;
     std::thread::Builder::new()
         .name("vmhost-sig".into())

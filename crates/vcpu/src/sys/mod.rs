@@ -12,7 +12,7 @@ pub use vmhost_topology::affinity::pin_current_thread;
 use std::cell::Cell;
 use std::io;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Once;
+use std::sync::{Mutex, Once};
 
 use libc::{c_int, c_void, siginfo_t};
 
@@ -185,11 +185,15 @@ pub fn read_fd(fd: c_int, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// A terminal switched to non-canonical input without echo (signal keys kept); the previous
-/// mode comes back on drop.
+/// mode comes back on drop, or from [`restore_terminal`] on a path that ends the process
+/// without running destructors.
 pub struct RawTerminal {
     fd: c_int,
     saved: libc::termios,
 }
+
+/// The mode of the terminal a [`RawTerminal`] changed, while it is changed.
+static SAVED_TERMINAL: Mutex<Option<(c_int, libc::termios)>> = Mutex::new(None);
 
 impl RawTerminal {
     /// Switches the terminal on `fd`.
@@ -205,9 +209,12 @@ impl RawTerminal {
         raw.c_iflag &= !libc::ICRNL;
         raw.c_cc[libc::VMIN] = 1;
         raw.c_cc[libc::VTIME] = 0;
+        *crate::control::lock(&SAVED_TERMINAL) = Some((fd, saved));
         // SAFETY: `raw` is an initialised termios copied from the terminal's own.
         if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &raw) } != 0 {
-            return Err(io::Error::last_os_error());
+            let err = io::Error::last_os_error();
+            *crate::control::lock(&SAVED_TERMINAL) = None;
+            return Err(err);
         }
         Ok(RawTerminal { fd, saved })
     }
@@ -215,8 +222,18 @@ impl RawTerminal {
 
 impl Drop for RawTerminal {
     fn drop(&mut self) {
+        *crate::control::lock(&SAVED_TERMINAL) = None;
         // SAFETY: `saved` is the termios tcgetattr returned for this terminal.
         unsafe { libc::tcsetattr(self.fd, libc::TCSANOW, &self.saved) };
+    }
+}
+
+/// Puts a terminal the serial console switched to raw input back in its previous mode; does
+/// nothing when none is switched. For exits that skip destructors (`std::process::exit`).
+pub fn restore_terminal() {
+    if let Some((fd, saved)) = crate::control::lock(&SAVED_TERMINAL).take() {
+        // SAFETY: `saved` is the termios tcgetattr returned for the terminal on `fd`.
+        unsafe { libc::tcsetattr(fd, libc::TCSANOW, &saved) };
     }
 }
 
@@ -242,6 +259,40 @@ mod tests {
             "a pipe is not a terminal"
         );
         for fd in fds {
+            // SAFETY: both descriptors are open and owned by this test.
+            unsafe { libc::close(fd) };
+        }
+    }
+
+    #[test]
+    fn restore_terminal_undoes_raw_mode_without_the_guard() {
+        let (mut master, mut slave) = (0 as c_int, 0 as c_int);
+        // SAFETY: both out-pointers are valid; null name, termios and winsize are allowed.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "openpty: {}", io::Error::last_os_error());
+        let lflag = |fd| {
+            // SAFETY: termios is plain data filled by tcgetattr.
+            let mut t: libc::termios = unsafe { std::mem::zeroed() };
+            // SAFETY: `fd` is an open terminal and `t` a valid termios.
+            assert_eq!(unsafe { libc::tcgetattr(fd, &mut t) }, 0);
+            t.c_lflag
+        };
+        assert_ne!(lflag(slave) & libc::ICANON, 0);
+        let raw = RawTerminal::enter(slave).unwrap();
+        assert_eq!(lflag(slave) & libc::ICANON, 0);
+        // What `std::process::exit` does to the guard: nothing.
+        std::mem::forget(raw);
+        restore_terminal();
+        assert_ne!(lflag(slave) & libc::ICANON, 0, "canonical mode is back");
+        for fd in [master, slave] {
             // SAFETY: both descriptors are open and owned by this test.
             unsafe { libc::close(fd) };
         }

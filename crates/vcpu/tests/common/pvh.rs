@@ -18,7 +18,11 @@ pub fn pvh_elf(code: &[u8]) -> Vec<u8> {
         note.extend_from_slice(&v.to_le_bytes()); // namesz, descsz, XEN_ELFNOTE_PHYS32_ENTRY
     }
     note.extend_from_slice(b"Xen\0");
-    note.extend_from_slice(&u32::try_from(LOAD).expect("LOAD is below 4 GiB").to_le_bytes());
+    note.extend_from_slice(
+        &u32::try_from(LOAD)
+            .expect("LOAD is below 4 GiB")
+            .to_le_bytes(),
+    );
     let phdr = |p_type: u32, offset: u64, paddr: u64, size: u64| {
         let mut p = Vec::new();
         p.extend_from_slice(&p_type.to_le_bytes());
