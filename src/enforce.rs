@@ -37,7 +37,13 @@ impl Enforcement {
     ) -> Result<Arc<Self>> {
         let mut limits = Limits::from_plan(plan);
         if let Some(bytes) = memory_limit {
-            limits.memory_max_bytes = Some(bytes.div_ceil(4096) * 4096);
+            let rounded = bytes.checked_next_multiple_of(4096).ok_or_else(|| crate::Exit {
+                code: crate::EXIT_INVALID,
+                message: format!(
+                    "--cgroup-memory-limit = {bytes}: rounded up to whole 4 KiB pages it does not fit in 64 bits; give a smaller limit"
+                ),
+            })?;
+            limits.memory_max_bytes = Some(rounded);
         }
         let mut cg = Cgroup::create(name, &limits)
             .with_context(|| format!("creating cgroup vmhost/{name}"))?;
