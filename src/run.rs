@@ -65,9 +65,11 @@ pub fn run(
     mut timeline: Timeline,
 ) -> Result<u8> {
     let sec_at_start = crate::overhead::sec_page_tables();
-    let signals =
-        StopSignals::start().context("blocking the stop signals until the VM can stop")?;
+    crate::sys::block_signals(&vmhost_vcpu::STOP_SIGNALS)
+        .context("blocking the stop signals until the VM can stop")?;
     pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
+    // After the pinning: the signal thread inherits the emulator PUs.
+    let signals = StopSignals::start().context("starting the signal thread")?;
     let enforcement = match &opts.cgroup {
         Some(name) => Some(Enforcement::enter(
             name,
