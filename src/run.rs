@@ -4,7 +4,9 @@
 //! anything else starts, so every thread it spawns (signal thread, emulator thread) inherits
 //! that placement; vCPU threads pin themselves to their own PUs before their vCPU is created.
 
+use std::io::Write;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use std::path::PathBuf;
 
@@ -136,9 +138,9 @@ pub fn run(
             report: &report,
             exit_code: code,
         };
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        print_bounded(format!("{}\n", serde_json::to_string_pretty(&out)?));
     } else {
-        print!("{}", report.render_text());
+        print_bounded(report.render_text());
     }
     Ok(code)
 }
@@ -212,6 +214,34 @@ fn stopped_before_start(plan: &Plan) -> u8 {
 
 /// Exit status of a run interrupted by a stop signal.
 const EXIT_INTERRUPTED: u8 = 130;
+
+/// How long the final report may wait for stdout.
+const STDOUT_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// Prints `text` to stdout, waiting at most [`STDOUT_TIMEOUT`]: when nobody reads stdout (a
+/// full pipe the guest's serial output filled), the report is given up rather than keeping
+/// the stopped VM's process alive; the blocked writer ends with the process.
+fn print_bounded(text: String) {
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("vmhost-out".into())
+        .spawn(move || {
+            let mut out = std::io::stdout().lock();
+            let ok = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+            let _ = done_tx.send(ok);
+        });
+    if let Err(e) = spawned {
+        eprintln!("vmhost: warning: cannot start the output thread ({e}); no report");
+        return;
+    }
+    match done.recv_timeout(STDOUT_TIMEOUT) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("vmhost: warning: cannot print the report: {e}"),
+        Err(_) => eprintln!(
+            "vmhost: warning: stdout has not been read for {STDOUT_TIMEOUT:?}; the report is not printed"
+        ),
+    }
+}
 
 /// Maps a run's outcome to vmhost's exit statuses (the report's own mapping).
 fn exit_code(report: &RunReport) -> u8 {

@@ -2,7 +2,7 @@
 //! locks, plans from TOML specs on the live host, guest memory.
 #![allow(dead_code, unused_imports)]
 
-pub mod pvh;
+pub use vmhost_testsupport::pvh;
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
-//! Tiny PVH "kernels" built in tests: an ELF64 with a Xen PVH entry note and a few 32-bit
+//! Tiny PVH "kernels" built in tests (vCPU and end-to-end tests): an ELF64 with a Xen PVH entry note and a few 32-bit
 //! instructions at the entry.
 
 /// Where the fake kernel is loaded (and entered).
