@@ -135,7 +135,7 @@ pub struct PlanArgs {
     #[arg(long, value_enum, default_value_t)]
     pub overhead_model: ModelArg,
     /// KubeVirt's additionalGuestMemoryOverheadRatio (e.g. "1.2"), applied last.
-    #[arg(long)]
+    #[arg(long, value_parser = finite_ratio)]
     pub overhead_ratio: Option<f64>,
 }
 
@@ -184,4 +184,16 @@ pub struct NumaBenchArgs {
     /// Passes of the bandwidth stream over the working set (default 16).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub stream_passes: Option<u32>,
+}
+
+/// Parses `--overhead-ratio`: a finite number (an infinite or NaN ratio has no envelope).
+fn finite_ratio(s: &str) -> Result<f64, String> {
+    let r: f64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number ({e}); write e.g. 1.2"))?;
+    if r.is_finite() {
+        Ok(r)
+    } else {
+        Err(format!("{s:?} is not a finite number; write e.g. 1.2"))
+    }
 }

@@ -4,10 +4,12 @@
 //! The VMM joins the cgroup before guest RAM is allocated, so every page it takes is charged
 //! there. When the memory limit is reached:
 //! - cgroup v1: the kernel holds the faulting thread (`oom_control`), a watch thread reports
-//!   it, removes the cgroup and ends the process with [`EXIT_LIMIT`] and a message naming the
-//!   limit and the fix;
+//!   it, releases the ledger entry, removes the cgroup and the API socket, restores the
+//!   terminal and ends the process with [`EXIT_LIMIT`] and a message naming the limit and the
+//!   fix;
 //! - cgroup v2: the kernel kills the VMM, so the VMM runs as the child of a supervisor that
-//!   stays outside the cgroup and reports the same message and status (`supervise`).
+//!   stays outside the cgroup and reports the same message and status after the same clean-up
+//!   (`supervise`).
 //!
 //! Never a silent OOM kill.
 
@@ -25,6 +27,8 @@ pub const EXIT_LIMIT: u8 = 5;
 /// The VMM's cgroup while the VM runs; removed when dropped.
 pub struct Enforcement {
     cgroup: Arc<Mutex<Option<Cgroup>>>,
+    /// Files the limit exit removes (the API socket): `process::exit` runs no destructor.
+    leftovers: Arc<Mutex<Vec<PathBuf>>>,
 }
 
 impl Enforcement {
@@ -42,7 +46,13 @@ impl Enforcement {
         let ledger_pid = std::process::id();
         let mut limits = Limits::from_plan(plan);
         if let Some(bytes) = memory_limit {
-            limits.memory_max_bytes = Some(bytes.div_ceil(4096) * 4096);
+            let rounded = bytes.checked_next_multiple_of(4096).ok_or_else(|| crate::Exit {
+                code: crate::EXIT_INVALID,
+                message: format!(
+                    "--cgroup-memory-limit = {bytes}: rounded up to whole 4 KiB pages it does not fit in 64 bits; give a smaller limit"
+                ),
+            })?;
+            limits.memory_max_bytes = Some(rounded);
         }
         let mut cg = Cgroup::create(name, &limits)
             .with_context(|| format!("creating cgroup vmhost/{name}"))?;
@@ -60,22 +70,23 @@ impl Enforcement {
             .oom_watch()
             .context("watching the cgroup's memory limit")?;
         let cgroup = Arc::new(Mutex::new(Some(cg)));
-        let shared = Arc::clone(&cgroup);
+        let leftovers: Arc<Mutex<Vec<PathBuf>>> = Arc::default();
+        let (shared, files) = (Arc::clone(&cgroup), Arc::clone(&leftovers));
         watch
             .spawn(move |event| {
                 eprintln!("vmhost: stopping VM: {event}");
-                if let Ok(ledger) = vmhost_ledger::Ledger::open(&release.0) {
-                    let _ = ledger.release(&release.1, ledger_pid);
-                }
-                if let Some(cg) = shared.lock().ok().and_then(|mut g| g.take()) {
-                    if let Err(e) = cg.remove() {
-                        eprintln!("vmhost: warning: {e}");
-                    }
-                }
+                limit_exit_cleanup(&release, ledger_pid, &shared, &files);
                 std::process::exit(i32::from(EXIT_LIMIT));
             })
             .context("starting the memory limit watch")?;
-        Ok(Arc::new(Enforcement { cgroup }))
+        Ok(Arc::new(Enforcement { cgroup, leftovers }))
+    }
+
+    /// Has the limit exit remove `path` (the API socket, once it is served).
+    pub fn remove_at_limit_exit(&self, path: PathBuf) {
+        if let Ok(mut files) = self.leftovers.lock() {
+            files.push(path);
+        }
     }
 
     /// A message naming the limit when the cgroup's memory limit refused a charge (or the
@@ -112,6 +123,35 @@ impl Enforcement {
     }
 }
 
+/// What the limit exit does before `process::exit`, which runs no destructor: releases the
+/// ledger entry, removes the cgroup and the API socket, and puts the terminal back in the mode
+/// the serial console found it in.
+fn limit_exit_cleanup(
+    release: &(PathBuf, String),
+    ledger_pid: u32,
+    cgroup: &Mutex<Option<Cgroup>>,
+    files: &Mutex<Vec<PathBuf>>,
+) {
+    if let Ok(ledger) = vmhost_ledger::Ledger::open(&release.0) {
+        let _ = ledger.release(&release.1, ledger_pid);
+    }
+    if let Some(cg) = cgroup.lock().ok().and_then(|mut g| g.take()) {
+        if let Err(e) = cg.remove() {
+            eprintln!("vmhost: warning: {e}");
+        }
+    }
+    for path in files.lock().map(|f| f.clone()).unwrap_or_default() {
+        let is_socket = std::fs::symlink_metadata(&path)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+        if is_socket {
+            if let Err(e) = std::fs::remove_file(&path) {
+                eprintln!("vmhost: warning: cannot remove {}: {e}", path.display());
+            }
+        }
+    }
+    vmhost_vcpu::restore_terminal();
+}
+
 impl Drop for Enforcement {
     fn drop(&mut self) {
         if let Some(cg) = self.cgroup.lock().ok().and_then(|mut g| g.take()) {
@@ -119,5 +159,33 @@ impl Drop for Enforcement {
                 eprintln!("vmhost: warning: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `process::exit` on the limit path used to leave the API socket behind (and the terminal
+    /// raw): the clean-up it runs removes the socket, and only a socket.
+    #[test]
+    fn the_limit_exit_removes_the_api_socket() {
+        let dir = std::env::temp_dir().join(format!("vmhost-limit-exit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("api.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let plain = dir.join("not-a-socket");
+        std::fs::write(&plain, b"").unwrap();
+        let files = Mutex::new(vec![sock.clone(), plain.clone()]);
+        limit_exit_cleanup(
+            &(dir.join("run"), "vm".to_string()),
+            std::process::id(),
+            &Mutex::new(None),
+            &files,
+        );
+        assert!(!sock.exists(), "the API socket is removed");
+        assert!(plain.exists(), "a file that is not a socket is left alone");
+        drop(listener);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -7,6 +7,7 @@ mod host;
 mod output;
 mod overhead;
 mod run;
+mod signals;
 mod supervise;
 mod sys;
 mod timeline;
@@ -26,7 +27,7 @@ use crate::cli::{AcpiArgs, Cli, Command, MemoryArgs, ModelArg, PlanArgs};
 const QUICKSTART: &str = include_str!("../configs/quickstart.toml");
 
 /// Exit status for an invalid spec.
-const EXIT_INVALID: u8 = 2;
+pub(crate) const EXIT_INVALID: u8 = 2;
 /// Exit status when the host cannot hold the VM.
 const EXIT_NO_FIT: u8 = 3;
 
@@ -110,7 +111,13 @@ fn run(cli: &Cli) -> Result<u8> {
                     println!("  - {r}");
                 }
             }
-            Ok(if check.fits { 0 } else { EXIT_NO_FIT })
+            Ok(if check.fits {
+                0
+            } else if check.target.invalid_input() {
+                EXIT_INVALID
+            } else {
+                EXIT_NO_FIT
+            })
         }
     }
 }
@@ -152,7 +159,13 @@ fn cmd_plan(cli: &Cli, args: &PlanArgs) -> Result<u8> {
     } else {
         print!("{}", render_text(&outcome));
     }
-    Ok(if outcome.fits { 0 } else { EXIT_NO_FIT })
+    Ok(if outcome.fits {
+        0
+    } else if outcome.invalid_input() {
+        EXIT_INVALID
+    } else {
+        EXIT_NO_FIT
+    })
 }
 
 /// Plans on this host and fails with exit status 3 and the reasons when the VM does not fit.
@@ -163,10 +176,19 @@ fn plan_here(cli: &Cli, args: &PlanArgs) -> Result<vmhost_plan::Plan> {
         .into_result()
         .map_err(|r| {
             anyhow::Error::new(Exit {
-                code: EXIT_NO_FIT,
+                code: rejection_code(&r),
                 message: vms::with_confinement(r.to_string(), &host),
             })
         })
+}
+
+/// Exit status of a plan that was rejected: 2 for invalid input (a size overflow), else 3.
+fn rejection_code(r: &vmhost_plan::Rejection) -> u8 {
+    if r.invalid_input() {
+        EXIT_INVALID
+    } else {
+        EXIT_NO_FIT
+    }
 }
 
 fn cmd_memory(cli: &Cli, args: &MemoryArgs) -> Result<u8> {

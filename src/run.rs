@@ -4,24 +4,27 @@
 //! anything else starts, so every thread it spawns (signal thread, emulator thread) inherits
 //! that placement; vCPU threads pin themselves to their own PUs before their vCPU is created.
 
+use std::io::Write;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 use vmhost_api::ServerLimits;
-use vmhost_config::VmSpec;
-use vmhost_memory::{Audit, GuestMemory, MemoryOptions};
+use vmhost_config::{BootSpec, Payload, VmSpec};
+use vmhost_memory::{Audit, GuestMemory, MemoryError, MemoryOptions, PrefaultError};
 use vmhost_plan::Plan;
 
 use crate::control::Control;
 use crate::enforce::{Enforcement, EXIT_LIMIT};
 use crate::output::placement_table;
+use crate::signals::StopSignals;
 use crate::timeline::{now_ns, Timeline};
 use vmhost_vcpu::{
-    pin_current_thread_to_emulator, stop_on_signals, RunReport, StartHook, ThreadPlacement,
-    UnknownAccessPolicy, Vm, VmOptions,
+    pin_current_thread_to_emulator, RunReport, StartHook, ThreadPlacement, UnknownAccessPolicy, Vm,
+    VmOptions,
 };
 
 /// Run-time settings from the command line.
@@ -64,8 +67,11 @@ pub fn run(
     mut timeline: Timeline,
 ) -> Result<u8> {
     let sec_at_start = crate::overhead::sec_page_tables();
-    crate::sys::block_stop_signals().context("blocking SIGINT/SIGTERM until the VM can stop")?;
+    crate::sys::block_signals(&vmhost_vcpu::STOP_SIGNALS)
+        .context("blocking the stop signals until the VM can stop")?;
     pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
+    // After the pinning: the signal thread inherits the emulator PUs.
+    let signals = StopSignals::start().context("starting the signal thread")?;
     let enforcement = match &opts.cgroup {
         Some(name) => Some(Enforcement::enter(
             name,
@@ -76,18 +82,12 @@ pub fn run(
         )?),
         None => None,
     };
-    let memory = match GuestMemory::new(plan, &MemoryOptions::default()) {
-        Ok(m) => m,
-        Err(e) => {
-            if let Some(msg) = enforcement.as_ref().and_then(|e| e.limit_reached()) {
-                let err = anyhow::Error::new(e).context(msg.clone());
-                return Err(err.context(crate::Exit {
-                    code: EXIT_LIMIT,
-                    message: msg,
-                }));
-            }
-            return Err(e.into());
-        }
+    let Some(memory) = guest_memory(plan, enforcement.as_deref(), &signals)? else {
+        eprintln!(
+            "vmhost: VM {}: stopped by a signal while its guest memory was set up",
+            plan.name
+        );
+        return Ok(stopped_before_start(plan));
     };
     admission.running()?;
     timeline.memory_ready_ns = now_ns();
@@ -118,24 +118,8 @@ pub fn run(
     };
     let mut vm = Vm::new(plan, memory, options)?;
     timeline.vm_created_ns = now_ns();
-    let api = match &opts.api_socket {
-        Some(path) => {
-            let control = Control::new(
-                spec.clone(),
-                plan.clone(),
-                audit.clone(),
-                vm.handle(),
-                vm.stop_handle(),
-                enforcement.clone(),
-            );
-            Some(
-                vmhost_api::serve(path, Arc::new(control), ServerLimits::default(), None)
-                    .with_context(|| format!("serving the control API on {}", path.display()))?,
-            )
-        }
-        None => None,
-    };
-    stop_on_signals(vm.stop_handle()).context("installing the SIGINT/SIGTERM handler")?;
+    let api = serve_api(spec, plan, &audit, &vm, enforcement.as_ref(), opts)?;
+    signals.attach(vm.stop_handle());
     move_kvm_workers_off_vcpu_pus(plan);
     let report = vm.run()?;
     let overhead = crate::overhead::measure(plan, sec_at_start);
@@ -155,11 +139,109 @@ pub fn run(
             report: &report,
             exit_code: code,
         };
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        print_bounded(format!("{}\n", serde_json::to_string_pretty(&out)?));
     } else {
-        print!("{}", report.render_text());
+        print_bounded(report.render_text());
     }
     Ok(code)
+}
+
+/// Serves the control API when `--api-socket` asks for it; the limit exit removes its socket.
+fn serve_api(
+    spec: &VmSpec,
+    plan: &Plan,
+    audit: &Audit,
+    vm: &Vm,
+    enforcement: Option<&Arc<Enforcement>>,
+    opts: &RunOptions,
+) -> Result<Option<vmhost_api::ApiServer>> {
+    let Some(path) = &opts.api_socket else {
+        return Ok(None);
+    };
+    let control = Control::new(
+        spec.clone(),
+        plan.clone(),
+        audit.clone(),
+        vm.handle(),
+        vm.stop_handle(),
+        enforcement.cloned(),
+    );
+    let server = vmhost_api::serve(path, Arc::new(control), ServerLimits::default(), None)
+        .with_context(|| format!("serving the control API on {}", path.display()))?;
+    if let Some(e) = enforcement {
+        e.remove_at_limit_exit(path.clone());
+    }
+    Ok(Some(server))
+}
+
+/// Allocates, binds and prefaults the guest memory; `None` when a stop signal cancelled it.
+/// A failure at the envelope's memory limit is exit status 5 with the limit named.
+fn guest_memory(
+    plan: &Plan,
+    enforcement: Option<&Enforcement>,
+    signals: &StopSignals,
+) -> Result<Option<GuestMemory>> {
+    let mut options = MemoryOptions::default();
+    options.prefault.cancel = Some(signals.cancel_flag());
+    match GuestMemory::new(plan, &options) {
+        Ok(m) => Ok(Some(m)),
+        Err(MemoryError::Prefault {
+            source: PrefaultError::Cancelled { .. },
+            ..
+        }) => Ok(None),
+        Err(e) => {
+            if let Some(msg) = enforcement.and_then(Enforcement::limit_reached) {
+                let err = anyhow::Error::new(e).context(msg.clone());
+                return Err(err.context(crate::Exit {
+                    code: EXIT_LIMIT,
+                    message: msg,
+                }));
+            }
+            Err(e.into())
+        }
+    }
+}
+
+/// The exit status of a VM stopped before its guest ran: what stopping it right after the
+/// start would give (an idle VM's normal end is a stop; any other payload was interrupted).
+fn stopped_before_start(plan: &Plan) -> u8 {
+    match plan.boot {
+        BootSpec::Payload {
+            payload: Payload::Idle,
+        } => 0,
+        _ => EXIT_INTERRUPTED,
+    }
+}
+
+/// Exit status of a run interrupted by a stop signal.
+const EXIT_INTERRUPTED: u8 = 130;
+
+/// How long the final report may wait for stdout.
+const STDOUT_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// Prints `text` to stdout, waiting at most [`STDOUT_TIMEOUT`]: when nobody reads stdout (a
+/// full pipe the guest's serial output filled), the report is given up rather than keeping
+/// the stopped VM's process alive; the blocked writer ends with the process.
+fn print_bounded(text: String) {
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("vmhost-out".into())
+        .spawn(move || {
+            let mut out = std::io::stdout().lock();
+            let ok = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+            let _ = done_tx.send(ok);
+        });
+    if let Err(e) = spawned {
+        eprintln!("vmhost: warning: cannot start the output thread ({e}); no report");
+        return;
+    }
+    match done.recv_timeout(STDOUT_TIMEOUT) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("vmhost: warning: cannot print the report: {e}"),
+        Err(_) => eprintln!(
+            "vmhost: warning: stdout has not been read for {STDOUT_TIMEOUT:?}; the report is not printed"
+        ),
+    }
 }
 
 /// Maps a run's outcome to vmhost's exit statuses (the report's own mapping).

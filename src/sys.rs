@@ -2,20 +2,12 @@
 
 use std::io;
 
-/// Blocks SIGINT and SIGTERM in the calling thread; threads it starts afterwards inherit the
-/// mask. Called first on the run path, so that no helper thread (API, memory-limit watch,
-/// prefault workers) can take a stop signal's default action: a signal that arrives while
-/// guest RAM is being set up stays pending until the signal thread waits for it, and then
-/// stops the VM in order.
-pub fn block_stop_signals() -> io::Result<()> {
-    // SAFETY: an all-zero sigset_t is a valid object for sigemptyset to initialise.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable sigset_t; the signal numbers are valid.
-    unsafe {
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-    }
+/// Blocks `signals` in the calling thread; threads it starts afterwards inherit the mask.
+/// Called first on the run path with the stop signals, so that no helper thread (API,
+/// memory-limit watch, prefault workers) can take a stop signal's default action: a signal is
+/// taken by the signal thread alone, which stops the VM in order.
+pub fn block_signals(signals: &[libc::c_int]) -> io::Result<()> {
+    let set = sigset(signals);
     // SAFETY: `set` is initialised; a null old-set pointer is allowed.
     let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     if ret == 0 {
@@ -25,25 +17,39 @@ pub fn block_stop_signals() -> io::Result<()> {
     }
 }
 
-/// The signals the supervisor waits for: the stop signals and SIGCHLD.
-fn supervisor_set() -> libc::sigset_t {
+/// Waits for one of `signals` (blocked by the caller) and returns its number.
+pub fn wait_signal(signals: &[libc::c_int]) -> io::Result<libc::c_int> {
+    let set = sigset(signals);
+    let mut sig: libc::c_int = 0;
+    // SAFETY: `set` is initialised and `sig` is a valid place for the result.
+    let ret = unsafe { libc::sigwait(&set, &mut sig) };
+    if ret == 0 {
+        Ok(sig)
+    } else {
+        Err(io::Error::from_raw_os_error(ret))
+    }
+}
+
+fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
     // SAFETY: an all-zero sigset_t is a valid object for sigemptyset to initialise.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable sigset_t; the signal numbers are valid.
-    unsafe {
-        libc::sigemptyset(&mut set);
-        for s in [
-            libc::SIGINT,
-            libc::SIGTERM,
-            libc::SIGHUP,
-            libc::SIGQUIT,
-            libc::SIGCHLD,
-        ] {
-            libc::sigaddset(&mut set, s);
-        }
+    // SAFETY: `set` is a valid, writable sigset_t.
+    unsafe { libc::sigemptyset(&mut set) };
+    for &s in signals {
+        // SAFETY: `set` is initialised; the signal numbers are valid constants.
+        unsafe { libc::sigaddset(&mut set, s) };
     }
     set
 }
+
+/// The signals the cgroup v2 supervisor waits for: the stop signals and SIGCHLD.
+const SUPERVISOR_SIGNALS: [libc::c_int; 5] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGCHLD,
+];
 
 /// How a forked child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,19 +82,12 @@ pub fn stop_with_parent(parent: libc::pid_t, signal: i32) -> bool {
 
 /// Blocks the supervisor's signals in the calling (only) thread.
 pub fn block_supervisor_signals() -> io::Result<()> {
-    let set = supervisor_set();
-    // SAFETY: `set` is initialised; a null old-set pointer is allowed.
-    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if ret == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(ret))
-    }
+    block_signals(&SUPERVISOR_SIGNALS)
 }
 
 /// Waits up to `ms` milliseconds for one of the (blocked) supervisor signals; returns it.
 pub fn wait_supervisor_signal(ms: u32) -> Option<i32> {
-    let set = supervisor_set();
+    let set = sigset(&SUPERVISOR_SIGNALS);
     let ts = libc::timespec {
         tv_sec: libc::time_t::from(ms / 1000),
         tv_nsec: libc::c_long::from(ms % 1000) * 1_000_000,

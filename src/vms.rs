@@ -11,7 +11,7 @@ use vmhost_ledger::{AdmitError, Held, Ledger, Liveness, Snapshot, VmState};
 use vmhost_plan::{plan, Plan, PlanOptions, Rejection};
 use vmhost_topology::{cpulist, HostTopology};
 
-use crate::{Exit, EXIT_NO_FIT};
+use crate::Exit;
 
 /// The run directory: `--run-dir`, else `$VMHOST_RUN_DIR`, else `/run/vmhost`.
 pub fn run_dir(flag: Option<&Path>) -> PathBuf {
@@ -110,7 +110,7 @@ pub fn admit(
             ))
         }
         Err(AdmitError::Plan(r)) => Err(anyhow::Error::new(Exit {
-            code: EXIT_NO_FIT,
+            code: crate::rejection_code(&r),
             message: with_confinement(r.to_string(), host),
         })),
         Err(AdmitError::Ledger(e)) => Err(e).context("host ledger"),

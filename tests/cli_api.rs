@@ -259,3 +259,91 @@ fn a_stop_signal_during_setup_stops_the_vm_in_order() {
         common::vmhost_json(&["ps", "--json", "--run-dir", d.join("run").to_str().unwrap()]);
     assert!(ps["entries"].as_array().unwrap().is_empty(), "{ps}");
 }
+
+/// The kernel thread names of process `pid`.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn sighup_and_sigquit_stop_the_vm_in_order_like_sigterm() {
+    if !need_kvm("hup_quit") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    for sig in ["HUP", "QUIT"] {
+        let d = dir(&format!("sig-{sig}"));
+        let spec = "name = \"hup\"\n[cpu]\ncores = 1\n[memory]\nguest = \"32Mi\"\n[boot]\npayload = \"idle\"\n";
+        let (mut child, sock) = start(&d, spec, &[]);
+        Command::new("kill")
+            .args([&format!("-{sig}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        let status = child.wait().unwrap();
+        // Before: the default action killed vmhost, leaving the socket and the ledger entry.
+        assert_eq!(status.code(), Some(0), "SIG{sig}: {status:?}");
+        assert!(!sock.exists(), "SIG{sig}: socket removed");
+        let (_, ps) =
+            common::vmhost_json(&["ps", "--json", "--run-dir", d.join("run").to_str().unwrap()]);
+        assert!(
+            ps["entries"].as_array().unwrap().is_empty(),
+            "SIG{sig}: {ps}"
+        );
+    }
+}
+
+#[test]
+fn a_stop_during_a_long_prefault_stops_at_once() {
+    if !need_kvm("prefault_stop") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let d = dir("prefault-stop");
+    let path = d.join("vm.toml");
+    // 4 GiB of anonymous memory: seconds of prefault on these hosts.
+    std::fs::write(
+        &path,
+        "name = \"big\"\n[cpu]\ncores = 1\n[memory]\nguest = \"4Gi\"\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(["--run-dir", d.join("run").to_str().unwrap()])
+        .args(["--config", path.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !thread_names(child.id())
+        .iter()
+        .any(|n| n.starts_with("prefault-"))
+    {
+        assert!(Instant::now() < deadline, "the prefault never started");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let sent = Instant::now();
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = child.wait().unwrap();
+    let took = sent.elapsed();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("stopped {took:?} after SIGTERM");
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("stopped by a signal while its guest memory was set up"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(1), "took {took:?}: {err}");
+    let (_, ps) =
+        common::vmhost_json(&["ps", "--json", "--run-dir", d.join("run").to_str().unwrap()]);
+    assert!(ps["entries"].as_array().unwrap().is_empty(), "{ps}");
+}

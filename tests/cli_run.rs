@@ -205,3 +205,69 @@ fn invalid_spec_and_no_fit_leave_no_ledger_entry() {
         .unwrap_or_default();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// A Linux guest (a tiny PVH "kernel") that prints without end, run with stdout a pipe nobody
+/// reads: SIGTERM still ends vmhost within a second, with the ledger entry released. Before,
+/// the vCPU blocked in its write to the full pipe and nothing stopped it; the final report, too,
+/// would have blocked on stdout forever.
+#[test]
+fn sigterm_ends_vmhost_whose_guest_prints_into_an_unread_stdout() {
+    use std::os::fd::AsRawFd;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    use vmhost_testsupport::pvh::{out8, pvh_elf};
+    if !need_kvm("unread_stdout") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let d = tmp("unread-stdout");
+    let mut code = out8(0x3f8, b'x');
+    code.extend_from_slice(&[0xeb, 0xf7]); // jmp back to the out
+    std::fs::write(d.join("kernel.elf"), pvh_elf(&code)).unwrap();
+    // A relative kernel path: resolved against the spec's directory.
+    let spec = d.join("vm.toml");
+    std::fs::write(
+        &spec,
+        "name = \"chatty\"\n[cpu]\ncores = 1\n[memory]\nguest = \"64Mi\"\n[boot]\nkernel = \"kernel.elf\"\n",
+    )
+    .unwrap();
+    let errlog = std::fs::File::create(d.join("stderr")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(["--run-dir", d.join("run").to_str().unwrap()])
+        .args(["--config", spec.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(errlog)
+        .spawn()
+        .unwrap();
+    let unread = child.stdout.take().unwrap();
+    // One page of pipe: the guest fills it at once.
+    // SAFETY: fcntl on the pipe's open read end; F_SETPIPE_SZ takes an int argument.
+    unsafe { libc::fcntl(unread.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(child.try_wait().unwrap().is_none(), "vmhost ended early");
+    let sent = Instant::now();
+    // SAFETY: kill only sends a signal to our child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let deadline = sent + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("vmhost did not end within 10 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let took = sent.elapsed();
+    let err = std::fs::read_to_string(d.join("stderr")).unwrap();
+    println!("vmhost ended {took:?} after SIGTERM\n{err}");
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    let ps = common::vmhost(&["ps", "--json", "--run-dir", d.join("run").to_str().unwrap()]);
+    let ps: Value = serde_json::from_slice(&ps.stdout).unwrap();
+    assert!(ps["entries"].as_array().unwrap().is_empty(), "{ps}");
+    drop(unread);
+    std::fs::remove_dir_all(&d).unwrap();
+}

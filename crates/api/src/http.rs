@@ -366,7 +366,11 @@ pub fn fuzz_read_request(input: &[u8]) -> Result<Option<(String, String, usize)>
         }
     }
     impl AsyncWrite for Conn<'_> {
-        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, b: &[u8]) -> Poll<std::io::Result<usize>> {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            b: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
             Poll::Ready(Ok(b.len()))
         }
         fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {

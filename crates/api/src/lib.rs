@@ -58,10 +58,10 @@ mod socket;
 use std::time::Duration;
 
 pub use client::{request, request_with_timeout, ApiResponse, ClientError, DEFAULT_CLIENT_TIMEOUT};
-pub use server::{serve, ApiListener, ApiServer, ServeError, ThreadStartHook};
-pub use socket::BindError;
 #[cfg(feature = "fuzzing")]
 pub use http::fuzz_read_request;
+pub use server::{serve, ApiListener, ApiServer, ServeError, ThreadStartHook};
+pub use socket::BindError;
 
 /// The VM side of the API, implemented by the binary.
 ///

@@ -295,9 +295,16 @@ mod tests {
         let base = baseline_plan(&pinned, 16 << 20);
         let cell = &base.guest_cells[0];
         assert!(cell.spans.is_empty());
-        assert_eq!(cell.host_node, Some(0), "node0 holds the larger part (160Mi)");
+        assert_eq!(
+            cell.host_node,
+            Some(0),
+            "node0 holds the larger part (160Mi)"
+        );
         assert_eq!(cell.memory_bytes, 16 << 20);
-        assert_eq!(base.envelope.hugepages.iter().map(|h| h.count).sum::<u64>(), 8);
+        assert_eq!(
+            base.envelope.hugepages.iter().map(|h| h.count).sum::<u64>(),
+            8
+        );
         assert_eq!(pinned.expected_policies(), vec![(0, String::new())]);
     }
 

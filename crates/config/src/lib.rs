@@ -25,7 +25,7 @@ pub use quantity::{format_bytes, Quantity, QuantityError};
 pub use spec::RawSpec;
 pub use validate::{
     validate, BootSpec, CpuSpec, CpuTopology, Dialect, HugepageSpec, MemorySpec, Payload,
-    ResourceList, Resources, SpecError, VmSpec, ARCH_PAGE_SIZES, MAX_VCPUS,
+    ResourceList, Resources, SpecError, VmSpec, ARCH_PAGE_SIZES, MAX_MEMORY_BYTES, MAX_VCPUS,
 };
 
 /// A spec loaded and validated, with the warnings to show the user.
@@ -112,16 +112,23 @@ pub fn from_yaml_str(text: &str, origin: &str) -> Result<LoadedSpec, ConfigError
 }
 
 /// Loads a spec file: `.yaml`/`.yml` as a KubeVirt manifest, anything else as TOML.
+///
+/// Relative `boot.kernel` and `boot.initrd` paths are resolved against the spec file's
+/// directory, so a spec and its kernel can move together (docs/spec.md).
 pub fn load(path: &Path) -> Result<LoadedSpec, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     })?;
     let origin = path.display().to_string();
-    match path.extension().and_then(|e| e.to_str()) {
+    let mut loaded = match path.extension().and_then(|e| e.to_str()) {
         Some("yaml" | "yml") => from_yaml_str(&text, &origin),
         _ => from_toml_str(&text, &origin),
+    }?;
+    if let Some(dir) = path.parent() {
+        loaded.spec.boot.resolve_paths(dir);
     }
+    Ok(loaded)
 }
 
 #[cfg(test)]

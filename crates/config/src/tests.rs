@@ -420,3 +420,22 @@ fn memory_quantities_that_are_not_whole_pages_are_accepted() {
     .to_string();
     assert!(e.contains("multiple of the hugepage size 2Mi"), "{e}");
 }
+
+#[test]
+fn relative_kernel_and_initrd_paths_resolve_against_the_spec_file() {
+    let dir = std::env::temp_dir().join(format!("vmhost-config-rel-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("specs")).unwrap();
+    let spec = dir.join("specs/vm.toml");
+    std::fs::write(
+        &spec,
+        "[memory]\nguest = \"64Mi\"\n[boot]\nkernel = \"../k/vmlinux\"\ninitrd = \"/abs/initrd\"\n",
+    )
+    .unwrap();
+    let loaded = crate::load(&spec).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let BootSpec::Kernel { kernel, initrd, .. } = loaded.spec.boot else {
+        panic!("{:?}", loaded.spec.boot)
+    };
+    assert_eq!(kernel, dir.join("specs/../k/vmlinux"));
+    assert_eq!(initrd, Some(std::path::PathBuf::from("/abs/initrd")));
+}

@@ -19,6 +19,11 @@ pub const ARCH_PAGE_SIZES: [u64; 2] = [2 << 20, 1 << 30];
 /// The most vCPUs a KVM VM may have here (`KVM_CAP_MAX_VCPUS` on current kernels).
 pub const MAX_VCPUS: u32 = 1024;
 
+/// The largest byte quantity a spec may hold (4 PiB): x86-64's largest guest-physical address
+/// space (52 bits). No host holds more, and it keeps every size derived from the spec (the
+/// envelope's sums, page counts, guest-physical addresses) far from 64-bit overflow.
+pub const MAX_MEMORY_BYTES: u64 = 1 << 52;
+
 /// One broken validation rule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SpecError {
@@ -238,6 +243,19 @@ pub enum BootSpec {
     },
 }
 
+impl BootSpec {
+    /// Makes a relative kernel or initrd path relative to `dir` (the spec file's directory).
+    pub fn resolve_paths(&mut self, dir: &std::path::Path) {
+        if let BootSpec::Kernel { kernel, initrd, .. } = self {
+            for p in std::iter::once(kernel).chain(initrd.as_mut()) {
+                if p.is_relative() {
+                    *p = dir.join(&*p);
+                }
+            }
+        }
+    }
+}
+
 /// A validated, resolved VM spec: what the planner consumes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VmSpec {
@@ -282,6 +300,15 @@ impl Checker<'_> {
     fn bytes(&mut self, field: &str, q: Option<&Quantity>) -> Option<u64> {
         let q = q?;
         match q.to_bytes() {
+            Some(b) if b > MAX_MEMORY_BYTES => {
+                self.fail(
+                    field,
+                    q,
+                    "is larger than x86-64's largest guest-physical address space (4Pi, 52 bits)",
+                    "write at most \"4Pi\"",
+                );
+                None
+            }
             Some(b) => Some(b),
             None => {
                 self.fail(
@@ -588,6 +615,9 @@ fn check_realtime(
 fn check_memory(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> Option<MemorySpec> {
     let m = &raw.memory;
     let explicit = c.bytes("memory.guest", m.guest.as_ref());
+    if m.guest.is_some() && explicit.is_none() {
+        return None; // reported by `bytes`
+    }
     let guest = explicit
         .or(res.limits.memory_bytes)
         .or(res.requests.memory_bytes);

@@ -33,6 +33,28 @@ pub enum LedgerError {
         #[source]
         source: io::Error,
     },
+    /// The lock stayed held by another process for the whole timeout.
+    #[error("the ledger lock {path} has been held by {holder} for {}s; wait for that command to finish, or stop it if it hangs", waited.as_secs())]
+    LockTimeout {
+        /// The lock file.
+        path: PathBuf,
+        /// How long this operation waited.
+        waited: std::time::Duration,
+        /// Who holds it, from `/proc/locks` (`process 4242 (vmhost)`), or `another process`.
+        holder: String,
+    },
+    /// The permissions of the run directory, `vms/` or the lock file could not be narrowed to
+    /// the owner.
+    #[error("cannot restrict {path} to its owner (mode {mode:o}); make the run directory yours, or choose another one with the run-directory option")]
+    Permissions {
+        /// The file or directory.
+        path: PathBuf,
+        /// The mode it should have.
+        mode: u32,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
     /// The `vms/` directory could not be listed.
     #[error("cannot list the ledger directory {path}")]
     ReadDir {

@@ -10,7 +10,7 @@
 //! A run directory (default [`DEFAULT_RUN_DIR`], `/run/vmhost`) holds:
 //!
 //! ```text
-//! ledger.lock                      empty; flock(2)ed by every ledger operation
+//! ledger.lock                      empty, mode 0600; flock(2)ed by every ledger operation
 //! vms/<name>.<pid>.<start>.json    one entry per VM (start: /proc/<pid>/stat field 22)
 //! vms/.<entry file>.tmp            a write in progress (or interrupted: removed by the next
 //!                                  exclusive operation)
@@ -49,6 +49,9 @@
 //! - `LOCK_SH` for [`Ledger::list`].
 //!
 //! The kernel drops the lock when its holder dies, so a VM killed mid-admission blocks nobody.
+//! The run directory and `vms/` are mode 0700 and the lock file 0600: another local user can
+//! neither hold the lock nor read the entries. An operation waits at most [`LOCK_TIMEOUT`]
+//! for the lock, then fails naming the holder (pid and command, from `/proc/locks`).
 //!
 //! # Liveness and reclamation
 //!
@@ -235,21 +238,41 @@ pub struct Ledger {
     run_dir: PathBuf,
     vms_dir: PathBuf,
     lock_path: PathBuf,
+    lock_timeout: std::time::Duration,
 }
 
+/// How long a ledger operation waits for the lock before it fails naming the holder.
+pub const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Ledger {
-    /// Opens the ledger in `run_dir`, creating the directory, `vms/` and the lock file when
-    /// missing; fails with the path when they cannot be created or opened for writing.
+    /// Opens the ledger in `run_dir`, creating the directory and `vms/` (mode 0700) and the
+    /// lock file (mode 0600) when missing, and narrowing those of an existing ledger to their
+    /// owner: another user who could open the lock file could hold it forever. Fails with the
+    /// path when they cannot be created or opened for writing.
     pub fn open(run_dir: impl Into<PathBuf>) -> Result<Ledger, LedgerError> {
         let ledger = Ledger::at(run_dir.into());
+        let existing = ledger.lock_path.exists();
         for dir in [&ledger.run_dir, &ledger.vms_dir] {
-            std::fs::create_dir_all(dir).map_err(|source| LedgerError::CreateDir {
-                path: dir.clone(),
-                source,
-            })?;
+            store::create_dir(dir)?;
         }
-        drop(store::lock(&ledger.lock_path, false, true)?);
+        if existing {
+            // A ledger made before the run directory was private: narrow it too. A directory
+            // that holds no ledger yet (`--run-dir /tmp`) is not ours to change.
+            store::restrict(&ledger.run_dir, None, store::DIR_MODE)?;
+        }
+        store::restrict(&ledger.vms_dir, None, store::DIR_MODE)?;
+        drop(ledger.lock(false, true)?);
         Ok(ledger)
+    }
+
+    /// The same ledger, with lock waits of at most `timeout` (default [`LOCK_TIMEOUT`]).
+    pub fn with_lock_timeout(mut self, timeout: std::time::Duration) -> Ledger {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    fn lock(&self, exclusive: bool, create: bool) -> Result<store::Locked, LedgerError> {
+        store::lock(&self.lock_path, exclusive, create, self.lock_timeout)
     }
 
     /// A ledger handle that creates nothing, for listing with read access only (e.g. `ps` by
@@ -264,6 +287,7 @@ impl Ledger {
             vms_dir: run_dir.join(store::VMS_DIR),
             lock_path: run_dir.join(store::LOCK_FILE),
             run_dir,
+            lock_timeout: LOCK_TIMEOUT,
         }
     }
 
@@ -297,7 +321,7 @@ impl Ledger {
             sys::Probe::Gone => return Err(LedgerError::ProcessNotRunning { pid }.into()),
             sys::Probe::Unknown => return Err(LedgerError::ProcStat { pid }.into()),
         };
-        let _lock = store::lock(&self.lock_path, true, true)?;
+        let _lock = self.lock(true, true)?;
         let (live, reclaimed) = reclaim(store::scan(&self.vms_dir, true)?, true)?;
         if let Some(other) = live.iter().find(|e| e.name == name) {
             return Err(LedgerError::NameInUse {
@@ -327,7 +351,7 @@ impl Ledger {
     /// Removes the entry of VM `name` run by `pid` (orderly stop). Returns false when there was
     /// none.
     pub fn release(&self, name: &str, pid: u32) -> Result<bool, LedgerError> {
-        let _lock = store::lock(&self.lock_path, true, true)?;
+        let _lock = self.lock(true, true)?;
         let mut found = false;
         for s in store::scan(&self.vms_dir, true)? {
             if s.key
@@ -343,7 +367,7 @@ impl Ledger {
 
     /// Records a new lifecycle state for VM `name` run by `pid`; returns the updated entry.
     pub fn update_state(&self, name: &str, pid: u32, state: VmState) -> Result<Entry, LedgerError> {
-        let _lock = store::lock(&self.lock_path, true, true)?;
+        let _lock = self.lock(true, true)?;
         let scanned = store::scan(&self.vms_dir, true)?;
         let s = scanned
             .into_iter()
@@ -372,7 +396,7 @@ impl Ledger {
 
     /// Every entry, with its process checked against `/proc`, under a shared lock.
     pub fn list(&self) -> Result<Snapshot, LedgerError> {
-        let _lock = match store::lock(&self.lock_path, false, false) {
+        let _lock = match self.lock(false, false) {
             Ok(lock) => Some(lock),
             Err(LedgerError::OpenLock { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
@@ -413,7 +437,7 @@ impl Ledger {
     /// temporary files; returns the removed entries. Unreadable entries of live processes are
     /// left for the operator (see [`Ledger::list`]).
     pub fn gc(&self) -> Result<Vec<Reclaimed>, LedgerError> {
-        let _lock = store::lock(&self.lock_path, true, true)?;
+        let _lock = self.lock(true, true)?;
         let (_, reclaimed) = reclaim(store::scan(&self.vms_dir, true)?, false)?;
         Ok(reclaimed)
     }

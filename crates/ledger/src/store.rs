@@ -2,7 +2,9 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::entry::{decode, FileKey};
 use crate::sys::{self, Probe};
@@ -13,31 +15,107 @@ pub(crate) const LOCK_FILE: &str = "ledger.lock";
 /// The entry directory name in the run directory.
 pub(crate) const VMS_DIR: &str = "vms";
 
+/// The mode of the lock file: other users cannot open it, so they cannot hold the lock.
+pub(crate) const LOCK_MODE: u32 = 0o600;
+/// The mode of the run directory and `vms/`.
+pub(crate) const DIR_MODE: u32 = 0o700;
+/// How often a waiting operation retries the lock.
+const LOCK_POLL: Duration = Duration::from_millis(20);
+
 /// A held `flock`; released when dropped (the descriptor is closed).
 pub(crate) struct Locked {
     _file: File,
 }
 
-/// Opens `path` (creating it when `create`) and locks it, exclusively or shared.
+/// Creates `dir` (and missing parents) with [`DIR_MODE`].
+pub(crate) fn create_dir(dir: &Path) -> Result<(), LedgerError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir)
+        .map_err(|source| LedgerError::CreateDir {
+            path: dir.to_owned(),
+            source,
+        })
+}
+
+/// Narrows `path` to `mode` when it grants anything to group or others (a run directory made
+/// by an older vmhost, or by hand).
+pub(crate) fn restrict(path: &Path, file: Option<&File>, mode: u32) -> Result<(), LedgerError> {
+    let err = |source| LedgerError::Permissions {
+        path: path.to_owned(),
+        mode,
+        source,
+    };
+    let meta = match file {
+        Some(f) => f.metadata(),
+        None => fs::metadata(path),
+    }
+    .map_err(err)?;
+    if meta.mode() & 0o077 == 0 {
+        return Ok(());
+    }
+    let perms = fs::Permissions::from_mode(mode);
+    match file {
+        Some(f) => f.set_permissions(perms),
+        None => fs::set_permissions(path, perms),
+    }
+    .map_err(err)
+}
+
+/// Opens `path` (creating it, mode [`LOCK_MODE`], when `create`) and locks it, exclusively or
+/// shared, waiting at most `timeout`; on timeout the error names the holder when
+/// `/proc/locks` shows it.
 ///
 /// Every operation opens its own descriptor: `flock` locks belong to the open file
 /// description, so two threads sharing one descriptor would not exclude each other.
-pub(crate) fn lock(path: &Path, exclusive: bool, create: bool) -> Result<Locked, LedgerError> {
+pub(crate) fn lock(
+    path: &Path,
+    exclusive: bool,
+    create: bool,
+    timeout: Duration,
+) -> Result<Locked, LedgerError> {
     let file = OpenOptions::new()
         .read(true)
         .write(create)
         .create(create)
         .truncate(false)
+        .mode(LOCK_MODE)
         .open(path)
         .map_err(|source| LedgerError::OpenLock {
             path: path.to_owned(),
             source,
         })?;
-    sys::flock(&file, exclusive).map_err(|source| LedgerError::Lock {
-        path: path.to_owned(),
-        source,
-    })?;
-    Ok(Locked { _file: file })
+    if create {
+        restrict(path, Some(&file), LOCK_MODE)?;
+    }
+    let start = Instant::now();
+    loop {
+        let locked = sys::try_flock(&file, exclusive).map_err(|source| LedgerError::Lock {
+            path: path.to_owned(),
+            source,
+        })?;
+        if locked {
+            return Ok(Locked { _file: file });
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            let holder = file
+                .metadata()
+                .ok()
+                .and_then(|m| sys::flock_holder(m.dev(), m.ino()))
+                .map_or_else(
+                    || "another process".to_string(),
+                    |(pid, comm)| format!("process {pid} ({comm})"),
+                );
+            return Err(LedgerError::LockTimeout {
+                path: path.to_owned(),
+                waited,
+                holder,
+            });
+        }
+        std::thread::sleep(LOCK_POLL.min(timeout - waited));
+    }
 }
 
 /// One file of `vms/` as scanned.

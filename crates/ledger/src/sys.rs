@@ -22,12 +22,13 @@ pub(crate) enum Probe {
     Unknown,
 }
 
-/// Takes a `flock(2)` lock on `file`, exclusive or shared, waiting for it.
+/// Tries to take a `flock(2)` lock on `file`, exclusive or shared, without waiting; false when
+/// another open file description holds a conflicting lock.
 ///
 /// The lock belongs to the open file description: it is released when `file` is closed (also
 /// when the process dies), and a second descriptor of the same file conflicts with it even in
 /// the same process.
-pub(crate) fn flock(file: &File, exclusive: bool) -> io::Result<()> {
+pub(crate) fn try_flock(file: &File, exclusive: bool) -> io::Result<bool> {
     let op = if exclusive {
         libc::LOCK_EX
     } else {
@@ -36,15 +37,43 @@ pub(crate) fn flock(file: &File, exclusive: bool) -> io::Result<()> {
     loop {
         // SAFETY: `file` owns an open descriptor for the whole call, so `flock` acts on a
         // valid fd; `flock` takes no pointers and touches no memory of this process.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
+        let rc = unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) };
         if rc == 0 {
-            return Ok(());
+            return Ok(true);
         }
         let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
+        match err.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            Some(libc::EINTR) => {}
+            _ => return Err(err),
         }
     }
+}
+
+/// The process holding a `flock` on the file with device `dev` and inode `ino`, from
+/// `/proc/locks`: its pid and command name.
+pub(crate) fn flock_holder(dev: u64, ino: u64) -> Option<(u32, String)> {
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let pid = parse_locks(&locks, dev, ino)?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map_or_else(|_| "?".to_string(), |c| c.trim().to_string());
+    Some((pid, comm))
+}
+
+/// The pid of the first granted `FLOCK` in `/proc/locks` text on `dev`/`ino`. Lines read
+/// `1: FLOCK  ADVISORY  WRITE 4242 00:19:1234 0 EOF`, the device as hex major:minor; waiters
+/// carry `->` and are skipped.
+pub(crate) fn parse_locks(text: &str, dev: u64, ino: u64) -> Option<u32> {
+    // glibc's encoding of dev_t (gnu_dev_major / gnu_dev_minor).
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let want = format!("{major:02x}:{minor:02x}:{ino}");
+    text.lines().filter(|l| !l.contains("->")).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
+            .then(|| f.get(4)?.parse().ok())
+            .flatten()
+    })
 }
 
 /// True when `kill(pid, 0)` says the process does not exist (`ESRCH`).
@@ -100,6 +129,21 @@ mod tests {
         assert_eq!(parse_stat(line), Some(('S', 987_654)));
         assert_eq!(parse_stat("12 (x) S 1 2"), None);
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn the_flock_holder_is_found_by_device_and_inode() {
+        let text = "1: POSIX  ADVISORY  WRITE 10 00:19:77 0 EOF\n\
+                    2: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF\n\
+                    2: -> FLOCK  ADVISORY  WRITE 4343 fd:01:1234 0 EOF\n";
+        let dev = (0xfd << 8) | 0x01;
+        assert_eq!(parse_locks(text, dev, 1234), Some(4242));
+        assert_eq!(parse_locks(text, dev, 1235), None);
+        assert_eq!(
+            parse_locks(text, 0x19, 77),
+            None,
+            "POSIX locks are not flocks"
+        );
     }
 
     #[test]

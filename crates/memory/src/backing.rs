@@ -15,7 +15,8 @@
 //!
 //! Hugepage mappings are made without `MAP_NORESERVE`: the kernel reserves every page when
 //! the mapping is created, so a short pool fails here with `ENOMEM` rather than with a
-//! `SIGBUS` inside a running guest. Everything is released by dropping: unmapping and closing
+//! `SIGBUS` inside a running guest. Every mapping is `MADV_DONTDUMP`: guest RAM stays out of
+//! the VMM's core dumps (docs/security.md). Everything is released by dropping: unmapping and closing
 //! the last descriptor returns the pages (and the reservations) to the pool.
 
 use std::fs::{File, OpenOptions};
@@ -133,6 +134,17 @@ pub enum BackingError {
     /// `madvise(MADV_HUGEPAGE)` failed.
     #[error("cannot request transparent hugepages for guest cell {cell} at GPA {gpa:#x}")]
     AdviseHugepage {
+        /// Cell number.
+        cell: u32,
+        /// Guest-physical start.
+        gpa: u64,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// `madvise(MADV_DONTDUMP)` failed.
+    #[error("cannot leave guest cell {cell} at GPA {gpa:#x} out of core dumps")]
+    AdviseDontDump {
         /// Cell number.
         cell: u32,
         /// Guest-physical start.
@@ -324,6 +336,8 @@ pub fn map_region(
         sys::madvise(mapped.host_addr(), size, sys::Advice::Hugepage)
             .map_err(|source| BackingError::AdviseHugepage { cell, gpa, source })?;
     }
+    sys::madvise(mapped.host_addr(), size, sys::Advice::DontDump)
+        .map_err(|source| BackingError::AdviseDontDump { cell, gpa, source })?;
     Ok(mapped)
 }
 
@@ -410,6 +424,30 @@ mod tests {
             m.host_addr().write_volatile(0x5a);
             assert_eq!(m2.host_addr().read_volatile(), 0x5a);
         }
+    }
+
+    /// The `VmFlags` line of the `/proc/self/smaps` entry that starts at `addr`.
+    fn vm_flags(addr: *mut u8) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let start = format!("{:x}-", addr as usize);
+        let entry = smaps
+            .split_inclusive('\n')
+            .skip_while(|l| !l.starts_with(&start))
+            .skip(1)
+            .find(|l| l.starts_with("VmFlags:"))
+            .unwrap_or_else(|| panic!("no smaps entry at {start}"));
+        entry.trim().to_string()
+    }
+
+    #[test]
+    fn guest_ram_is_left_out_of_core_dumps() {
+        let file = Arc::new(create_file("unit", 0, 1 << 20, &Backing::Anonymous).unwrap());
+        let m = map_region(&file, region(0, None, 1 << 20, 0), &Backing::Anonymous).unwrap();
+        let flags = vm_flags(m.host_addr());
+        assert!(
+            flags.split_whitespace().any(|f| f == "dd"),
+            "MADV_DONTDUMP not set: {flags}"
+        );
     }
 
     #[test]

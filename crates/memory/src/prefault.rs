@@ -61,6 +61,15 @@ pub enum PrefaultError {
         /// Cell number.
         cell: u32,
     },
+    /// [`PrefaultOptions::cancel`] was set (a stop signal): the workers stopped after their
+    /// chunk in progress.
+    #[error("prefaulting was cancelled after {done} of {total} bytes")]
+    Cancelled {
+        /// Bytes faulted in.
+        done: u64,
+        /// Bytes in all.
+        total: u64,
+    },
 }
 
 /// How pages are faulted in.
@@ -115,6 +124,9 @@ pub struct PrefaultOptions {
     pub progress_threshold_bytes: u64,
     /// Progress hook.
     pub on_progress: Option<ProgressHook>,
+    /// Set from any thread to stop the workers after their chunk in progress (a stop signal
+    /// during a long prefault); the prefault then fails with [`PrefaultError::Cancelled`].
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 impl Default for PrefaultOptions {
@@ -126,6 +138,7 @@ impl Default for PrefaultOptions {
             progress: Progress::Auto,
             progress_threshold_bytes: 4 << 30,
             on_progress: None,
+            cancel: None,
         }
     }
 }
@@ -139,6 +152,7 @@ impl fmt::Debug for PrefaultOptions {
             .field("progress", &self.progress)
             .field("progress_threshold_bytes", &self.progress_threshold_bytes)
             .field("on_progress", &self.on_progress.as_ref().map(|_| "<hook>"))
+            .field("cancel", &self.cancel)
             .finish()
     }
 }
@@ -208,6 +222,7 @@ fn chunks_of(regions: &[MappedRegion], chunk_bytes: u64) -> Vec<Chunk> {
 /// State shared by all workers of one prefault run.
 struct Shared {
     stop: AtomicBool,
+    cancel: Option<Arc<AtomicBool>>,
     use_touch: AtomicBool,
     done: AtomicU64,
     total: u64,
@@ -218,6 +233,25 @@ struct Shared {
 }
 
 impl Shared {
+    /// True when the workers must stop: a failure, or a cancel (recorded as the failure).
+    fn stopping(&self) -> bool {
+        if self.stop.load(Ordering::Relaxed) {
+            return true;
+        }
+        if self
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::SeqCst))
+        {
+            self.fail(PrefaultError::Cancelled {
+                done: self.done.load(Ordering::Relaxed),
+                total: self.total,
+            });
+            return true;
+        }
+        false
+    }
+
     fn fail(&self, err: PrefaultError) {
         self.stop.store(true, Ordering::SeqCst);
         if let Ok(mut slot) = self.first_error.lock() {
@@ -299,7 +333,7 @@ fn worker(
             return;
         }
     }
-    while !shared.stop.load(Ordering::Relaxed) {
+    while !shared.stopping() {
         let Some(chunk) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) else {
             return;
         };
@@ -361,6 +395,7 @@ pub fn prefault(
         .sum();
     let shared = Shared {
         stop: AtomicBool::new(false),
+        cancel: opts.cancel.clone(),
         use_touch: AtomicBool::new(false),
         done: AtomicU64::new(0),
         total,
@@ -451,6 +486,41 @@ mod tests {
         let mut status = vec![-1; pages.len()];
         sys::query_pages(&pages, &mut status).unwrap();
         status.iter().filter(|s| **s >= 0).count()
+    }
+
+    #[test]
+    fn a_cancel_stops_the_workers_after_their_chunk() {
+        let regions = vec![anon_region(0, 4 << 20)];
+        let cancel = Arc::new(AtomicBool::new(false));
+        let hook_cancel = Arc::clone(&cancel);
+        let opts = PrefaultOptions {
+            chunk_bytes: 64 << 10,
+            threads_per_cell: Some(1),
+            progress: Progress::Hidden,
+            // A stop signal arriving after the first chunk.
+            on_progress: Some(Arc::new(move |_, _| {
+                hook_cancel.store(true, Ordering::SeqCst)
+            })),
+            cancel: Some(cancel),
+            ..PrefaultOptions::default()
+        };
+        let target = CellTarget {
+            cell: 0,
+            regions: &regions,
+            cpus: &[],
+        };
+        let err = prefault(&[target], &opts).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PrefaultError::Cancelled {
+                    done: 65536,
+                    total: 4194304
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(present_pages(&regions[0]), 16, "one chunk, then stop");
     }
 
     #[test]

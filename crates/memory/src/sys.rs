@@ -224,6 +224,9 @@ pub enum Advice {
     PopulateWrite,
     /// `MADV_HUGEPAGE`: ask for transparent hugepages.
     Hugepage,
+    /// `MADV_DONTDUMP`: leave the range out of core dumps (guest RAM: the guest's secrets,
+    /// and gigabytes a dump of the VMM does not need).
+    DontDump,
 }
 
 /// Gives `advice` for the mapped range `[addr, addr + len)`.
@@ -231,10 +234,11 @@ pub fn madvise(addr: *mut u8, len: usize, advice: Advice) -> io::Result<()> {
     let advice = match advice {
         Advice::PopulateWrite => libc::MADV_POPULATE_WRITE,
         Advice::Hugepage => libc::MADV_HUGEPAGE,
+        Advice::DontDump => libc::MADV_DONTDUMP,
     };
-    // SAFETY: both advices keep page contents (populate faults pages in as a write fault
-    // would, without writing data; HUGEPAGE only sets a VMA flag); an unmapped range fails
-    // with ENOMEM instead of being accessed.
+    // SAFETY: every advice here keeps page contents (populate faults pages in as a write
+    // fault would, without writing data; HUGEPAGE and DONTDUMP only set VMA flags); an
+    // unmapped range fails with ENOMEM instead of being accessed.
     let ret = unsafe { libc::madvise(addr.cast(), len, advice) };
     if ret < 0 {
         return Err(io::Error::last_os_error());

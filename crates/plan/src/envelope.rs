@@ -5,6 +5,11 @@
 //!   documented in `docs/overhead.md`, to be calibrated by measurement.
 //! - [`OverheadModel::Kubevirt`]: KubeVirt's amd64 `GetMemoryOverhead` arithmetic, reproduced
 //!   exactly for the fields vmhost supports.
+//!
+//! Every sum and product is checked: a size that does not fit 64 bits is a [`SizeOverflow`]
+//! naming the field it came from, never a wrapped (or, in debug builds, panicking) number.
+//! Validated specs keep every byte quantity at or below `vmhost_config::MAX_MEMORY_BYTES`, so
+//! only extreme command-line values (`--overhead-ratio`) can reach it.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +18,44 @@ use vmhost_config::VmSpec;
 use crate::model::{Envelope, HugepageDemand, OverheadModel};
 
 const MI: u64 = 1 << 20;
+
+/// A size computed from the spec or the command line does not fit 64 bits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {what} does not fit in 64 bits; fix: use a smaller {field}")]
+pub struct SizeOverflow {
+    /// The spec field or option the size comes from (`memory.guest`, `--overhead-ratio`).
+    pub field: &'static str,
+    /// What was being computed.
+    pub what: &'static str,
+}
+
+/// `a + b`, or the overflow named after `field`.
+fn add(a: u64, b: u64, field: &'static str, what: &'static str) -> Result<u64, SizeOverflow> {
+    a.checked_add(b).ok_or(SizeOverflow { field, what })
+}
+
+/// `a × b`, or the overflow named after `field`.
+fn mul(a: u64, b: u64, field: &'static str, what: &'static str) -> Result<u64, SizeOverflow> {
+    a.checked_mul(b).ok_or(SizeOverflow { field, what })
+}
+
+/// The sum of the terms; each term is named after the field it comes from.
+fn sum_terms(terms: &BTreeMap<String, u64>) -> Result<u64, SizeOverflow> {
+    terms.iter().try_fold(0u64, |acc, (name, v)| {
+        add(acc, *v, term_field(name), "the sum of the overhead terms")
+    })
+}
+
+/// The spec field or option behind an overhead term, for messages.
+fn term_field(term: &str) -> &'static str {
+    match term {
+        "added_overhead" => "memory.reserved_overhead.added_overhead",
+        "overhead_ratio" => "--overhead-ratio",
+        "page_tables" => "resources.requests.memory",
+        "kvm_page_tables" | "vmm_page_tables" => "memory.guest",
+        _ => "cpu.sockets",
+    }
+}
 
 /// vmhost: fixed private memory of the VMM process (heap, stacks of its own threads, page
 /// tables of its own mappings). Measured 1.1–1.7 MiB (release) and 1.7–2.4 MiB (debug build)
@@ -42,44 +85,67 @@ pub fn overhead_terms(
     spec: &VmSpec,
     model: OverheadModel,
     ratio: Option<f64>,
-) -> BTreeMap<String, u64> {
+) -> Result<BTreeMap<String, u64>, SizeOverflow> {
     let mut terms = BTreeMap::new();
     match model {
-        OverheadModel::Vmhost => vmhost_terms(spec, &mut terms),
-        OverheadModel::Kubevirt => kubevirt_terms(spec, &mut terms),
+        OverheadModel::Vmhost => vmhost_terms(spec, &mut terms)?,
+        OverheadModel::Kubevirt => kubevirt_terms(spec, &mut terms)?,
     }
     if let Some(r) = ratio {
-        let sum: u64 = terms.values().sum();
-        terms.insert("overhead_ratio".to_string(), ratio_addition(sum, r));
+        let sum = sum_terms(&terms)?;
+        terms.insert("overhead_ratio".to_string(), ratio_addition(sum, r)?);
     }
-    terms
+    Ok(terms)
 }
 
-fn vmhost_terms(spec: &VmSpec, terms: &mut BTreeMap<String, u64>) {
+fn vmhost_terms(spec: &VmSpec, terms: &mut BTreeMap<String, u64>) -> Result<(), SizeOverflow> {
     let page = spec
         .memory
         .hugepages
         .as_ref()
         .map_or(4096, |h| h.page_size_bytes);
     let entries = spec.memory.guest_bytes.div_ceil(page);
-    let tables = (entries * VMHOST_PTE_BYTES).div_ceil(4096) * 4096;
+    let what = "the page-table estimate";
+    let tables = mul(
+        mul(entries, VMHOST_PTE_BYTES, "memory.guest", what)?.div_ceil(4096),
+        4096,
+        "memory.guest",
+        what,
+    )?;
     terms.insert("kvm_page_tables".into(), tables);
     terms.insert("vmm_page_tables".into(), tables);
     terms.insert("vmm_process".into(), VMHOST_FIXED);
-    terms.insert("vcpus".into(), VMHOST_PER_VCPU * u64::from(spec.vcpus()));
+    let vcpus = mul(
+        VMHOST_PER_VCPU,
+        u64::from(spec.vcpus()),
+        "cpu.sockets",
+        "the vCPU term",
+    )?;
+    terms.insert("vcpus".into(), vcpus);
     if spec.memory.added_overhead_bytes > 0 {
         terms.insert("added_overhead".into(), spec.memory.added_overhead_bytes);
     }
+    Ok(())
 }
 
-fn kubevirt_terms(spec: &VmSpec, terms: &mut BTreeMap<String, u64>) {
+fn kubevirt_terms(spec: &VmSpec, terms: &mut BTreeMap<String, u64>) -> Result<(), SizeOverflow> {
     // Page tables: only resources.requests.memory, rounded up to kB, / 512.
     let req = spec.resources.requests.memory_bytes.unwrap_or(0);
-    terms.insert("page_tables".into(), req.div_ceil(1000) * 1000 / 512);
+    let kb = mul(
+        req.div_ceil(1000),
+        1000,
+        "resources.requests.memory",
+        "the page-table term",
+    )?;
+    terms.insert("page_tables".into(), kb / 512);
     for (name, bytes) in KUBEVIRT_FIXED {
         terms.insert(name.into(), bytes);
     }
-    terms.insert("vcpus".into(), 8 * MI * u64::from(kubevirt_vcpus(spec)));
+    let vcpus = u64::from(kubevirt_vcpus(spec));
+    terms.insert(
+        "vcpus".into(),
+        mul(8 * MI, vcpus, "cpu.sockets", "the vCPU term")?,
+    );
     if spec.autoattach_graphics_device {
         terms.insert("video_ram".into(), 32 * MI);
     }
@@ -89,6 +155,7 @@ fn kubevirt_terms(spec: &VmSpec, terms: &mut BTreeMap<String, u64>) {
     if spec.memory.added_overhead_bytes > 0 {
         terms.insert("added_overhead".into(), spec.memory.added_overhead_bytes);
     }
+    Ok(())
 }
 
 /// KubeVirt's vCPU count: the topology when given, else the CPU limit, else the request,
@@ -118,13 +185,24 @@ pub fn guaranteed_qos(spec: &VmSpec) -> bool {
 }
 
 /// KubeVirt's `MultiplyMemory`: `trunc(ceil(O / 1000) × (r − 1.0)) × 1000`, in IEEE doubles.
-pub fn ratio_addition(overhead: u64, ratio: f64) -> u64 {
+/// A product beyond 64 bits (or a ratio that is not a finite number) is an overflow of
+/// `--overhead-ratio`.
+pub fn ratio_addition(overhead: u64, ratio: f64) -> Result<u64, SizeOverflow> {
+    let overflow = SizeOverflow {
+        field: "--overhead-ratio",
+        what: "the overhead times the ratio",
+    };
     #[allow(clippy::cast_precision_loss)]
     let kilo = overhead.div_ceil(1000) as f64;
     let add = kilo * (ratio - 1.0);
+    // 2^64 is exactly representable; anything at or above it (or NaN) does not fit.
+    #[allow(clippy::cast_precision_loss)]
+    if add.is_nan() || add >= u64::MAX as f64 {
+        return Err(overflow);
+    }
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let add = add.max(0.0) as u64; // Go's int64() truncates toward zero.
-    add * 1000
+    add.checked_mul(1000).ok_or(overflow)
 }
 
 /// Builds the envelope from the overhead terms, the spec and the hugepage demand.
@@ -133,26 +211,41 @@ pub fn envelope(
     model: OverheadModel,
     ratio: Option<f64>,
     hugepages: Vec<HugepageDemand>,
-) -> Envelope {
-    let terms = overhead_terms(spec, model, ratio);
-    let overhead: u64 = terms.values().sum();
+) -> Result<Envelope, SizeOverflow> {
+    let terms = overhead_terms(spec, model, ratio)?;
+    let overhead = sum_terms(&terms)?;
     let guest = spec.memory.guest_bytes;
-    let req = spec.resources.requests.memory_bytes.unwrap_or(guest);
-    let memory_request_bytes = if spec.memory.hugepages.is_some() {
-        overhead + req.saturating_sub(guest)
-    } else {
-        req + overhead
+    // Hugepage-backed guest RAM is not in the memory request: only what the request (or the
+    // limit) exceeds the guest by.
+    let beyond_guest = |bytes: u64| {
+        if spec.memory.hugepages.is_some() {
+            bytes.saturating_sub(guest)
+        } else {
+            bytes
+        }
     };
+    let req = spec.resources.requests.memory_bytes.unwrap_or(guest);
+    let memory_request_bytes = add(
+        overhead,
+        beyond_guest(req),
+        "resources.requests.memory",
+        "the memory request plus the overhead",
+    )?;
     let memory_limit_bytes = if spec.cpu.dedicated_cpu_placement {
         Some(memory_request_bytes)
     } else {
-        spec.resources.limits.memory_bytes.map(|lim| {
-            if spec.memory.hugepages.is_some() {
-                overhead + lim.saturating_sub(guest)
-            } else {
-                lim + overhead
-            }
-        })
+        spec.resources
+            .limits
+            .memory_bytes
+            .map(|lim| {
+                add(
+                    overhead,
+                    beyond_guest(lim),
+                    "resources.limits.memory",
+                    "the memory limit plus the overhead",
+                )
+            })
+            .transpose()?
     };
     let vcpus = spec.vcpus();
     let (cpus, dedicated_cpus) = if spec.cpu.dedicated_cpu_placement {
@@ -168,7 +261,7 @@ pub fn envelope(
         #[allow(clippy::cast_precision_loss)]
         (millis as f64 / 1000.0, 0)
     };
-    Envelope {
+    Ok(Envelope {
         overhead_model: model,
         guest_memory_bytes: guest,
         overhead_bytes: overhead,
@@ -178,7 +271,7 @@ pub fn envelope(
         cpus,
         dedicated_cpus,
         hugepages,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -194,12 +287,12 @@ mod tests {
     fn kubevirt_page_tables_match_reference_values() {
         let s = spec("[resources.requests]\nmemory = \"1Gi\"\n");
         assert_eq!(
-            overhead_terms(&s, OverheadModel::Kubevirt, None)["page_tables"],
+            overhead_terms(&s, OverheadModel::Kubevirt, None).unwrap()["page_tables"],
             2_097_152
         );
         let s = spec("[resources.requests]\nmemory = \"2Mi\"\n");
         assert_eq!(
-            overhead_terms(&s, OverheadModel::Kubevirt, None)["page_tables"],
+            overhead_terms(&s, OverheadModel::Kubevirt, None).unwrap()["page_tables"],
             4097
         );
     }
@@ -208,7 +301,7 @@ mod tests {
     fn kubevirt_page_tables_ignore_guest_memory() {
         let s = spec("[memory]\nguest = \"8Gi\"\n");
         assert_eq!(
-            overhead_terms(&s, OverheadModel::Kubevirt, None)["page_tables"],
+            overhead_terms(&s, OverheadModel::Kubevirt, None).unwrap()["page_tables"],
             0
         );
     }
@@ -218,7 +311,7 @@ mod tests {
         // 1Gi request, 2 vCPUs, graphics attached, not dedicated:
         // 2097152 + 248Mi + 16Mi + 32Mi.
         let s = spec("[cpu]\ncores = 2\n[resources.requests]\nmemory = \"1Gi\"\n");
-        let t = overhead_terms(&s, OverheadModel::Kubevirt, None);
+        let t = overhead_terms(&s, OverheadModel::Kubevirt, None).unwrap();
         assert_eq!(t.values().sum::<u64>(), 2_097_152 + (248 + 16 + 32) * MI);
         assert!(!t.contains_key("dedicated_cpu_or_guaranteed_qos"));
     }
@@ -229,7 +322,7 @@ mod tests {
             "[cpu]\ncores = 4\ndedicated_cpu_placement = true\n[memory]\nguest = \"1Gi\"\n\
              [devices]\nautoattach_graphics_device = false\n[memory.reserved_overhead]\nadded_overhead = \"10Mi\"\n",
         );
-        let t = overhead_terms(&s, OverheadModel::Kubevirt, None);
+        let t = overhead_terms(&s, OverheadModel::Kubevirt, None).unwrap();
         assert_eq!(t["dedicated_cpu_or_guaranteed_qos"], 100 * MI);
         assert_eq!(t["vcpus"], 32 * MI);
         assert_eq!(t["added_overhead"], 10 * MI);
@@ -245,7 +338,7 @@ mod tests {
     fn kubevirt_vcpus_from_cpu_limit() {
         let s = spec("[memory]\nguest = \"1Gi\"\n[resources.limits]\ncpu = \"2500m\"\n");
         assert_eq!(
-            overhead_terms(&s, OverheadModel::Kubevirt, None)["vcpus"],
+            overhead_terms(&s, OverheadModel::Kubevirt, None).unwrap()["vcpus"],
             24 * MI
         );
     }
@@ -253,22 +346,32 @@ mod tests {
     #[test]
     fn ratio_is_applied_in_doubles_like_go() {
         // O = 300Mi = 314572800 B -> 314573 kB; x 0.2 = 62914.6 -> 62914 kB.
-        assert_eq!(ratio_addition(314_572_800, 1.2), 62_914_000);
-        assert_eq!(ratio_addition(1000, 1.0), 0);
+        assert_eq!(ratio_addition(314_572_800, 1.2), Ok(62_914_000));
+        assert_eq!(ratio_addition(1000, 1.0), Ok(0));
         // 1.2 - 1.0 is 0.19999999999999996 in doubles: 5 kB * that = 0.99999.. -> 0.
-        assert_eq!(ratio_addition(5000, 1.2), 0);
+        assert_eq!(ratio_addition(5000, 1.2), Ok(0));
+    }
+
+    #[test]
+    fn a_ratio_beyond_64_bits_is_an_overflow_of_the_option_not_a_wrap() {
+        let s = spec("[memory]\nguest = \"1Gi\"\n");
+        for ratio in [1e300, f64::INFINITY, f64::NAN, 2e16] {
+            let err = envelope(&s, OverheadModel::Vmhost, Some(ratio), vec![]).unwrap_err();
+            assert_eq!(err.field, "--overhead-ratio", "{ratio}");
+        }
+        assert!(envelope(&s, OverheadModel::Vmhost, Some(1e6), vec![]).is_ok());
     }
 
     #[test]
     fn vmhost_page_tables_follow_backing_page_size() {
         let s = spec("[memory]\nguest = \"1Gi\"\n");
         assert_eq!(
-            overhead_terms(&s, OverheadModel::Vmhost, None)["kvm_page_tables"],
+            overhead_terms(&s, OverheadModel::Vmhost, None).unwrap()["kvm_page_tables"],
             2 * MI
         );
         let s = spec("[memory]\nguest = \"1Gi\"\nhugepages = { page_size = \"2Mi\" }\n");
         assert_eq!(
-            overhead_terms(&s, OverheadModel::Vmhost, None)["kvm_page_tables"],
+            overhead_terms(&s, OverheadModel::Vmhost, None).unwrap()["kvm_page_tables"],
             4096
         );
     }
@@ -276,7 +379,7 @@ mod tests {
     #[test]
     fn envelope_memory_and_cpus() {
         let s = spec("[cpu]\ncores = 4\n[memory]\nguest = \"1Gi\"\n");
-        let e = envelope(&s, OverheadModel::Vmhost, None, vec![]);
+        let e = envelope(&s, OverheadModel::Vmhost, None, vec![]).unwrap();
         assert_eq!(e.memory_request_bytes, (1 << 30) + e.overhead_bytes);
         assert!((e.cpus - 0.4).abs() < 1e-9);
         assert_eq!(e.dedicated_cpus, 0);
@@ -284,7 +387,7 @@ mod tests {
             "[cpu]\ncores = 2\ndedicated_cpu_placement = true\nisolate_emulator_thread = true\n\
              [memory]\nguest = \"1Gi\"\nhugepages = { page_size = \"2Mi\" }\n",
         );
-        let e = envelope(&s, OverheadModel::Vmhost, None, vec![]);
+        let e = envelope(&s, OverheadModel::Vmhost, None, vec![]).unwrap();
         assert_eq!(e.memory_request_bytes, e.overhead_bytes);
         assert_eq!(e.memory_limit_bytes, Some(e.overhead_bytes));
         assert_eq!(e.dedicated_cpus, 3);

@@ -185,8 +185,19 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
     if host.distances.assumed && host.nodes.len() > 1 {
         notes.push("the host gave no distance matrix: assumed 10 local / 20 remote".into());
     }
-    let mut envelope =
-        envelope::envelope(spec, opts.overhead_model, opts.overhead_ratio, hugepages);
+    let mut envelope = envelope::envelope(
+        spec,
+        opts.overhead_model,
+        opts.overhead_ratio,
+        hugepages.clone(),
+    )
+    .unwrap_or_else(|e| {
+        reasons.push(Reason::Overflow {
+            field: e.field.to_string(),
+            detail: format!("{} does not fit in 64 bits; use a smaller value", e.what),
+        });
+        Envelope::guest_only(opts.overhead_model, spec.memory.guest_bytes, hugepages)
+    });
     envelope.guest_memory_bytes = ram;
     let realtime = realtime_plan(spec, &vcpus, &mut notes);
     let plan = Plan {
@@ -207,6 +218,41 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
         reasons: reasons.iter().map(ToString::to_string).collect(),
         reason_details: reasons,
         plan,
+    }
+}
+
+impl Outcome {
+    /// True when the plan failed on invalid input (a size overflow) rather than on this host.
+    pub fn invalid_input(&self) -> bool {
+        self.reason_details.iter().any(Reason::is_invalid_input)
+    }
+}
+
+impl Rejection {
+    /// True when the input is invalid (a size overflow) rather than too large for the host.
+    pub fn invalid_input(&self) -> bool {
+        self.reasons.iter().any(Reason::is_invalid_input)
+    }
+}
+
+impl Envelope {
+    /// The envelope of a plan whose sizes could not be computed: guest memory only.
+    fn guest_only(
+        overhead_model: OverheadModel,
+        guest_memory_bytes: u64,
+        hugepages: Vec<HugepageDemand>,
+    ) -> Envelope {
+        Envelope {
+            overhead_model,
+            guest_memory_bytes,
+            overhead_bytes: 0,
+            overhead_terms: Default::default(),
+            memory_request_bytes: 0,
+            memory_limit_bytes: None,
+            cpus: 0.0,
+            dedicated_cpus: 0,
+            hugepages,
+        }
     }
 }
 

@@ -271,11 +271,26 @@ pub enum Reason {
         /// Explanation.
         detail: String,
     },
+    /// A size computed from the spec or an option does not fit 64 bits: the input is
+    /// invalid (exit status 2), not too large for this host.
+    Overflow {
+        /// The field or option it comes from.
+        field: String,
+        /// What overflowed, and the fix.
+        detail: String,
+    },
     /// Anything else, in words.
     Other {
         /// Explanation.
         detail: String,
     },
+}
+
+impl Reason {
+    /// True when the reason is invalid input (a size overflow), not a shortfall of the host.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, Reason::Overflow { .. })
+    }
 }
 
 impl fmt::Display for Reason {
@@ -302,6 +317,7 @@ impl fmt::Display for Reason {
                 f,
                 "dedicated placement needs {needed} PUs ({detail}), the host allows {available} free"
             ),
+            Reason::Overflow { field, detail } => write!(f, "{field}: {detail}"),
             Reason::NumaSplit { detail } | Reason::Other { detail } => f.write_str(detail),
         }
     }

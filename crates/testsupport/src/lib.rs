@@ -8,6 +8,8 @@
 #![warn(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
+pub mod pvh;
+
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;

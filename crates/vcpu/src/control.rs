@@ -2,18 +2,18 @@
 //! start gate, the VM's lifecycle state, and the handles other threads use ([`StopHandle`] for
 //! the binary's SIGINT/SIGTERM handling, [`VmHandle`] for a control API).
 //!
-//! A kick sets `immediate_exit` in a vCPU's `kvm_run` page and sends its thread the kick
-//! signal. A vCPU inside `KVM_RUN` returns `EINTR` on the signal; one about to enter returns at
-//! once because `immediate_exit` is set; one between runs sees the flag that caused the kick.
-//! The kick slot is cleared under its lock before the vCPU's `kvm_run` page is unmapped and
-//! before its thread exits, so a kick never touches either after they are gone.
+//! A kick sends a vCPU's thread the kick signal; the thread's own handler sets
+//! `immediate_exit` in its `kvm_run` page (no other thread writes it). A vCPU inside `KVM_RUN`
+//! returns `EINTR` on the signal; one about to enter returns at once because its handler set
+//! `immediate_exit`; one between runs sees the flag that caused the kick. The kick slot is
+//! cleared under its lock before the thread exits, so a kick never signals a dead thread.
 //!
 //! A stop sets the stop flag, then kicks every vCPU; none enters the guest again. A pause sets
 //! the pause request, then kicks every vCPU; each one parks at the top of its run loop (guest
 //! state stays in KVM, nothing is lost) until [`VmHandle::resume`] or a stop. [`VmHandle::pause`]
 //! returns once every vCPU still running has parked.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -73,17 +73,11 @@ pub enum ControlError {
     },
 }
 
-/// Where to kick one vCPU thread.
+/// Where to kick one vCPU thread: its pthread handle, valid while registered (the thread
+/// deregisters before it exits).
 pub(crate) struct Kick {
     pub thread: libc::pthread_t,
-    pub immediate_exit: *const AtomicU8,
 }
-
-// SAFETY: `Kick` is only used under its slot's mutex; the pointer targets the vCPU's kvm_run
-// mapping, which stays mapped while the kick is registered (the vCPU thread deregisters before
-// dropping its VcpuFd), and the pthread handle is valid while registered (deregistered before
-// the thread exits). Both may be used from any thread.
-unsafe impl Send for Kick {}
 
 /// Run phase, pause bookkeeping and thread ids, under one lock.
 struct Lifecycle {
@@ -151,14 +145,11 @@ impl Control {
         self.kick_all();
     }
 
-    /// Sets `immediate_exit` and signals every registered vCPU thread.
+    /// Signals every registered vCPU thread (its handler sets its own `immediate_exit`).
     fn kick_all(&self) {
         for (vcpu, slot) in self.kicks.iter().enumerate() {
             let guard = lock(slot);
             if let Some(k) = guard.as_ref() {
-                // SAFETY: the pointer is valid while the kick is registered, and we hold the
-                // slot's lock (see `Kick`).
-                unsafe { (*k.immediate_exit).store(1, Ordering::SeqCst) };
                 // SAFETY: the thread deregisters under this lock before it exits, so it is alive.
                 if let Err(e) = unsafe { sys::kick_thread(k.thread) } {
                     tracing::warn!(vcpu, error = %e, "cannot signal vCPU thread");
@@ -168,10 +159,9 @@ impl Control {
     }
 
     /// Registers the calling vCPU thread; the registration ends when the guard drops.
-    pub fn register(&self, vcpu: usize, immediate_exit: *const AtomicU8) -> KickRegistration<'_> {
+    pub fn register(&self, vcpu: usize) -> KickRegistration<'_> {
         *lock(&self.kicks[vcpu]) = Some(Kick {
             thread: sys::pthread_self(),
-            immediate_exit,
         });
         lock(&self.life).active += 1;
         KickRegistration {
@@ -397,13 +387,18 @@ impl VmHandle {
     }
 }
 
-/// Calls [`StopHandle::stop`] when the process gets SIGINT or SIGTERM.
+/// The signals that stop a VM in order: SIGINT, SIGTERM, SIGHUP (the terminal went away) and
+/// SIGQUIT. Their default actions would end the process with no clean-up.
+pub const STOP_SIGNALS: [libc::c_int; 4] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+/// Calls [`StopHandle::stop`] when the process gets one of [`STOP_SIGNALS`].
 ///
-/// Blocks both signals in the calling thread and starts a `vmhost-sig` thread that waits for
-/// them. Call it from `main` before any other thread starts (threads inherit the mask; a thread
+/// Blocks them in the calling thread and starts a `vmhost-sig` thread that waits for them.
+/// Call it from `main` before any other thread starts (threads inherit the mask; a thread
 /// started earlier would still take the default action).
 pub fn stop_on_signals(handle: StopHandle) -> std::io::Result<JoinHandle<()>> {
-    let signals = [libc::SIGINT, libc::SIGTERM];
+    let signals = STOP_SIGNALS;
     sys::set_signal_mask(&signals, libc::SIG_BLOCK)?;
     std::thread::Builder::new()
         .name("vmhost-sig".into())
@@ -456,6 +451,7 @@ impl Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicU8;
 
     #[test]
     fn first_reason_wins_and_unregistered_slots_are_skipped() {
@@ -468,27 +464,40 @@ mod tests {
     }
 
     #[test]
-    fn a_registered_thread_gets_immediate_exit_and_the_signal() {
+    fn immediate_exit_is_set_by_the_kicked_thread_itself_not_by_the_kicker() {
         sys::prepare_kick_signal().unwrap();
         let c = Arc::new(Control::new(1));
         let flag = Arc::new(AtomicU8::new(0));
         let (tx, rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
         let t = {
             let (c, flag) = (Arc::clone(&c), Arc::clone(&flag));
             std::thread::spawn(move || {
                 sys::prepare_kick_signal().unwrap();
-                let reg = c.register(0, Arc::as_ptr(&flag));
+                // SAFETY: `flag` outlives the guard, which drops on this thread.
+                let target = unsafe { sys::KickTarget::set(Arc::as_ptr(&flag)) };
+                // Hold the kick pending: its handler cannot run on this thread yet.
+                sys::set_signal_mask(&[sys::kick_signal()], libc::SIG_BLOCK).unwrap();
+                let reg = c.register(0);
                 tx.send(()).unwrap();
-                while !c.stop_requested() {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
+                go_rx.recv().unwrap();
+                // The pending kick is delivered here, to this thread's handler.
+                sys::set_signal_mask(&[sys::kick_signal()], libc::SIG_UNBLOCK).unwrap();
+                let seen = flag.load(Ordering::SeqCst);
                 drop(reg);
+                drop(target);
+                seen
             })
         };
         rx.recv().unwrap();
         StopHandle(Arc::clone(&c)).stop();
-        t.join().unwrap();
-        assert_eq!(flag.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            flag.load(Ordering::SeqCst),
+            0,
+            "the kicker wrote the vCPU's immediate_exit from another thread"
+        );
+        go_tx.send(()).unwrap();
+        assert_eq!(t.join().unwrap(), 1, "the vCPU thread's own handler set it");
         assert!(lock(&c.kicks[0]).is_none());
     }
 
@@ -508,9 +517,8 @@ mod tests {
                 let (c, count, tx) = (Arc::clone(c), Arc::clone(count), tx.clone());
                 std::thread::spawn(move || {
                     sys::prepare_kick_signal().unwrap();
-                    let flag = AtomicU8::new(0);
                     c.set_tid(i, Some(sys::gettid()));
-                    let reg = c.register(i, &flag);
+                    let reg = c.register(i);
                     tx.send(()).unwrap();
                     while !c.stop_requested() {
                         c.park_if_paused();
@@ -564,9 +572,11 @@ mod tests {
         let c = Control::new(1);
         c.mark_started();
         // Registered but never parking: a thread stuck outside its run loop.
-        let flag = AtomicU8::new(0);
+        let flag = Arc::new(AtomicU8::new(0));
         sys::prepare_kick_signal().unwrap();
-        let reg = c.register(0, &flag);
+        // SAFETY: `flag` outlives the guard, dropped on this thread below.
+        let target = unsafe { sys::KickTarget::set(Arc::as_ptr(&flag)) };
+        let reg = c.register(0);
         let err = c.pause(Duration::from_millis(50)).unwrap_err();
         assert!(
             matches!(
@@ -582,6 +592,7 @@ mod tests {
         assert_eq!(c.state(), VmState::Running);
         assert_eq!(flag.load(Ordering::SeqCst), 1, "the thread was kicked");
         drop(reg);
+        drop(target);
         c.mark_ended();
         assert_eq!(c.state(), VmState::Stopped);
     }

@@ -208,7 +208,7 @@ fn vcpu_reports(
 ) -> Result<Vec<VcpuReport>, VmError> {
     let mut vcpus = Vec::with_capacity(tallies.len());
     for (i, (t, meta)) in tallies.into_iter().zip(meta).enumerate() {
-        let outcome = t.outcome.unwrap_or(VcpuOutcome::NotStarted);
+        let mut outcome = t.outcome.unwrap_or(VcpuOutcome::NotStarted);
         let (cpuid, result) = match (ctx, guest) {
             (GuestCtx::Payload { boot, boot_mem }, RunGuest::Payload { kind, bench_cells }) => {
                 let m = payload::read_mailbox(boot_mem, boot.mailbox(i)).map_err(|source| {
@@ -219,7 +219,16 @@ fn vcpu_reports(
                 })?;
                 tracing::debug!(vcpu = i, status = m.status, "mailbox");
                 let result = if outcome == VcpuOutcome::Done {
-                    payload::collect(*kind, &m, meta.guest_cell, bench_cells, tsc_khz)
+                    match payload::collect(*kind, &m, meta.guest_cell, bench_cells, tsc_khz) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            tracing::error!(vcpu = i, error = %e, "implausible payload results");
+                            outcome = VcpuOutcome::Unexpected {
+                                what: e.to_string(),
+                            };
+                            PayloadResult::None
+                        }
+                    }
                 } else {
                     PayloadResult::None
                 };

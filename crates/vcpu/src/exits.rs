@@ -19,12 +19,11 @@ use kvm_bindings::KVM_INTERNAL_ERROR_EMULATION;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::control::lock;
 use crate::devices::legacy::{PortAction, RebootVia};
 use crate::devices::LinuxDevices;
 use crate::payload::mailbox::{Doorbell, Mailbox, DOORBELL_PORT};
 use crate::report::VcpuOutcome;
-use crate::vcpu::{Event, GuestCtx, UnknownAccessPolicy, VcpuContext};
+use crate::vcpu::{Event, GuestCtx, VcpuContext};
 
 /// A KVM exit with its data copied out of `kvm_run`.
 pub(crate) enum Exit {
@@ -162,8 +161,8 @@ pub(crate) fn handle_exit(
         }
         Exit::Interrupted => {
             // A kick: the stop or pause it announces is seen at the top of the loop. Clearing
-            // it here is safe against a racing kick, which sets its flag before
-            // `immediate_exit`.
+            // it here is safe against a racing kick, whose sender sets its flag before it
+            // signals (and this thread's handler sets `immediate_exit`).
             // SAFETY: `ie` points into this vCPU's kvm_run mapping, live while `fd` is.
             unsafe { (*ie).store(0, Ordering::SeqCst) };
             Step::Continue
@@ -192,39 +191,6 @@ fn doorbell(code: u8, vcpu: usize, ctx: &VcpuContext) -> Step {
             write: true,
             size: 1,
         }),
-    }
-}
-
-/// Logs an unknown access: always under `Stop` (it ends the vCPU), once per port or 4 KiB
-/// page per VM under `Ignore`.
-pub(crate) fn note_unknown(vcpu: usize, access: &VcpuOutcome, ctx: &VcpuContext) {
-    let policy = ctx.policy;
-    let key = match *access {
-        VcpuOutcome::UnknownPort { port, .. } => u64::from(port),
-        VcpuOutcome::UnknownMmio { gpa, .. } => (1 << 63) | (gpa >> 12),
-        _ => return,
-    };
-    if policy == UnknownAccessPolicy::Ignore && !lock(&ctx.unknown_seen).insert(key) {
-        return;
-    }
-    match *access {
-        VcpuOutcome::UnknownPort { port, write, size } => tracing::warn!(
-            vcpu,
-            port = format_args!("{port:#x}"),
-            write,
-            size,
-            ?policy,
-            "guest accessed an unknown I/O port"
-        ),
-        VcpuOutcome::UnknownMmio { gpa, write, size } => tracing::warn!(
-            vcpu,
-            gpa = format_args!("{gpa:#x}"),
-            write,
-            size,
-            ?policy,
-            "guest accessed unmapped guest-physical memory"
-        ),
-        _ => {}
     }
 }
 

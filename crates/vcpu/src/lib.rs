@@ -60,11 +60,14 @@ pub mod placement;
 pub mod report;
 mod setup;
 mod sys;
+pub mod unknown;
 pub mod vcpu;
 pub mod vm;
 
 pub use arch::{decode_topology, CpuidResult, DecodedTopology};
-pub use control::{stop_on_signals, ControlError, StopHandle, VmHandle, VmState, PAUSE_TIMEOUT};
+pub use control::{
+    stop_on_signals, ControlError, StopHandle, VmHandle, VmState, PAUSE_TIMEOUT, STOP_SIGNALS,
+};
 pub use devices::console::ConsoleInput;
 pub use devices::legacy::RebootVia;
 pub use devices::serial::SerialOut;
@@ -75,6 +78,7 @@ pub use placement::{
     PlacementError, ThreadPlacement,
 };
 pub use report::{BootReport, LinuxEntry, RunReport, RunStatus, VcpuOutcome, VcpuReport};
+pub use sys::restore_terminal;
 pub use vcpu::{UnknownAccessPolicy, VcpuError};
 pub use vm::{GuestRam, StartHook, Vm, VmError, VmOptions};
 

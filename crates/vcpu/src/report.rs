@@ -456,4 +456,35 @@ mod tests {
         r.status = RunStatus::Stopped;
         assert_eq!(r.exit_code(), 130, "a Linux guest stopped from outside");
     }
+
+    /// The README once promised exit 4 for every triple fault while a Linux guest's exits 0:
+    /// the documented rule and the behaviour are checked together.
+    #[test]
+    fn the_readme_states_the_triple_fault_rule_the_code_follows() {
+        let readme = include_str!("../../../README.md").replace('\n', " ");
+        assert!(
+            readme.contains("A Linux guest's triple fault exits 0, not 4"),
+            "README must say a Linux guest's triple fault exits 0"
+        );
+        assert!(
+            readme.contains("4 guest failure (a built-in payload's fault or triple fault;"),
+            "README must say a payload's triple fault is exit 4"
+        );
+        let mut payload = report(RunStatus::GuestFailed, PayloadKind::Touch);
+        payload.vcpus[0].outcome = VcpuOutcome::Shutdown {
+            vector: Some(8),
+            rip: 0,
+        };
+        assert!(payload.vcpus[0].outcome.is_failure());
+        assert_eq!(payload.exit_code(), 4);
+        let mut linux = report(RunStatus::Rebooted, PayloadKind::Halt);
+        linux.payload = None;
+        linux.vcpus[0].outcome = VcpuOutcome::Rebooted {
+            how: RebootVia::TripleFault {
+                vector: Some(13),
+                rip: 0,
+            },
+        };
+        assert_eq!(linux.exit_code(), 0);
+    }
 }

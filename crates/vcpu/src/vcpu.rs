@@ -7,11 +7,10 @@
 //! ([`vmhost_boot::LinuxBoot::cpu_state`]) and the others stay in KVM's wait-for-INIT/SIPI state
 //! until the kernel starts them.
 
-use std::collections::HashSet;
 use std::ptr::addr_of_mut;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use kvm_bindings::{kvm_mp_state, CpuId, KVM_MP_STATE_RUNNABLE};
@@ -23,10 +22,11 @@ use vmhost_boot::CpuState;
 use crate::arch::{self, BootLayout};
 use crate::control::{Control, Gate};
 use crate::devices::LinuxDevices;
-use crate::exits::{handle_exit, next_exit, note_unknown, Exit, Step};
+use crate::exits::{handle_exit, next_exit, Exit, Step};
 use crate::payload::mailbox::Mailbox;
 use crate::report::VcpuOutcome;
 use crate::sys;
+use crate::unknown::UnknownLog;
 
 /// What to do when the guest touches a port or guest-physical address nothing handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -36,7 +36,8 @@ pub enum UnknownAccessPolicy {
     /// Linux guests (real kernels probe ports that may not exist).
     #[default]
     Auto,
-    /// Log it (once per port or 4 KiB page), return all ones for reads, let the guest go on.
+    /// Log it (once per port or 4 KiB page, bounded and rate-limited: [`crate::unknown`]),
+    /// return all ones for reads, let the guest go on.
     Ignore,
     /// Log it and stop the VM (the run ends as a guest failure).
     Stop,
@@ -164,8 +165,6 @@ pub(crate) struct VcpuContext {
     pub events: Sender<Event>,
     /// The resolved policy (never `Auto`).
     pub policy: UnknownAccessPolicy,
-    /// Ports (`port`) and pages (`1 << 63 | gpa >> 12`) already logged under `Ignore`.
-    pub unknown_seen: Arc<Mutex<HashSet<u64>>>,
 }
 
 /// What vCPU threads tell the emulator thread.
@@ -213,8 +212,11 @@ pub(crate) fn thread_main(cfg: VcpuConfig, ctx: VcpuContext) {
         let ie = addr_of_mut!(fd.get_kvm_run().immediate_exit)
             .cast::<AtomicU8>()
             .cast_const();
-        // Declared after `fd`, so dropped (deregistered) before `fd` unmaps kvm_run.
-        let _kick = ctx.control.register(vcpu, ie);
+        // Declared after `fd`, so dropped (cleared) before `fd` unmaps kvm_run.
+        // SAFETY: `ie` points into this thread's own kvm_run mapping, which lives as long as
+        // `fd`; the guard is dropped on this thread, before `fd`.
+        let _target = unsafe { sys::KickTarget::set(ie) };
+        let _kick = ctx.control.register(vcpu);
         run_loop(&mut fd, vcpu, &ctx, ie, &mut stats)
     } else {
         VcpuOutcome::NotStarted
@@ -307,6 +309,7 @@ fn run_loop(
         GuestCtx::Linux { devices, .. } => Some(Arc::clone(devices)),
         GuestCtx::Payload { .. } => None,
     };
+    let mut unknown = UnknownLog::default();
     loop {
         if ctx.control.park_if_paused() {
             // A pause kick may have left `immediate_exit` set; a stop arriving after this
@@ -332,7 +335,7 @@ fn run_loop(
             Step::Continue => {}
             Step::End(outcome) => return outcome,
             Step::Unknown(access) => {
-                note_unknown(vcpu, &access, ctx);
+                unknown.note(vcpu, &access, ctx.policy, Instant::now());
                 match ctx.policy {
                     UnknownAccessPolicy::Ignore => stats.ignored += 1,
                     _ => return access,

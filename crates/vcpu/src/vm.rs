@@ -4,7 +4,7 @@
 //! there, before any thread starts.
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use kvm_ioctls::{Kvm, VmFd};
@@ -430,7 +430,6 @@ impl Vm {
                 gate,
                 events,
                 policy: self.policy,
-                unknown_seen: Arc::new(Mutex::new(Default::default())),
             },
             run_start,
             vm_setup_seconds: self.setup_seconds,
@@ -450,6 +449,9 @@ impl Vm {
         };
         if let Some(c) = console {
             c.finish();
+        }
+        if let Some(d) = &devices {
+            flush_serial(d);
         }
         self.control.mark_ended();
         result?
@@ -487,5 +489,21 @@ impl Vm {
                 Some(Arc::clone(devices)),
             ),
         }
+    }
+}
+
+/// Lets the guest's last serial output reach the writer (bounded: a writer nobody reads does
+/// not hold up the end of the run) and reports bytes that were dropped.
+fn flush_serial(devices: &LinuxDevices) {
+    let serial = devices.serial();
+    if !serial.sync_output(crate::devices::serial::FLUSH_TIMEOUT) {
+        tracing::warn!("the serial output is not being read; its last bytes may be lost");
+    }
+    let dropped = serial.stats().dropped();
+    if dropped > 0 {
+        tracing::warn!(
+            dropped,
+            "serial output bytes dropped: nobody read them in time"
+        );
     }
 }

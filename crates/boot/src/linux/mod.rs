@@ -71,6 +71,19 @@ pub enum BootError {
         #[source]
         source: std::io::Error,
     },
+    /// The kernel or initramfs path names something other than a regular file (a FIFO, a
+    /// device, a directory): reading it could block the start forever.
+    #[error("{what} {path} is a {kind}, not a regular file; point boot.{field} at the image file itself")]
+    NotAFile {
+        /// `kernel image` or `initramfs`.
+        what: &'static str,
+        /// The spec field (`kernel` or `initrd`).
+        field: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// What it is instead.
+        kind: &'static str,
+    },
     /// The file is neither ELF nor bzImage.
     #[error("{path} is neither an ELF vmlinux nor a bzImage (no \\x7fELF magic, no HdrS header)")]
     NotAKernel {
@@ -278,9 +291,11 @@ pub fn load_linux<M: GuestMemoryBackend>(
     cmdline: &str,
     acpi: &AcpiTables,
 ) -> Result<LinuxBoot, BootError> {
-    let mut kfile = File::open(kernel).map_err(|source| BootError::OpenKernel {
-        path: kernel.to_path_buf(),
-        source,
+    let mut kfile = open_regular(kernel, "kernel image", "kernel").map_err(|e| {
+        e.into_boot_error(|source| BootError::OpenKernel {
+            path: kernel.to_path_buf(),
+            source,
+        })
     })?;
     let probe = image::probe(kernel, &mut kfile)?;
     let cmdline = check_cmdline(cmdline, probe.cmdline_max)?;
@@ -436,9 +451,56 @@ fn open_initrd(path: &Path) -> Result<(PathBuf, File, u64), BootError> {
         path: path.to_path_buf(),
         source,
     };
-    let file = File::open(path).map_err(err)?;
+    let file = open_regular(path, "initramfs", "initrd").map_err(|e| e.into_boot_error(err))?;
     let size = file.metadata().map_err(err)?.len();
     Ok((path.to_path_buf(), file, size))
+}
+
+/// Why [`open_regular`] failed: the open itself, or the file's type.
+enum OpenError {
+    Io(std::io::Error),
+    NotAFile(BootError),
+}
+
+impl OpenError {
+    fn into_boot_error(self, io: impl FnOnce(std::io::Error) -> BootError) -> BootError {
+        match self {
+            OpenError::Io(e) => io(e),
+            OpenError::NotAFile(e) => e,
+        }
+    }
+}
+
+/// Opens `path` for reading without blocking (`O_NONBLOCK`: opening a FIFO with no writer
+/// would wait forever) and accepts it only when it is a regular file.
+fn open_regular(path: &Path, what: &'static str, field: &'static str) -> Result<File, OpenError> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(OpenError::Io)?;
+    let ft = file.metadata().map_err(OpenError::Io)?.file_type();
+    if ft.is_file() {
+        return Ok(file);
+    }
+    let kind = if ft.is_fifo() {
+        "FIFO"
+    } else if ft.is_dir() {
+        "directory"
+    } else if ft.is_char_device() || ft.is_block_device() {
+        "device"
+    } else if ft.is_socket() {
+        "socket"
+    } else {
+        "special file"
+    };
+    Err(OpenError::NotAFile(BootError::NotAFile {
+        what,
+        field,
+        path: path.to_path_buf(),
+        kind,
+    }))
 }
 
 /// Places the initramfs at the first page after `after` and reads it in, if it ends below

@@ -212,9 +212,70 @@ fn missing_or_unreadable_kernel() {
         "{err:?}"
     );
     assert!(err.to_string().contains("nope"), "{err}");
-    // A directory opens but cannot be read.
+    // A directory is not an image.
     let err = g.load(g.dir.path(), None, "").unwrap_err();
-    assert!(matches!(err, BootError::ReadKernel { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            BootError::NotAFile {
+                kind: "directory",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+/// A FIFO in the test directory.
+fn fifo(g: &Guest, name: &str) -> PathBuf {
+    let p = g.dir.path().join(name);
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that lives for the whole call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    p
+}
+
+/// Runs `f` on a thread and fails the test when it does not return within 10 s.
+fn within_10s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(f()));
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("loading blocked: a FIFO hangs the start")
+}
+
+#[test]
+fn a_fifo_as_kernel_or_initrd_is_refused_without_blocking() {
+    let g = std::sync::Arc::new(Guest::new(64 * MIB));
+    let kfifo = fifo(&g, "kernel.fifo");
+    let gk = std::sync::Arc::clone(&g);
+    let err = within_10s(move || gk.load(&kfifo, None, "").unwrap_err());
+    assert!(
+        matches!(
+            err,
+            BootError::NotAFile {
+                kind: "FIFO",
+                field: "kernel",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+    let kernel = g.file("vmlinux", &fake::elf(0x100_0000, 0x1000, Some(0x100_0000)));
+    let ififo = fifo(&g, "initrd.fifo");
+    let gi = std::sync::Arc::clone(&g);
+    let err = within_10s(move || gi.load(&kernel, Some(&ififo), "").unwrap_err());
+    assert!(
+        matches!(
+            err,
+            BootError::NotAFile {
+                kind: "FIFO",
+                field: "initrd",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -282,7 +343,7 @@ fn missing_or_unreadable_initrd() {
         "{err:?}"
     );
     let err = g.load(&kernel, Some(g.dir.path()), "").unwrap_err();
-    assert!(matches!(err, BootError::ReadInitrd { .. }), "{err:?}");
+    assert!(matches!(err, BootError::NotAFile { .. }), "{err:?}");
 }
 
 #[test]

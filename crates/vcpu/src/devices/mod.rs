@@ -8,6 +8,7 @@
 
 pub mod console;
 pub mod legacy;
+mod output;
 pub mod serial;
 
 use std::sync::{Arc, Mutex};

@@ -5,16 +5,22 @@
 //!
 //! Every byte the guest transmits is counted, and the moment of the first one is kept for the
 //! run report (how long the guest took to say anything).
+//!
+//! Output never blocks a vCPU: transmitted bytes go into a bounded buffer that the
+//! `vmhost-serial` thread drains into the writer ([`super::output`]); bytes that do not fit
+//! (nobody reads the output) are dropped and counted ([`SerialStats::dropped`]).
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vm_superio::serial::NoEvents;
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+pub use super::output::FLUSH_TIMEOUT;
+use super::output::{self, Drain};
 use crate::control::lock;
 
 /// First port of COM1.
@@ -39,6 +45,7 @@ impl std::fmt::Debug for SerialOut {
 pub struct SerialStats {
     first: OnceLock<Instant>,
     bytes: AtomicU64,
+    dropped: AtomicU64,
 }
 
 impl SerialStats {
@@ -52,6 +59,11 @@ impl SerialStats {
         self.bytes.load(Ordering::Relaxed)
     }
 
+    /// Bytes dropped because the output buffer was full (nobody read them in time).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
     fn record(&self, n: usize) {
         if n > 0 {
             self.first.get_or_init(Instant::now);
@@ -60,27 +72,25 @@ impl SerialStats {
     }
 }
 
-/// The UART's output: counts, then forwards to the writer or stdout.
+/// The UART's output: counts, then queues for the drain thread without waiting.
 struct ConsoleWriter {
-    out: Option<SerialOut>,
+    drain: Arc<Drain>,
     stats: Arc<SerialStats>,
 }
 
 impl Write for ConsoleWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.stats.record(buf.len());
-        match &self.out {
-            Some(o) => lock(&o.0).write_all(buf)?,
-            None => io::stdout().lock().write_all(buf)?,
+        let taken = self.drain.push(buf);
+        if taken < buf.len() {
+            let lost = (buf.len() - taken) as u64;
+            self.stats.dropped.fetch_add(lost, Ordering::Relaxed);
         }
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        match &self.out {
-            Some(o) => lock(&o.0).flush(),
-            None => io::stdout().lock().flush(),
-        }
+        Ok(())
     }
 }
 
@@ -102,6 +112,7 @@ pub struct SerialConsole {
     uart: Mutex<Uart>,
     irq: EventFd,
     stats: Arc<SerialStats>,
+    drain: Arc<Drain>,
     warned: AtomicBool,
 }
 
@@ -114,20 +125,38 @@ impl std::fmt::Debug for SerialConsole {
 }
 
 impl SerialConsole {
-    /// A UART writing to `out` (stdout when `None`), with a fresh interrupt eventfd.
+    /// A UART writing to `out` (stdout when `None`) through the `vmhost-serial` thread, with
+    /// a fresh interrupt eventfd.
     pub fn new(out: Option<SerialOut>) -> io::Result<Self> {
         let irq = EventFd::new(EFD_NONBLOCK)?;
+        let irq_line = IrqLine(irq.try_clone()?);
+        let sink = match out {
+            Some(o) => output::sink_of(move |b| {
+                let mut w = lock(&o.0);
+                w.write_all(b)?;
+                w.flush()
+            }),
+            None => output::stdout_sink(),
+        };
+        let drain = Arc::new(Drain::start(sink)?);
         let stats = Arc::new(SerialStats::default());
         let writer = ConsoleWriter {
-            out,
+            drain: Arc::clone(&drain),
             stats: Arc::clone(&stats),
         };
         Ok(SerialConsole {
-            uart: Mutex::new(Serial::new(IrqLine(irq.try_clone()?), writer)),
+            uart: Mutex::new(Serial::new(irq_line, writer)),
             irq,
             stats,
+            drain,
             warned: AtomicBool::new(false),
         })
+    }
+
+    /// Waits up to `timeout` for the output transmitted so far to reach the writer; true when
+    /// it did (false: the writer is blocked or slow; the bytes stay queued).
+    pub fn sync_output(&self, timeout: Duration) -> bool {
+        self.drain.sync(timeout)
     }
 
     /// The eventfd to register as the irqfd of [`COM1_GSI`].
@@ -217,6 +246,7 @@ mod tests {
         for b in b"hi\n" {
             s.write(COM1_BASE, &[*b]);
         }
+        assert!(s.sync_output(Duration::from_secs(5)));
         assert_eq!(lock(&capture).0, b"hi\n");
         assert_eq!(s.stats().bytes(), 3);
         assert!(s.stats().first_byte().is_some());

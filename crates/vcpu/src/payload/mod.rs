@@ -87,6 +87,19 @@ pub enum PayloadError {
         /// Its largest region.
         bytes: u64,
     },
+    /// Figures the guest wrote to its mailbox give a product beyond 64 bits: the guest
+    /// misbehaved (its own code never writes such values).
+    #[error("mailbox of vCPU {vcpu}: {field} = {a} × {b} does not fit in 64 bits (the guest wrote implausible figures)")]
+    Implausible {
+        /// The vCPU (as its mailbox says).
+        vcpu: u64,
+        /// The figure computed (`bench.chase_loads`, `bench.stream_bytes`).
+        field: &'static str,
+        /// First factor as the guest wrote it.
+        a: u64,
+        /// Second factor.
+        b: u64,
+    },
     /// Guest memory could not be written or read.
     #[error("cannot access guest memory at GPA {gpa:#x}")]
     Write {
@@ -261,15 +274,16 @@ fn rate(bytes: u64, secs: f64) -> f64 {
     }
 }
 
-/// Reads what a finished vCPU's payload measured.
+/// Reads what a finished vCPU's payload measured. The mailbox is guest memory: every product
+/// of its figures is checked, and one beyond 64 bits is a [`PayloadError::Implausible`].
 pub fn collect(
     kind: PayloadKind,
     m: &Mailbox,
     cell: u32,
     cells: &[u32],
     tsc_khz: u32,
-) -> PayloadResult {
-    match kind {
+) -> Result<PayloadResult, PayloadError> {
+    Ok(match kind {
         PayloadKind::Touch => {
             let seconds = cycles_to_secs(m.tsc_end.saturating_sub(m.tsc_start), tsc_khz);
             PayloadResult::Touch(TouchResult {
@@ -283,11 +297,20 @@ pub fn collect(
             let n = usize::try_from(m.bench_count)
                 .unwrap_or(0)
                 .min(m.bench.len());
-            let per_cell = m.bench[..n].iter().zip(cells).map(|(s, &cell)| {
-                let loads = s.chase_iters * bench::LOADS_PER_ITER;
-                let stream_bytes = s.stream_len * s.stream_passes;
+            let product = |field, a: u64, b: u64| {
+                a.checked_mul(b).ok_or(PayloadError::Implausible {
+                    vcpu: m.vcpu,
+                    field,
+                    a,
+                    b,
+                })
+            };
+            let mut per_cell = Vec::with_capacity(n);
+            for (s, &cell) in m.bench[..n].iter().zip(cells) {
+                let loads = product("bench.chase_loads", s.chase_iters, bench::LOADS_PER_ITER)?;
+                let stream_bytes = product("bench.stream_bytes", s.stream_len, s.stream_passes)?;
                 let chase_secs = cycles_to_secs(s.chase_cycles, tsc_khz);
-                CellBench {
+                per_cell.push(CellBench {
                     cell,
                     working_set_bytes: s.stream_len,
                     chase_loads: loads,
@@ -298,12 +321,12 @@ pub fn collect(
                     },
                     stream_bytes,
                     stream_gb_per_s: rate(stream_bytes, cycles_to_secs(s.stream_cycles, tsc_khz)),
-                }
-            });
-            PayloadResult::NumaBench(per_cell.collect())
+                });
+            }
+            PayloadResult::NumaBench(per_cell)
         }
         _ => PayloadResult::None,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -316,7 +339,8 @@ mod tests {
         m.tsc_start = 1_000;
         m.tsc_end = 1_000 + 2_000_000; // 1 ms at 2 GHz
         m.touch_bytes = 4 << 20;
-        let PayloadResult::Touch(t) = collect(PayloadKind::Touch, &m, 3, &[], 2_000_000) else {
+        let PayloadResult::Touch(t) = collect(PayloadKind::Touch, &m, 3, &[], 2_000_000).unwrap()
+        else {
             panic!()
         };
         assert_eq!(t.cell, 3);
@@ -331,7 +355,8 @@ mod tests {
             stream_cycles: 2_000_000,
             ..Default::default()
         };
-        let PayloadResult::NumaBench(b) = collect(PayloadKind::NumaBench, &m, 0, &[7], 2_000_000)
+        let PayloadResult::NumaBench(b) =
+            collect(PayloadKind::NumaBench, &m, 0, &[7], 2_000_000).unwrap()
         else {
             panic!()
         };
@@ -340,10 +365,40 @@ mod tests {
         assert!((b[0].chase_ns - 100.0).abs() < 1e-9);
         assert_eq!(b[0].stream_bytes, 2 << 20);
         assert_eq!(
-            collect(PayloadKind::Halt, &m, 0, &[], 1),
+            collect(PayloadKind::Halt, &m, 0, &[], 1).unwrap(),
             PayloadResult::None
         );
         assert_eq!(cycles_to_secs(5, 0), 0.0);
+    }
+
+    /// The guest owns its mailbox: figures whose product wraps used to panic the VMM (debug)
+    /// or report a wrapped count (release).
+    #[test]
+    fn mailbox_figures_whose_product_overflows_are_a_guest_error_not_a_panic() {
+        let mut m = Mailbox::new(2, 0);
+        m.bench_count = 1;
+        m.bench[0] = BenchSlot {
+            chase_iters: u64::MAX / 2,
+            stream_len: 1 << 20,
+            stream_passes: 1,
+            ..Default::default()
+        };
+        let err = collect(PayloadKind::NumaBench, &m, 0, &[0], 1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PayloadError::Implausible {
+                    vcpu: 2,
+                    field: "bench.chase_loads",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        m.bench[0].chase_iters = 1;
+        m.bench[0].stream_passes = u64::MAX;
+        let err = collect(PayloadKind::NumaBench, &m, 0, &[0], 1).unwrap_err();
+        assert!(err.to_string().contains("bench.stream_bytes"), "{err}");
     }
 
     #[test]

@@ -9,8 +9,10 @@
 pub use vmhost_topology::affinity::current_thread as current_affinity;
 pub use vmhost_topology::affinity::pin_current_thread;
 
+use std::cell::Cell;
 use std::io;
-use std::sync::Once;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, Once};
 
 use libc::{c_int, c_void, siginfo_t};
 
@@ -62,14 +64,53 @@ pub fn kick_signal() -> c_int {
     vmm_sys_util::signal::SIGRTMIN()
 }
 
+thread_local! {
+    /// The calling vCPU thread's `immediate_exit` byte, for its own kick handler; null when the
+    /// thread has none (before its vCPU runs, after its `kvm_run` is gone, any other thread).
+    /// Const-initialised and without a destructor: reading it is a plain thread-local load,
+    /// safe in a signal handler.
+    static KICK_TARGET: Cell<*const AtomicU8> = const { Cell::new(std::ptr::null()) };
+}
+
 extern "C" fn on_kick(_num: c_int, _info: *mut siginfo_t, _ctx: *mut c_void) {
-    // Nothing to do: delivery alone makes KVM_RUN return EINTR, and the kicker has already set
-    // `immediate_exit` for a vCPU that was about to enter.
+    // Runs on the kicked vCPU thread itself (as in Firecracker and Cloud Hypervisor): no other
+    // thread ever writes this vCPU's kvm_run. Delivery alone makes a running KVM_RUN return
+    // EINTR; setting `immediate_exit` also stops one the thread was about to enter.
+    let target = KICK_TARGET.with(Cell::get);
+    if !target.is_null() {
+        // SAFETY: a non-null target is this thread's kvm_run `immediate_exit` byte, registered
+        // by `KickTarget::set` and cleared by its drop before the mapping goes away; the
+        // access is atomic, and only this thread (here or in its run loop) touches it.
+        unsafe { (*target).store(1, Ordering::SeqCst) };
+    }
+}
+
+/// The calling thread's kick target while it lives: the kick handler sets `immediate_exit`
+/// through it. Drop it before the `kvm_run` mapping it points into.
+pub struct KickTarget(());
+
+impl KickTarget {
+    /// Registers `immediate_exit` for the calling thread's kick handler.
+    ///
+    /// # Safety
+    ///
+    /// `immediate_exit` must point into the calling thread's own live `kvm_run` mapping and
+    /// stay valid until the returned guard is dropped, on this thread.
+    pub unsafe fn set(immediate_exit: *const AtomicU8) -> KickTarget {
+        KICK_TARGET.with(|t| t.set(immediate_exit));
+        KickTarget(())
+    }
+}
+
+impl Drop for KickTarget {
+    fn drop(&mut self) {
+        KICK_TARGET.with(|t| t.set(std::ptr::null()));
+    }
 }
 
 static KICK_HANDLER: Once = Once::new();
 
-/// Installs the (empty) kick handler once per process, without `SA_RESTART`, and unblocks the
+/// Installs the kick handler once per process, without `SA_RESTART`, and unblocks the
 /// kick signal in the calling thread.
 pub fn prepare_kick_signal() -> io::Result<()> {
     let mut result = Ok(());
@@ -170,11 +211,15 @@ pub fn read_fd(fd: c_int, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// A terminal switched to non-canonical input without echo (signal keys kept); the previous
-/// mode comes back on drop.
+/// mode comes back on drop, or from [`restore_terminal`] on a path that ends the process
+/// without running destructors.
 pub struct RawTerminal {
     fd: c_int,
     saved: libc::termios,
 }
+
+/// The mode of the terminal a [`RawTerminal`] changed, while it is changed.
+static SAVED_TERMINAL: Mutex<Option<(c_int, libc::termios)>> = Mutex::new(None);
 
 impl RawTerminal {
     /// Switches the terminal on `fd`.
@@ -190,9 +235,12 @@ impl RawTerminal {
         raw.c_iflag &= !libc::ICRNL;
         raw.c_cc[libc::VMIN] = 1;
         raw.c_cc[libc::VTIME] = 0;
+        *crate::control::lock(&SAVED_TERMINAL) = Some((fd, saved));
         // SAFETY: `raw` is an initialised termios copied from the terminal's own.
         if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &raw) } != 0 {
-            return Err(io::Error::last_os_error());
+            let err = io::Error::last_os_error();
+            *crate::control::lock(&SAVED_TERMINAL) = None;
+            return Err(err);
         }
         Ok(RawTerminal { fd, saved })
     }
@@ -200,8 +248,18 @@ impl RawTerminal {
 
 impl Drop for RawTerminal {
     fn drop(&mut self) {
+        *crate::control::lock(&SAVED_TERMINAL) = None;
         // SAFETY: `saved` is the termios tcgetattr returned for this terminal.
         unsafe { libc::tcsetattr(self.fd, libc::TCSANOW, &self.saved) };
+    }
+}
+
+/// Puts a terminal the serial console switched to raw input back in its previous mode; does
+/// nothing when none is switched. For exits that skip destructors (`std::process::exit`).
+pub fn restore_terminal() {
+    if let Some((fd, saved)) = crate::control::lock(&SAVED_TERMINAL).take() {
+        // SAFETY: `saved` is the termios tcgetattr returned for the terminal on `fd`.
+        unsafe { libc::tcsetattr(fd, libc::TCSANOW, &saved) };
     }
 }
 
@@ -250,6 +308,40 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn restore_terminal_undoes_raw_mode_without_the_guard() {
+        let (mut master, mut slave) = (0 as c_int, 0 as c_int);
+        // SAFETY: both out-pointers are valid; null name, termios and winsize are allowed.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "openpty: {}", io::Error::last_os_error());
+        let lflag = |fd| {
+            // SAFETY: termios is plain data filled by tcgetattr.
+            let mut t: libc::termios = unsafe { std::mem::zeroed() };
+            // SAFETY: `fd` is an open terminal and `t` a valid termios.
+            assert_eq!(unsafe { libc::tcgetattr(fd, &mut t) }, 0);
+            t.c_lflag
+        };
+        assert_ne!(lflag(slave) & libc::ICANON, 0);
+        let raw = RawTerminal::enter(slave).unwrap();
+        assert_eq!(lflag(slave) & libc::ICANON, 0);
+        // What `std::process::exit` does to the guard: nothing.
+        std::mem::forget(raw);
+        restore_terminal();
+        assert_ne!(lflag(slave) & libc::ICANON, 0, "canonical mode is back");
+        for fd in [master, slave] {
+            // SAFETY: both descriptors are open and owned by this test.
+            unsafe { libc::close(fd) };
+        }
     }
 
     #[test]

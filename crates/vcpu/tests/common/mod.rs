@@ -2,6 +2,8 @@
 //! locks, plans from TOML specs on the live host, guest memory.
 #![allow(dead_code, unused_imports)]
 
+pub use vmhost_testsupport::pvh;
+
 use std::time::{Duration, Instant};
 
 use vmhost_memory::{GuestMemory, MemoryOptions};
