@@ -217,6 +217,26 @@ pub fn no_node_set(
     detail: &str,
 ) -> Reason {
     let page = format_bytes(unit(spec));
+    // Fewer pages than the guest cells the vCPUs need: say that, it is the whole story.
+    let mut frees: Vec<u32> = stats.iter().map(|s| s.free / req.threads.max(1)).collect();
+    frees.sort_unstable_by(|a, b| b.cmp(a));
+    let cells = frees
+        .iter()
+        .scan(0u32, |held, f| {
+            let before = *held;
+            *held = held.saturating_add(*f);
+            (before < req.groups).then_some(())
+        })
+        .count();
+    if cells > 1 && req.pages < cells as u64 {
+        return Reason::NumaSplit {
+            detail: format!(
+                "NUMA passthrough gives {cells} guest cells but memory.guest {} is only {} pages of {page}: each cell needs at least one page",
+                format_bytes(spec.memory.guest_ram_bytes()),
+                req.pages
+            ),
+        };
+    }
     let per_node: Vec<String> = stats
         .iter()
         .map(|s| {
