@@ -165,10 +165,13 @@ proptest! {
         let e = &outcome.plan.envelope;
         let terms: u128 = e.overhead_terms.values().map(|&v| u128::from(v)).sum();
         prop_assert_eq!(u128::from(e.overhead_bytes), terms);
-        let guest = u128::from(spec.memory.guest_bytes);
+        // Guest RAM is the quantity rounded up to whole pages (KubeVirt accepts `1G`); the
+        // overhead and requests use the exact quantity.
+        let guest = u128::from(spec.memory.guest_ram_bytes());
         prop_assert_eq!(u128::from(e.guest_memory_bytes), guest);
+        let exact = u128::from(spec.memory.guest_bytes);
         let beyond = |b: u64| if spec.memory.hugepages.is_some() {
-            u128::from(b).saturating_sub(guest)
+            u128::from(b).saturating_sub(exact)
         } else {
             u128::from(b)
         };
