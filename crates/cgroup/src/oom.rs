@@ -261,16 +261,25 @@ impl OomWatch {
     where
         F: FnOnce(OomEvent) + Send + 'static,
     {
-        std::thread::Builder::new()
+        // The watcher must have its stack in place before anyone can reach the limit: a
+        // watcher that first touches its stack at the limit blocks like the VM. Under load the
+        // caller used to outrun the new thread (a flaky `memory_limits` test), so wait for it.
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<()>(1);
+        let handle = std::thread::Builder::new()
             .name("oom-watch".into())
             .spawn(move || {
                 prefault_stack();
+                let _ = ready_tx.send(());
                 match self.wait(None) {
                     Ok(OomWait::Limit(ev)) => report(ev),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "memory limit watch ended"),
                 }
-            })
+            })?;
+        ready_rx.recv().map_err(|_| {
+            std::io::Error::other("the memory limit watch thread ended before it was ready")
+        })?;
+        Ok(handle)
     }
 
     /// `Some(oom kills)` when the limit was reached since the last check.

@@ -42,11 +42,16 @@ fn check_topology(toml: &str, dedicated: bool) {
             "vCPU {}: {d:?}",
             v.vcpu
         );
+        // The hint needs exclusive vCPU PUs: dedicated placement and an isolated emulator.
         assert_eq!(
-            d.realtime_hint, dedicated,
+            d.realtime_hint,
+            plan.vcpu_pus_exclusive(),
             "vCPU {}: KVM_HINTS_REALTIME",
             v.vcpu
         );
+        if !dedicated {
+            assert!(!d.realtime_hint, "vCPU {}: hint on floating vCPUs", v.vcpu);
+        }
     }
 }
 
