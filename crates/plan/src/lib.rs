@@ -189,6 +189,15 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
         envelope::envelope(spec, opts.overhead_model, opts.overhead_ratio, hugepages);
     envelope.guest_memory_bytes = ram;
     let realtime = realtime_plan(spec, &vcpus, &mut notes);
+    let d = &spec.devices;
+    if !d.disks.is_empty() || !d.interfaces.is_empty() || d.rng {
+        notes.push(format!(
+            "virtio devices resolved ({} disks, {} interfaces, rng {}) but not attached yet: the VMM does not wire virtio-mmio devices (issue 14)",
+            d.disks.len(),
+            d.interfaces.len(),
+            if d.rng { "on" } else { "off" }
+        ));
+    }
     let plan = Plan {
         name: spec.name.clone(),
         guest_topology: spec.cpu.topology,
@@ -199,6 +208,7 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
         guest_cells,
         backing,
         boot: spec.boot.clone(),
+        devices: spec.devices.clone(),
         realtime,
         notes,
     };
@@ -281,6 +291,7 @@ impl Plan {
             boot: vmhost_config::BootSpec::Payload {
                 payload: vmhost_config::Payload::Touch,
             },
+            devices: vmhost_config::DeviceSpec::default(),
             realtime: None,
             notes: Vec::new(),
         }
