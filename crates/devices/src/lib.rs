@@ -31,6 +31,7 @@ pub mod interrupt;
 pub mod mmio;
 pub mod net;
 pub mod rng;
+pub mod seed;
 mod sys;
 
 #[cfg(test)]
