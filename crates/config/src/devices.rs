@@ -21,6 +21,8 @@ pub const SERIAL_MAX: usize = 20;
 pub const CLOUD_INIT_MAX: usize = 1 << 20;
 /// O_DIRECT (`cache = "none"`) needs images in whole 4 KiB blocks.
 pub const DIRECT_BLOCK: u64 = 4096;
+/// Most virtio devices in a VM: each takes one of the I/O APIC pins 16-23.
+pub const MAX_DEVICES: usize = 8;
 
 /// Host caching of a disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -110,6 +112,17 @@ pub struct DeviceSpec {
 pub(crate) fn check_devices(c: &mut Checker<'_>, raw: &RawSpec, vm: &str) -> DeviceSpec {
     let disks = check_disks(c, raw);
     let interfaces = check_interfaces(c, raw, vm);
+    let count = raw.devices.disks.len()
+        + raw.devices.interfaces.len()
+        + usize::from(raw.devices.rng.is_some());
+    if count > MAX_DEVICES {
+        c.fail(
+            "devices",
+            format!("{count} virtio devices"),
+            &format!("a VM has at most {MAX_DEVICES} virtio devices (one I/O APIC pin each)"),
+            "drop disks or interfaces",
+        );
+    }
     DeviceSpec {
         disks,
         interfaces,

@@ -421,3 +421,15 @@ fn kubevirt_sriov_is_refused() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn more_than_eight_devices_are_refused() {
+    let mut text = String::from("[memory]\nguest = \"1Gi\"\n[devices.rng]\n");
+    for i in 0..8 {
+        text.push_str(&format!(
+            "[[devices.disks]]\nname = \"d{i}\"\n[[volumes]]\nname = \"d{i}\"\nempty_disk = {{ capacity = \"1Mi\" }}\n"
+        ));
+    }
+    let e = errors(from_toml_str(&text, "t.toml"));
+    assert!(has(&e, "devices", "at most 8"), "{e:?}");
+}

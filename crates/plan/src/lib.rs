@@ -28,6 +28,7 @@
 #![warn(missing_docs)]
 
 mod cells;
+pub mod devices;
 pub mod envelope;
 mod memory;
 mod model;
@@ -208,7 +209,7 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
         guest_cells,
         backing,
         boot: spec.boot.clone(),
-        devices: spec.devices.clone(),
+        devices: devices::DevicePlan::new(spec.devices.clone()),
         realtime,
         notes,
     };
@@ -291,7 +292,7 @@ impl Plan {
             boot: vmhost_config::BootSpec::Payload {
                 payload: vmhost_config::Payload::Touch,
             },
-            devices: vmhost_config::DeviceSpec::default(),
+            devices: devices::DevicePlan::default(),
             realtime: None,
             notes: Vec::new(),
         }

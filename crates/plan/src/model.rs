@@ -7,7 +7,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use serde::Serialize;
-use vmhost_config::{BootSpec, CpuTopology, DeviceSpec};
+use vmhost_config::{BootSpec, CpuTopology};
 
 /// Which overhead model computed the envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -229,8 +229,8 @@ pub struct Plan {
     pub backing: Backing,
     /// What the guest boots.
     pub boot: BootSpec,
-    /// The virtio devices, resolved from the spec (disks, NICs, entropy).
-    pub devices: DeviceSpec,
+    /// The virtio devices, resolved from the spec (disks, NICs, entropy), and their slots.
+    pub devices: crate::devices::DevicePlan,
     /// Realtime vCPUs (`cpu.realtime`), if any.
     pub realtime: Option<RealtimePlan>,
     /// Decisions worth telling the operator (where placement differs from KubeVirt and why).
