@@ -24,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod block;
+pub mod bus;
 pub mod chain;
 pub mod device;
 pub mod disk;
@@ -33,6 +34,7 @@ pub mod net;
 pub mod rng;
 pub mod seed;
 mod sys;
+pub mod worker;
 
 #[cfg(test)]
 mod testutil;

@@ -105,3 +105,38 @@ impl<'a> TestQueue<'a> {
 pub const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
 /// Device-writable.
 pub const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
+
+/// Drives `dev` through the driver's handshake (VERSION_1 only) with `queues` as
+/// (index, queue, size), then DRIVER_OK.
+pub fn activate(dev: &mut crate::mmio::MmioTransport, queues: &[(u32, &TestQueue<'_>, u32)]) {
+    use virtio_bindings::virtio_mmio::*;
+    let mut wr = |reg: u32, v: u32| dev.write(u64::from(reg), &v.to_le_bytes());
+    wr(VIRTIO_MMIO_STATUS, 1);
+    wr(VIRTIO_MMIO_STATUS, 3);
+    wr(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
+    wr(VIRTIO_MMIO_DRIVER_FEATURES, 1);
+    wr(VIRTIO_MMIO_STATUS, 11);
+    for &(index, q, size) in queues {
+        let m = &q.mock;
+        wr(VIRTIO_MMIO_QUEUE_SEL, index);
+        wr(VIRTIO_MMIO_QUEUE_NUM, size);
+        wr(VIRTIO_MMIO_QUEUE_DESC_LOW, m.desc_table_addr().0 as u32);
+        wr(VIRTIO_MMIO_QUEUE_AVAIL_LOW, m.avail_addr().0 as u32);
+        wr(VIRTIO_MMIO_QUEUE_USED_LOW, m.used_addr().0 as u32);
+        wr(VIRTIO_MMIO_QUEUE_READY, 1);
+    }
+    wr(VIRTIO_MMIO_STATUS, 15);
+    assert_eq!(dev.status(), 15, "the device accepted the handshake");
+}
+
+/// Waits up to two seconds for `cond`.
+pub fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    cond()
+}
