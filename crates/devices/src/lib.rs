@@ -28,6 +28,7 @@ pub mod bus;
 pub mod chain;
 pub mod device;
 pub mod disk;
+pub mod host;
 pub mod interrupt;
 pub mod mmio;
 pub mod net;
