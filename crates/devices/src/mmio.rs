@@ -35,6 +35,9 @@ pub const MMIO_VENDOR_ID: u32 = 0x4f48_4d56;
 pub const MMIO_WINDOW_SIZE: u64 = 0x1000;
 
 const CONFIG_START: u64 = VIRTIO_MMIO_CONFIG as u64;
+/// Offset of `QueueNotify` in the window: where the VMM registers each queue's ioeventfd
+/// (the written value is the queue index).
+pub const QUEUE_NOTIFY_OFFSET: u64 = VIRTIO_MMIO_QUEUE_NOTIFY as u64;
 
 /// Why a transport could not be built.
 #[derive(Debug, thiserror::Error)]

@@ -61,6 +61,7 @@ pub mod report;
 mod setup;
 mod sys;
 pub mod vcpu;
+pub mod virtio;
 pub mod vm;
 
 pub use arch::{decode_topology, CpuidResult, DecodedTopology};
