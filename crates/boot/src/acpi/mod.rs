@@ -58,6 +58,7 @@
 
 mod cpus;
 mod numa;
+pub mod virtio;
 
 use std::fs;
 use std::ops::Range;
