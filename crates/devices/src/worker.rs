@@ -71,6 +71,15 @@ pub struct IoThread {
 impl IoThread {
     /// Starts thread `name` serving `sources`.
     pub fn spawn(name: &str, sources: Vec<IoSource>) -> Result<Self, WorkerError> {
+        Self::spawn_with(name, sources, || {})
+    }
+
+    /// Starts thread `name` serving `sources`; the thread runs `init` first (the VMM pins it
+    /// there, like the emulator thread).
+    pub fn spawn_with<F>(name: &str, sources: Vec<IoSource>, init: F) -> Result<Self, WorkerError>
+    where
+        F: FnOnce() + Send + 'static,
+    {
         let epoll = Epoll::new().map_err(WorkerError::Setup)?;
         let stop = EventFd::new(EFD_NONBLOCK).map_err(WorkerError::Setup)?;
         let add = |fd: RawFd, events: EventSet, data: u64| {
@@ -89,7 +98,10 @@ impl IoThread {
         let stop_clone = stop.try_clone().map_err(WorkerError::Setup)?;
         let handle = std::thread::Builder::new()
             .name(name.to_string())
-            .spawn(move || run(&epoll, &sources, &stop_clone))
+            .spawn(move || {
+                init();
+                run(&epoll, &sources, &stop_clone);
+            })
             .map_err(|source| WorkerError::Spawn {
                 name: name.to_string(),
                 source,

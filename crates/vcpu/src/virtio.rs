@@ -5,9 +5,10 @@
 //! data match) that the I/O thread serves, and the transport goes on the MMIO bus at the
 //! slot's base for the vCPUs' register accesses.
 //!
-//! Not yet called by the Linux guest path: the MMIO exit handler has to consult
-//! [`VirtioAttachment::mmio_read`]/[`VirtioAttachment::mmio_write`] and the DSDT has to list the
-//! slots (docs/devices.md, "What is left").
+//! A Linux guest gets its devices here ([`crate::linux`]); the MMIO exit handler consults
+//! [`VirtioAttachment::mmio_read`]/[`VirtioAttachment::mmio_write`] through
+//! [`crate::devices::LinuxDevices`], and the kernel learns the slots from
+//! `virtio_mmio.device=` on its command line.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -92,7 +93,8 @@ pub struct VirtioAttachment {
     // Field order is drop order: the thread stops before the run's files go.
     io: Option<IoThread>,
     describe: Vec<String>,
-    _host: HostDevices,
+    // Held for its scratch files (removed on drop); a Mutex so the attachment is Sync.
+    _host: Mutex<HostDevices>,
 }
 
 impl VirtioAttachment {
@@ -118,13 +120,15 @@ impl VirtioAttachment {
 }
 
 /// Attaches `plan`'s devices of VM `vm` to `fd` over guest memory `mem`; scratch images go to
-/// `run_dir`. The VM needs an in-kernel irqchip (irqfds).
+/// `run_dir`; the I/O thread is pinned to `io_cpus` (none: it keeps the caller's affinity).
+/// The VM needs an in-kernel irqchip (irqfds).
 pub fn attach(
     fd: &VmFd,
     plan: &DevicePlan,
     vm: &str,
     mem: &GuestMemoryMmap,
     run_dir: &Path,
+    io_cpus: &[u32],
 ) -> Result<VirtioAttachment, VirtioError> {
     let mut host =
         HostDevices::prepare(&plan.spec, vm, run_dir).map_err(|source| VirtioError::Host {
@@ -179,13 +183,22 @@ pub fn attach(
     let io = if sources.is_empty() {
         None
     } else {
-        Some(IoThread::spawn(IO_THREAD_NAME, sources).map_err(VirtioError::Io)?)
+        let cpus = io_cpus.to_vec();
+        let pin = move || {
+            if !cpus.is_empty() {
+                if let Err(e) = crate::sys::pin_current_thread(&cpus) {
+                    tracing::warn!(error = %e, ?cpus, "cannot pin the virtio I/O thread");
+                }
+            }
+        };
+        let io = IoThread::spawn_with(IO_THREAD_NAME, sources, pin).map_err(VirtioError::Io)?;
+        Some(io)
     };
     Ok(VirtioAttachment {
         bus,
         io,
         describe,
-        _host: host,
+        _host: Mutex::new(host),
     })
 }
 

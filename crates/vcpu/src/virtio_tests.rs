@@ -76,7 +76,8 @@ fn a_guest_queue_notify_reaches_the_device_through_the_ioeventfd() {
         rng: true,
         ..DeviceSpec::default()
     });
-    let att = attach(&vm, &plan, "t", &mem, dir.path()).unwrap();
+    let cpu = crate::sys::current_affinity().unwrap()[0];
+    let att = attach(&vm, &plan, "t", &mem, dir.path(), &[cpu]).unwrap();
     assert_eq!(att.io_thread().and_then(|t| t.name()), Some(IO_THREAD_NAME));
     assert_eq!(att.describe(), ["rng: getrandom"]);
     handshake(&att);
@@ -162,7 +163,7 @@ fn a_missing_image_fails_attach_with_the_disk_named() {
         disks: vec![disk],
         ..DeviceSpec::default()
     });
-    let err = attach(&vm, &plan, "t", &mem, dir.path()).unwrap_err();
+    let err = attach(&vm, &plan, "t", &mem, dir.path(), &[]).unwrap_err();
     let chain = format!(
         "{err}: {}",
         std::error::Error::source(&err)
