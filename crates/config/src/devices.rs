@@ -34,6 +34,16 @@ pub enum DiskCache {
     Writeback,
 }
 
+impl DiskCache {
+    /// The spec's spelling (`none`, `writeback`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskCache::None => "none",
+            DiskCache::Writeback => "writeback",
+        }
+    }
+}
+
 /// Where a disk's bytes come from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

@@ -150,7 +150,7 @@ impl HostDevices {
                 device: Box::new(block),
                 backend: None,
                 describe: format!(
-                    "disk {}: {} ({}, cache {:?})",
+                    "disk {}: {} ({}, cache {})",
                     disk.name,
                     path.display(),
                     if disk.read_only {
@@ -158,7 +158,7 @@ impl HostDevices {
                     } else {
                         "read-write"
                     },
-                    disk.cache
+                    disk.cache.as_str()
                 ),
             });
         }

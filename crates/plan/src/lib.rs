@@ -190,14 +190,15 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
         envelope::envelope(spec, opts.overhead_model, opts.overhead_ratio, hugepages);
     envelope.guest_memory_bytes = ram;
     let realtime = realtime_plan(spec, &vcpus, &mut notes);
-    let d = &spec.devices;
-    if !d.disks.is_empty() || !d.interfaces.is_empty() || d.rng {
-        notes.push(format!(
-            "virtio devices resolved ({} disks, {} interfaces, rng {}) but not attached yet: the VMM does not wire virtio-mmio devices (issue 14)",
-            d.disks.len(),
-            d.interfaces.len(),
-            if d.rng { "on" } else { "off" }
-        ));
+    if matches!(spec.boot, vmhost_config::BootSpec::Payload { .. })
+        && (!spec.devices.disks.is_empty()
+            || !spec.devices.interfaces.is_empty()
+            || spec.devices.rng)
+    {
+        notes.push(
+            "virtio devices are attached to Linux guests only: the built-in payload runs without them"
+                .into(),
+        );
     }
     let plan = Plan {
         name: spec.name.clone(),
