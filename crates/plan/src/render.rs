@@ -218,8 +218,9 @@ fn render_devices(s: &mut String, d: &crate::devices::DevicePlan) {
                     "read-write"
                 };
                 format!(
-                    "disk {}: {source}, {mode}, cache {:?}",
-                    disk.name, disk.cache
+                    "disk {}: {source}, {mode}, cache {}",
+                    disk.name,
+                    disk.cache.as_str()
                 )
             }
             VirtioKind::Net(i) => {
