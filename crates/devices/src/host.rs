@@ -202,6 +202,9 @@ impl HostDevices {
             }
             DiskSource::EmptyDisk { capacity_bytes } => {
                 let path = run_dir.join(format!("{vm}-{}.empty.img", disk.name));
+                // A run that was killed leaves its empty disk behind: it is ours, and empty
+                // disks start empty.
+                remove(&path);
                 // Whole 4 KiB blocks, so that cache "none" can use it.
                 sparse_file(&path, capacity_bytes.div_ceil(4096) * 4096)
                     .map_err(create_err(&path))?;

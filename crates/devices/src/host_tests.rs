@@ -144,3 +144,27 @@ fn a_named_tap_must_exist_and_an_unnamed_one_is_created() {
         MacAddress::generate("web", "default").0
     );
 }
+
+#[test]
+fn a_stale_empty_disk_from_a_killed_run_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let stale = dir.path().join("web-scratch.empty.img");
+    std::fs::write(&stale, b"left over by a SIGKILLed vmhost").unwrap();
+    let spec = DeviceSpec {
+        disks: vec![disk(
+            "scratch",
+            DiskSource::EmptyDisk {
+                capacity_bytes: 4096,
+            },
+        )],
+        ..DeviceSpec::default()
+    };
+    let host = HostDevices::prepare(&spec, "web", dir.path()).unwrap();
+    assert_eq!(
+        std::fs::read(&stale).unwrap(),
+        vec![0u8; 4096],
+        "a fresh, empty disk"
+    );
+    drop(host);
+    assert!(!stale.exists());
+}
