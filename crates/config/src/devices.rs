@@ -299,7 +299,13 @@ fn check_volume(
     ];
     for (name, present) in cluster_only {
         if present {
-            c.fail_at(&field(name), true, "(set)", "needs a Kubernetes cluster and cannot be resolved on a standalone host", "use a host_disk (hostDisk) volume with the image's path on this host, or a TOML spec with that path");
+            c.fail_at(
+                &field(name),
+                true,
+                "(set)",
+                "needs a Kubernetes cluster and cannot be resolved on a standalone host",
+                "use a host_disk (hostDisk) volume with the image's path on this host, or a TOML spec with that path",
+            );
         }
     }
     let sources = [
@@ -325,42 +331,14 @@ fn check_volume(
         return check_host_disk(c, &field("host_disk"), h, cache, cache_field);
     }
     if let Some(ci) = &v.cloud_init_no_cloud {
-        let ud = ci.user_data.clone().unwrap_or_default();
-        if ci.user_data.is_none() {
-            c.fail_at(
-                &field("cloud_init_no_cloud.user_data"),
-                true,
-                "(absent)",
-                "a NoCloud seed needs user-data",
-                "add user_data (a #cloud-config document)",
-            );
-        }
-        for (name, text) in [
-            ("user_data", Some(&ud)),
-            ("network_data", ci.network_data.as_ref()),
-        ] {
-            if text.is_some_and(|t| t.len() > CLOUD_INIT_MAX) {
-                c.fail_at(
-                    &field(&format!("cloud_init_no_cloud.{name}")),
-                    true,
-                    "(too long)",
-                    "must be at most 1 MiB",
-                    "shorten it",
-                );
-            }
-        }
-        return Some(DiskSource::CloudInitNoCloud {
-            user_data: ud,
-            network_data: ci.network_data.clone(),
-        });
+        return Some(check_cloud_init(c, &field("cloud_init_no_cloud"), ci));
     }
     let e = v.empty_disk.as_ref()?;
-    let capacity_bytes = c
-        .bytes(&field("empty_disk.capacity"), Some(&e.capacity))
-        .filter(|&b| b > 0);
+    let cap_field = field("empty_disk.capacity");
+    let capacity_bytes = c.bytes(&cap_field, Some(&e.capacity)).filter(|&b| b > 0);
     if capacity_bytes.is_none() {
         c.fail_at(
-            &field("empty_disk.capacity"),
+            &cap_field,
             true,
             &e.capacity,
             "must be more than 0 bytes",
@@ -372,6 +350,40 @@ fn check_volume(
     })
 }
 
+fn check_cloud_init(
+    c: &mut Checker<'_>,
+    field: &str,
+    ci: &crate::spec::RawCloudInit,
+) -> DiskSource {
+    if ci.user_data.is_none() {
+        c.fail_at(
+            &format!("{field}.user_data"),
+            true,
+            "(absent)",
+            "a NoCloud seed needs user-data",
+            "add user_data (a #cloud-config document)",
+        );
+    }
+    for (name, text) in [
+        ("user_data", &ci.user_data),
+        ("network_data", &ci.network_data),
+    ] {
+        if text.as_ref().is_some_and(|t| t.len() > CLOUD_INIT_MAX) {
+            c.fail_at(
+                &format!("{field}.{name}"),
+                true,
+                "(too long)",
+                "must be at most 1 MiB",
+                "shorten it",
+            );
+        }
+    }
+    DiskSource::CloudInitNoCloud {
+        user_data: ci.user_data.clone().unwrap_or_default(),
+        network_data: ci.network_data.clone(),
+    }
+}
+
 fn check_host_disk(
     c: &mut Checker<'_>,
     field: &str,
@@ -379,8 +391,6 @@ fn check_host_disk(
     cache: DiskCache,
     cache_field: &str,
 ) -> Option<DiskSource> {
-    let path_field = format!("{field}.path");
-    let shown = format!("{:?}", h.path.display().to_string());
     let create = match h.kind.as_deref().unwrap_or("Disk") {
         "Disk" => false,
         "DiskOrCreate" => true,
@@ -396,12 +406,11 @@ fn check_host_disk(
         }
     };
     let create_bytes = if create {
-        let b = c
-            .bytes(&format!("{field}.capacity"), h.capacity.as_ref())
-            .filter(|&b| b > 0);
+        let cap_field = format!("{field}.capacity");
+        let b = c.bytes(&cap_field, h.capacity.as_ref()).filter(|&b| b > 0);
         if b.is_none() {
             c.fail_at(
-                &format!("{field}.capacity"),
+                &cap_field,
                 true,
                 "(absent or 0)",
                 "DiskOrCreate needs the size of the image to create",
@@ -412,85 +421,105 @@ fn check_host_disk(
     } else {
         None
     };
-    if !h.path.is_absolute() {
-        c.fail_at(
-            &path_field,
-            true,
-            &shown,
-            "must be an absolute path",
-            "write the image's full path",
-        );
-        return None;
-    }
-    match std::fs::metadata(&h.path) {
-        Ok(meta) => {
-            let kind = meta.file_type();
-            let bad = if kind.is_dir() {
-                Some("is a directory")
-            } else if kind.is_fifo() {
-                Some("is a FIFO")
-            } else if kind.is_socket() || kind.is_char_device() {
-                Some("is a socket or character device")
-            } else {
-                None
-            };
-            if let Some(why) = bad {
-                c.fail_at(
-                    &path_field,
-                    true,
-                    &shown,
-                    &format!("{why}, not a disk image"),
-                    "point it at a raw image file or a block device",
-                );
-                return None;
-            }
-            if cache == DiskCache::None && kind.is_file() && meta.len() % DIRECT_BLOCK != 0 {
-                c.fail(
-                    cache_field,
-                    "\"none\"",
-                    &format!(
-                        "O_DIRECT needs an image of whole 4 KiB blocks; {} is {} bytes",
-                        h.path.display(),
-                        meta.len()
-                    ),
-                    "use cache = \"writeback\" or resize the image (truncate -s)",
-                );
-            }
-        }
-        Err(_) if create => {
-            if !h.path.parent().is_some_and(Path::is_dir) {
-                c.fail_at(
-                    &path_field,
-                    true,
-                    &shown,
-                    "its directory does not exist",
-                    "create the directory first",
-                );
-            }
-            if create_bytes.is_some_and(|b| cache == DiskCache::None && b % DIRECT_BLOCK != 0) {
-                c.fail(
-                    cache_field,
-                    "\"none\"",
-                    "O_DIRECT needs a capacity of whole 4 KiB blocks",
-                    "use a capacity such as \"10Gi\"",
-                );
-            }
-        }
-        Err(e) => {
-            c.fail_at(
-                &path_field,
-                true,
-                &shown,
-                &format!("cannot be used: {e}"),
-                "create the image, fix the path, or use type DiskOrCreate with a capacity",
-            );
-            return None;
-        }
-    }
-    Some(DiskSource::Image {
+    let image = ImageCheck {
+        path_field: format!("{field}.path"),
+        cache,
+        cache_field,
+        create_bytes,
+    };
+    image.check(c, &h.path, create).then(|| DiskSource::Image {
         path: h.path.clone(),
         create_bytes,
     })
+}
+
+/// What the host says about an image path.
+struct ImageCheck<'a> {
+    path_field: String,
+    cache: DiskCache,
+    cache_field: &'a str,
+    create_bytes: Option<u64>,
+}
+
+impl ImageCheck<'_> {
+    /// Reports what is wrong with `path`; true when the disk can be resolved.
+    fn check(&self, c: &mut Checker<'_>, path: &Path, create: bool) -> bool {
+        let shown = format!("{:?}", path.display().to_string());
+        let fail = |c: &mut Checker<'_>, rule: &str, fix: &str| {
+            c.fail_at(&self.path_field, true, &shown, rule, fix);
+        };
+        if !path.is_absolute() {
+            fail(c, "must be an absolute path", "write the image's full path");
+            return false;
+        }
+        match std::fs::metadata(path) {
+            Ok(meta) => self.check_existing(c, path, &meta, fail),
+            Err(_) if create => {
+                if !path.parent().is_some_and(Path::is_dir) {
+                    fail(
+                        c,
+                        "its directory does not exist",
+                        "create the directory first",
+                    );
+                }
+                let unaligned = self.create_bytes.is_some_and(|b| b % DIRECT_BLOCK != 0);
+                if self.cache == DiskCache::None && unaligned {
+                    c.fail(
+                        self.cache_field,
+                        "\"none\"",
+                        "O_DIRECT needs a capacity of whole 4 KiB blocks",
+                        "use a capacity such as \"10Gi\"",
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                fail(
+                    c,
+                    &format!("cannot be used: {e}"),
+                    "create the image, fix the path, or use type DiskOrCreate with a capacity",
+                );
+                false
+            }
+        }
+    }
+
+    fn check_existing(
+        &self,
+        c: &mut Checker<'_>,
+        path: &Path,
+        meta: &std::fs::Metadata,
+        fail: impl Fn(&mut Checker<'_>, &str, &str),
+    ) -> bool {
+        let kind = meta.file_type();
+        let bad = if kind.is_dir() {
+            Some("is a directory")
+        } else if kind.is_fifo() {
+            Some("is a FIFO")
+        } else if kind.is_socket() || kind.is_char_device() {
+            Some("is a socket or character device")
+        } else {
+            None
+        };
+        if let Some(why) = bad {
+            let rule = format!("{why}, not a disk image");
+            fail(c, &rule, "point it at a raw image file or a block device");
+            return false;
+        }
+        if self.cache == DiskCache::None && kind.is_file() && meta.len() % DIRECT_BLOCK != 0 {
+            c.fail(
+                self.cache_field,
+                "\"none\"",
+                &format!(
+                    "O_DIRECT needs an image of whole 4 KiB blocks; {} is {} bytes",
+                    path.display(),
+                    meta.len()
+                ),
+                "use cache = \"writeback\" or resize the image (truncate -s)",
+            );
+        }
+        true
+    }
 }
 
 fn check_interfaces(c: &mut Checker<'_>, raw: &RawSpec, vm: &str) -> Vec<InterfaceSpec> {
