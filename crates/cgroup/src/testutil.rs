@@ -66,6 +66,7 @@ pub fn plan() -> Plan {
         boot: BootSpec::Payload {
             payload: Payload::Touch,
         },
+        devices: Default::default(),
         realtime: None,
         notes: Vec::new(),
     }

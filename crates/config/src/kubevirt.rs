@@ -6,6 +6,9 @@
 
 use serde_yaml_ng::{Mapping, Value};
 
+#[path = "kubevirt_devices.rs"]
+mod devices;
+
 use crate::spec::{
     RawCpu, RawHugepages, RawNuma, RawRealtime, RawReservedOverhead, RawResourceList, RawSpec,
 };
@@ -60,6 +63,18 @@ struct Walker {
 }
 
 impl Walker {
+    fn string(&self, v: &Value, path: &str) -> Result<String, ConfigError> {
+        v.as_str()
+            .map(str::to_string)
+            .ok_or_else(|| self.err(path, format!("must be a string, found {v:?}")))
+    }
+
+    fn seq<'v>(&self, v: &'v Value, path: &str) -> Result<&'v [Value], ConfigError> {
+        v.as_sequence()
+            .map(Vec::as_slice)
+            .ok_or_else(|| self.err(path, "must be a list".to_string()))
+    }
+
     fn err(&self, path: &str, why: String) -> ConfigError {
         ConfigError::Manifest {
             field: format!("{}{path}", self.prefix),
@@ -156,10 +171,17 @@ pub fn map_manifest(doc: &Value) -> Result<Mapped, ConfigError> {
         }
     }
     map_annotations(&mut w, top, &mut spec)?;
-    let domain = find_domain(&mut w, top, kind)?;
+    let parts = find_domain(&mut w, top, kind)?;
     w.prefix = domain_prefix.to_string();
-    if let Some(domain) = domain {
+    if let Some(domain) = parts.domain {
         map_domain(&mut w, domain, &mut spec)?;
+    }
+    w.prefix = parts.prefix;
+    if let Some(v) = parts.volumes {
+        spec.volumes = devices::map_volumes(&mut w, v)?;
+    }
+    if let Some(v) = parts.networks {
+        spec.networks = devices::map_networks(&mut w, v)?;
     }
     Ok(Mapped {
         spec,
@@ -201,37 +223,54 @@ fn map_annotations(w: &mut Walker, top: &Mapping, spec: &mut RawSpec) -> Result<
     Ok(())
 }
 
+/// The parts of the VMI spec vmhost reads: the domain, `volumes` and `networks`, and the
+/// path prefix of the VMI spec (`spec.` or `spec.template.spec.`).
+#[derive(Default)]
+struct VmiParts<'v> {
+    domain: Option<&'v Mapping>,
+    volumes: Option<&'v Value>,
+    networks: Option<&'v Value>,
+    prefix: String,
+}
+
 fn find_domain<'v>(
     w: &mut Walker,
     top: &'v Mapping,
     kind: &str,
-) -> Result<Option<&'v Mapping>, ConfigError> {
+) -> Result<VmiParts<'v>, ConfigError> {
     let Some(spec) = top.get("spec") else {
-        return Ok(None);
+        return Ok(VmiParts::default());
     };
     let mut spec = w.mapping(spec, "spec")?;
     if kind == "VirtualMachine" {
         w.prefix = "spec.".into();
         let t = w.take(spec, "", &["template"]);
         let Some((_, template)) = t.first() else {
-            return Ok(None);
+            return Ok(VmiParts::default());
         };
         w.prefix = "spec.template.".into();
         let tm = w.mapping(template, "")?;
         let t = w.take(tm, "", &["spec", "metadata"]);
         let Some((_, s)) = t.iter().find(|(k, _)| *k == "spec") else {
-            return Ok(None);
+            return Ok(VmiParts::default());
         };
         spec = w.mapping(s, "spec")?;
         w.prefix = "spec.template.spec.".into();
     } else {
         w.prefix = "spec.".into();
     }
-    let d = w.take(spec, "", &["domain"]);
-    match d.first() {
-        Some((_, domain)) => Ok(Some(w.mapping(domain, "domain")?)),
-        None => Ok(None),
+    let mut parts = VmiParts {
+        prefix: w.prefix.clone(),
+        ..VmiParts::default()
+    };
+    for (key, v) in w.take(spec, "", &["domain", "volumes", "networks"]) {
+        match key {
+            "domain" => parts.domain = Some(w.mapping(v, "domain")?),
+            "volumes" => parts.volumes = Some(v),
+            _ => parts.networks = Some(v),
+        }
     }
+    Ok(parts)
 }
 
 fn map_domain(w: &mut Walker, domain: &Mapping, spec: &mut RawSpec) -> Result<(), ConfigError> {
@@ -260,12 +299,7 @@ fn map_domain(w: &mut Walker, domain: &Mapping, spec: &mut RawSpec) -> Result<()
             }
             "memory" => map_memory(w, m, spec)?,
             "resources" => map_resources(w, m, spec)?,
-            _ => {
-                for (_, v) in w.take(m, "devices.", &["autoattachGraphicsDevice"]) {
-                    spec.devices.autoattach_graphics_device =
-                        Some(w.bool(v, "devices.autoattachGraphicsDevice")?);
-                }
-            }
+            _ => devices::map_devices(w, m, spec)?,
         }
     }
     Ok(())

@@ -13,7 +13,9 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod devices;
 mod kubevirt;
+mod mac;
 mod quantity;
 pub mod spec;
 mod validate;
@@ -21,6 +23,8 @@ mod vcpumask;
 
 use std::path::{Path, PathBuf};
 
+pub use devices::{Binding, DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec};
+pub use mac::{MacAddress, MacError};
 pub use quantity::{format_bytes, Quantity, QuantityError};
 pub use spec::RawSpec;
 pub use validate::{
@@ -131,5 +135,7 @@ pub fn load(path: &Path) -> Result<LoadedSpec, ConfigError> {
     Ok(loaded)
 }
 
+#[cfg(test)]
+mod devices_tests;
 #[cfg(test)]
 mod tests;

@@ -24,12 +24,18 @@ pub struct RawSpec {
     /// Resource requests and limits (`spec.domain.resources`).
     #[serde(default)]
     pub resources: RawResources,
-    /// Devices that change resources (`spec.domain.devices`).
+    /// Devices (`spec.domain.devices`).
     #[serde(default)]
     pub devices: RawDevices,
     /// What the VM boots.
     #[serde(default)]
     pub boot: RawBoot,
+    /// Where the disks' data comes from (`spec.volumes`).
+    #[serde(default)]
+    pub volumes: Vec<RawVolume>,
+    /// Networks the interfaces attach to (`spec.networks`).
+    #[serde(default)]
+    pub networks: Vec<RawNetwork>,
 }
 
 /// `cpu` section.
@@ -138,6 +144,115 @@ pub struct RawResourceList {
 pub struct RawDevices {
     /// KubeVirt attaches a graphics device (32Mi of video RAM) unless this is false.
     pub autoattach_graphics_device: Option<bool>,
+    /// Block devices (`devices.disks[]`), each backed by the volume of the same name.
+    #[serde(default)]
+    pub disks: Vec<RawDisk>,
+    /// NICs (`devices.interfaces[]`), each attached to the network of the same name.
+    #[serde(default)]
+    pub interfaces: Vec<RawInterface>,
+    /// `rng = {}` adds a virtio-rng device.
+    pub rng: Option<RawEmpty>,
+}
+
+/// An empty table (`{}`): KubeVirt's presence-only fields (`rng`, `bridge`, `pod`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEmpty {}
+
+/// `devices.disks[]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDisk {
+    /// Name; a volume of the same name supplies the data.
+    pub name: String,
+    /// `virtio` (default) or `cdrom` (a read-only virtio disk; KubeVirt's `cdrom: {}`).
+    pub bus: Option<String>,
+    /// Refuse writes (KubeVirt's `disk.readonly`); always true for `cdrom`.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Serial reported to the guest (GET_ID); default: the disk name.
+    pub serial: Option<String>,
+    /// Host caching: `none` (default, O_DIRECT) or `writeback`.
+    pub cache: Option<String>,
+}
+
+/// `volumes[]`: exactly one source per volume.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVolume {
+    /// Name, matched by a disk.
+    pub name: String,
+    /// A raw image on the host (`hostDisk`).
+    pub host_disk: Option<RawHostDisk>,
+    /// A generated NoCloud seed (`cloudInitNoCloud`).
+    pub cloud_init_no_cloud: Option<RawCloudInit>,
+    /// A sparse scratch file removed at stop (`emptyDisk`).
+    pub empty_disk: Option<RawEmptyDisk>,
+    /// KubeVirt's `containerDisk`: refused (needs a container runtime).
+    pub container_disk: Option<serde_json::Value>,
+    /// KubeVirt's `persistentVolumeClaim`: refused (needs a cluster).
+    pub persistent_volume_claim: Option<serde_json::Value>,
+}
+
+/// `volumes[].host_disk`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHostDisk {
+    /// The image file (or block device).
+    pub path: std::path::PathBuf,
+    /// `Disk` (must exist) or `DiskOrCreate` (created sparse with `capacity` if missing).
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// Size of a created image.
+    pub capacity: Option<Quantity>,
+}
+
+/// `volumes[].cloud_init_no_cloud`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCloudInit {
+    /// The `user-data` file.
+    pub user_data: Option<String>,
+    /// The `network-config` file.
+    pub network_data: Option<String>,
+}
+
+/// `volumes[].empty_disk`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEmptyDisk {
+    /// Size.
+    pub capacity: Quantity,
+}
+
+/// `devices.interfaces[]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawInterface {
+    /// Name; a network of the same name says what it attaches to.
+    pub name: String,
+    /// Bridge binding: the guest's frames go to the tap as they are.
+    pub bridge: Option<RawEmpty>,
+    /// Masquerade binding (KubeVirt NATs it; vmhost does not: see docs/spec.md).
+    pub masquerade: Option<RawEmpty>,
+    /// MAC address (`02:00:00:00:00:01`); default: generated from the VM and interface names.
+    pub mac_address: Option<String>,
+    /// NIC model: `virtio` (the only one).
+    pub model: Option<String>,
+    /// vmhost only: an existing tap to attach to; default: vmhost creates one.
+    pub tap: Option<String>,
+}
+
+/// `networks[]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNetwork {
+    /// Name, matched by an interface.
+    pub name: String,
+    /// The pod network: on a standalone host, a tap.
+    pub pod: Option<RawEmpty>,
+    /// KubeVirt's `multus`: refused (needs a cluster).
+    pub multus: Option<serde_json::Value>,
 }
 
 /// `boot` section.

@@ -224,11 +224,12 @@ spec:
     devices:
       autoattachGraphicsDevice: false
       disks:
-        - name: containerdisk
+        - name: cloudinitdisk
           disk: {bus: virtio}
+          bootOrder: 1
   volumes:
-    - name: containerdisk
-      containerDisk: {image: quay.io/containerdisks/fedora:latest}
+    - name: cloudinitdisk
+      cloudInitNoCloud: {userData: "hello"}
 "#;
 
 #[test]
@@ -244,8 +245,7 @@ fn kubevirt_vmi_maps_onto_the_spec() {
     let w = &l.warnings[0];
     for f in [
         "spec.terminationGracePeriodSeconds",
-        "spec.domain.devices.disks",
-        "spec.volumes",
+        "spec.domain.devices.disks[0].bootOrder",
     ] {
         assert!(w.contains(f), "{w}");
     }
@@ -284,7 +284,7 @@ fn kubevirt_vm_template_is_read() {
     assert_eq!(l.spec.vcpus(), 4);
     assert!(l.warnings[0].contains("spec.running"), "{}", l.warnings[0]);
     assert!(
-        l.warnings[0].contains("spec.template.spec.volumes"),
+        l.warnings[0].contains("spec.template.spec.domain.devices.disks[0].bootOrder"),
         "{}",
         l.warnings[0]
     );

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use crate::devices::{check_devices, DeviceSpec};
 use crate::quantity::format_bytes;
 use crate::spec::RawSpec;
 use crate::Quantity;
@@ -58,7 +59,7 @@ pub enum Dialect {
 }
 
 impl Dialect {
-    /// The name of a TOML field path in this dialect.
+    /// The name of a TOML field path in this dialect (a field of `spec.domain`).
     pub fn field(&self, toml_path: &str) -> String {
         match self {
             Dialect::Toml => toml_path.to_string(),
@@ -66,22 +67,37 @@ impl Dialect {
                 if toml_path == "name" {
                     return "metadata.name".to_string();
                 }
-                let mut out = prefix.clone();
-                let mut upper = false;
-                for c in toml_path.chars() {
-                    match c {
-                        '_' => upper = true,
-                        c if upper => {
-                            out.push(c.to_ascii_uppercase());
-                            upper = false;
-                        }
-                        c => out.push(c),
-                    }
-                }
-                out
+                camel(prefix, toml_path)
             }
         }
     }
+
+    /// The name of a field of the VMI spec outside the domain (`volumes`, `networks`).
+    pub fn vmi_field(&self, toml_path: &str) -> String {
+        match self {
+            Dialect::Toml => toml_path.to_string(),
+            Dialect::KubeVirt(prefix) => {
+                camel(prefix.strip_suffix("domain.").unwrap_or(prefix), toml_path)
+            }
+        }
+    }
+}
+
+/// `prefix` + `toml_path` in camelCase.
+fn camel(prefix: &str, toml_path: &str) -> String {
+    let mut out = prefix.to_string();
+    let mut upper = false;
+    for c in toml_path.chars() {
+        match c {
+            '_' => upper = true,
+            c if upper => {
+                out.push(c.to_ascii_uppercase());
+                upper = false;
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// The guest CPU topology.
@@ -273,6 +289,8 @@ pub struct VmSpec {
     pub boot: BootSpec,
     /// cgroup (under `vmhost/`) that enforces the envelope, if any.
     pub cgroup: Option<String>,
+    /// Disks, NICs and entropy.
+    pub devices: DeviceSpec,
 }
 
 impl VmSpec {
@@ -282,22 +300,48 @@ impl VmSpec {
     }
 }
 
-struct Checker<'a> {
+/// Collects the broken rules of one spec.
+pub(crate) struct Checker<'a> {
     dialect: &'a Dialect,
     errors: Vec<SpecError>,
 }
 
 impl Checker<'_> {
-    fn fail(&mut self, field: &str, value: impl fmt::Display, rule: &str, fix: impl Into<String>) {
+    /// A broken rule of a `spec.domain` field.
+    pub(crate) fn fail(
+        &mut self,
+        field: &str,
+        value: impl fmt::Display,
+        rule: &str,
+        fix: impl Into<String>,
+    ) {
+        self.fail_at(field, false, value, rule, fix);
+    }
+
+    /// A broken rule; `vmi`: the field lies outside the domain (`volumes`, `networks`).
+    pub(crate) fn fail_at(
+        &mut self,
+        field: &str,
+        vmi: bool,
+        value: impl fmt::Display,
+        rule: &str,
+        fix: impl Into<String>,
+    ) {
+        let field = if vmi {
+            self.dialect.vmi_field(field)
+        } else {
+            self.dialect.field(field)
+        };
         self.errors.push(SpecError {
-            field: self.dialect.field(field),
+            field,
             value: value.to_string(),
             rule: rule.to_string(),
             fix: fix.into(),
         });
     }
 
-    fn bytes(&mut self, field: &str, q: Option<&Quantity>) -> Option<u64> {
+    /// A quantity in bytes, or a broken rule.
+    pub(crate) fn bytes(&mut self, field: &str, q: Option<&Quantity>) -> Option<u64> {
         let q = q?;
         match q.to_bytes() {
             Some(b) if b > MAX_MEMORY_BYTES => {
@@ -358,6 +402,7 @@ pub fn validate(raw: &RawSpec, dialect: &Dialect) -> Result<VmSpec, Vec<SpecErro
     let cpu = check_cpu(&mut c, raw, &resources);
     let memory = check_memory(&mut c, raw, &resources);
     let boot = check_boot(&mut c, raw);
+    let devices = check_devices(&mut c, raw, &name);
     if let Some(cg) = raw
         .resources
         .cgroup
@@ -390,6 +435,7 @@ pub fn validate(raw: &RawSpec, dialect: &Dialect) -> Result<VmSpec, Vec<SpecErro
             autoattach_graphics_device: raw.devices.autoattach_graphics_device.unwrap_or(true),
             boot,
             cgroup: raw.resources.cgroup.clone(),
+            devices,
         }),
         _ => Err(c.errors),
     }

@@ -28,6 +28,7 @@
 #![warn(missing_docs)]
 
 mod cells;
+pub mod devices;
 pub mod envelope;
 mod memory;
 mod model;
@@ -200,6 +201,16 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
     });
     envelope.guest_memory_bytes = ram;
     let realtime = realtime_plan(spec, &vcpus, &mut notes);
+    if matches!(spec.boot, vmhost_config::BootSpec::Payload { .. })
+        && (!spec.devices.disks.is_empty()
+            || !spec.devices.interfaces.is_empty()
+            || spec.devices.rng)
+    {
+        notes.push(
+            "virtio devices are attached to Linux guests only: the built-in payload runs without them"
+                .into(),
+        );
+    }
     let plan = Plan {
         name: spec.name.clone(),
         guest_topology: spec.cpu.topology,
@@ -210,6 +221,7 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
         guest_cells,
         backing,
         boot: spec.boot.clone(),
+        devices: devices::DevicePlan::new(spec.devices.clone()),
         realtime,
         notes,
     };
@@ -327,6 +339,7 @@ impl Plan {
             boot: vmhost_config::BootSpec::Payload {
                 payload: vmhost_config::Payload::Touch,
             },
+            devices: devices::DevicePlan::default(),
             realtime: None,
             notes: Vec::new(),
         }

@@ -229,6 +229,8 @@ pub struct Plan {
     pub backing: Backing,
     /// What the guest boots.
     pub boot: BootSpec,
+    /// The virtio devices, resolved from the spec (disks, NICs, entropy), and their slots.
+    pub devices: crate::devices::DevicePlan,
     /// Realtime vCPUs (`cpu.realtime`), if any.
     pub realtime: Option<RealtimePlan>,
     /// Decisions worth telling the operator (where placement differs from KubeVirt and why).

@@ -160,6 +160,7 @@ pub fn render_text(o: &Outcome) -> String {
             rt.priority
         );
     }
+    render_devices(&mut s, &p.devices);
     for n in &p.notes {
         let _ = writeln!(s, "  note: {n}");
     }
@@ -177,4 +178,58 @@ pub fn render_text(o: &Outcome) -> String {
 #[allow(clippy::cast_precision_loss)]
 fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
+}
+
+/// One line per virtio device: what it is and where the guest finds it.
+fn render_devices(s: &mut String, d: &crate::devices::DevicePlan) {
+    use crate::devices::VirtioKind;
+    use vmhost_config::DiskSource;
+    if d.slots.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\n  virtio devices (virtio-mmio):");
+    for slot in &d.slots {
+        let what = match slot.device {
+            VirtioKind::Disk(i) => {
+                let disk = &d.spec.disks[i];
+                let source = match &disk.source {
+                    DiskSource::Image {
+                        path,
+                        create_bytes: None,
+                    } => path.display().to_string(),
+                    DiskSource::Image {
+                        path,
+                        create_bytes: Some(b),
+                    } => {
+                        format!(
+                            "{} (created with {} if missing)",
+                            path.display(),
+                            format_bytes(*b)
+                        )
+                    }
+                    DiskSource::CloudInitNoCloud { .. } => "cloud-init NoCloud seed".to_string(),
+                    DiskSource::EmptyDisk { capacity_bytes } => {
+                        format!("empty disk of {}", format_bytes(*capacity_bytes))
+                    }
+                };
+                let mode = if disk.read_only {
+                    "read-only"
+                } else {
+                    "read-write"
+                };
+                format!(
+                    "disk {}: {source}, {mode}, cache {}",
+                    disk.name,
+                    disk.cache.as_str()
+                )
+            }
+            VirtioKind::Net(i) => {
+                let n = &d.spec.interfaces[i];
+                let tap = n.tap.as_deref().unwrap_or("a new tap");
+                format!("interface {}: {tap}, MAC {}", n.name, n.mac)
+            }
+            VirtioKind::Rng => "rng: host getrandom".to_string(),
+        };
+        let _ = writeln!(s, "    {what} at {:#x}, GSI {}", slot.base, slot.gsi);
+    }
 }

@@ -81,18 +81,28 @@ pub(crate) fn next_exit(
             }
         }
         VcpuExit::MmioRead(gpa, data) => {
-            data.fill(0xff);
-            Exit::Mmio {
-                gpa,
-                write: false,
-                size: data.len(),
+            if devices.is_some_and(|d| d.mmio_read(gpa, data)) {
+                Exit::Handled
+            } else {
+                data.fill(0xff);
+                Exit::Mmio {
+                    gpa,
+                    write: false,
+                    size: data.len(),
+                }
             }
         }
-        VcpuExit::MmioWrite(gpa, data) => Exit::Mmio {
-            gpa,
-            write: true,
-            size: data.len(),
-        },
+        VcpuExit::MmioWrite(gpa, data) => {
+            if devices.is_some_and(|d| d.mmio_write(gpa, data)) {
+                Exit::Handled
+            } else {
+                Exit::Mmio {
+                    gpa,
+                    write: true,
+                    size: data.len(),
+                }
+            }
+        }
         VcpuExit::Hlt => Exit::Hlt,
         VcpuExit::Shutdown => Exit::Shutdown,
         VcpuExit::FailEntry(reason, _cpu) => Exit::FailEntry(reason),

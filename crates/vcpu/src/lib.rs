@@ -62,6 +62,7 @@ mod setup;
 mod sys;
 pub mod unknown;
 pub mod vcpu;
+pub mod virtio;
 pub mod vm;
 
 pub use arch::{decode_topology, CpuidResult, DecodedTopology};

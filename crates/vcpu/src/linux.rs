@@ -1,7 +1,8 @@
 //! Preparing a Linux guest (`[boot] kernel = ...`): ACPI tables built from the plan and
 //! written at [`vmhost_boot::ACPI_START`], the kernel, initramfs and command line loaded by
 //! [`vmhost_boot::load_linux`], all checked before KVM is opened; then the KVM VM with the
-//! in-kernel irqchip and PIT, RAM memslots, COM1 with its irqfd on GSI 4, and per-vCPU CPUID.
+//! in-kernel irqchip and PIT, RAM memslots, COM1 with its irqfd on GSI 4, the plan's virtio
+//! devices ([`crate::virtio`]), and per-vCPU CPUID.
 //!
 //! The vCPU whose APIC ID is 0 (KVM's boot processor) starts at the kernel's entry with
 //! [`vmhost_boot::LinuxBoot::cpu_state`] (PVH for Debian's vmlinux); every other vCPU stays in
@@ -38,12 +39,17 @@ pub(crate) fn prepare_linux(
     let layout = ram.guest_layout();
     let acpi = build_acpi(plan, layout, ACPI_START)
         .map_err(|source| VmError::Acpi { vm: vm(), source })?;
+    // The virtio devices reach the kernel through `virtio_mmio.device=` (DSDT entries next).
+    let cmdline = match plan.devices.cmdline() {
+        extra if extra.is_empty() => spec.cmdline.to_string(),
+        extra => format!("{} {extra}", spec.cmdline),
+    };
     let boot = load_linux(
         ram.guest_memory(),
         layout,
         spec.kernel,
         spec.initrd,
-        spec.cmdline,
+        &cmdline,
         &acpi,
     )
     .map_err(|source| VmError::Kernel { vm: vm(), source })?;
@@ -65,6 +71,29 @@ pub(crate) fn prepare_linux(
     let serial = SerialConsole::new(options.serial_out.clone()).map_err(VmError::Serial)?;
     fd.register_irqfd(serial.irq_fd(), COM1_GSI)
         .map_err(kvm_err("KVM_IRQFD"))?;
+    let mut devices = LinuxDevices::new(serial);
+    if !plan.devices.is_empty() {
+        let dir = options
+            .device_dir
+            .clone()
+            .unwrap_or_else(std::env::temp_dir);
+        let virtio = crate::virtio::attach(
+            &fd,
+            &plan.devices,
+            &plan.name,
+            ram.guest_memory(),
+            &dir,
+            &plan.emulator.host_cpus,
+        )
+        .map_err(|source| VmError::Virtio {
+            vm: vm(),
+            source: Box::new(source),
+        })?;
+        for line in virtio.describe() {
+            tracing::info!("{line}");
+        }
+        devices = devices.with_virtio(virtio);
+    }
     let cpuids = vcpu_cpuids(&kvm, plan, options.mask_for_nested_emulation)?;
     let configs = plan
         .vcpus
@@ -89,7 +118,7 @@ pub(crate) fn prepare_linux(
         fd,
         guest: Guest::Linux {
             boot: Box::new(boot),
-            devices: Arc::new(LinuxDevices::new(serial)),
+            devices: Arc::new(devices),
         },
         configs,
     })

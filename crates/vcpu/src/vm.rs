@@ -79,6 +79,9 @@ pub struct VmOptions {
     /// Called on the emulator thread once every vCPU thread is pinned and configured, just
     /// before the guest starts, with the thread placement read back from `/proc`.
     pub on_start: Option<StartHook>,
+    /// Where a Linux guest's scratch images go (empty disks, cloud-init seeds; removed at
+    /// stop). Default: the system's temporary directory.
+    pub device_dir: Option<std::path::PathBuf>,
 }
 
 /// The function a [`StartHook`] calls.
@@ -132,6 +135,15 @@ pub enum VmError {
     NoVcpus {
         /// VM name.
         vm: String,
+    },
+    /// The virtio devices could not be attached.
+    #[error("VM {vm}: cannot attach the virtio devices")]
+    Virtio {
+        /// VM name.
+        vm: String,
+        /// The cause (boxed: it is large and rare).
+        #[source]
+        source: Box<crate::virtio::VirtioError>,
     },
     /// `/dev/kvm` could not be opened.
     #[error("cannot open /dev/kvm")]

@@ -38,6 +38,7 @@
 //! #     emulator: EmulatorPlacement { host_cpus: vec![], isolated: false },
 //! #     guest_cells: vec![cell(0, vec![0]), cell(1, vec![1])], backing: Backing::Anonymous,
 //! #     boot: BootSpec::Payload { payload: Payload::Touch }, realtime: None, notes: vec![],
+//! #     devices: Default::default(),
 //! # };
 //! // A plan with two vCPUs in two guest cells of 64 MiB each.
 //! let layout = GuestLayout::from_plan(&plan, MMIO_HOLE_START..MMIO_HOLE_END).unwrap();
@@ -57,6 +58,7 @@
 
 mod cpus;
 mod numa;
+pub mod virtio;
 
 use std::fs;
 use std::ops::Range;

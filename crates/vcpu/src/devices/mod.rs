@@ -17,9 +17,10 @@ use crate::control::lock;
 use legacy::{Legacy, PortAction};
 use serial::SerialConsole;
 
-/// The port-I/O bus of a Linux guest.
+/// The port-I/O bus of a Linux guest, and its virtio-mmio devices.
 #[derive(Debug)]
 pub struct LinuxDevices {
+    virtio: Option<crate::virtio::VirtioAttachment>,
     serial: Arc<SerialConsole>,
     legacy: Mutex<Legacy>,
 }
@@ -28,6 +29,7 @@ impl LinuxDevices {
     /// The devices around `serial`.
     pub fn new(serial: SerialConsole) -> Self {
         LinuxDevices {
+            virtio: None,
             serial: Arc::new(serial),
             legacy: Mutex::new(Legacy::default()),
         }
@@ -54,6 +56,29 @@ impl LinuxDevices {
             return PortAction::Handled;
         }
         lock(&self.legacy).write(port, data)
+    }
+
+    /// The same devices with the virtio-mmio devices of `virtio`.
+    pub fn with_virtio(mut self, virtio: crate::virtio::VirtioAttachment) -> Self {
+        self.virtio = Some(virtio);
+        self
+    }
+
+    /// The virtio devices, if the guest has any.
+    pub fn virtio(&self) -> Option<&crate::virtio::VirtioAttachment> {
+        self.virtio.as_ref()
+    }
+
+    /// A guest MMIO read; false (and `data` untouched) when no device has the address.
+    pub fn mmio_read(&self, gpa: u64, data: &mut [u8]) -> bool {
+        self.virtio.as_ref().is_some_and(|v| v.mmio_read(gpa, data))
+    }
+
+    /// A guest MMIO write; false when no device has the address.
+    pub fn mmio_write(&self, gpa: u64, data: &[u8]) -> bool {
+        self.virtio
+            .as_ref()
+            .is_some_and(|v| v.mmio_write(gpa, data))
     }
 }
 

@@ -1,0 +1,398 @@
+#![allow(clippy::cast_possible_truncation)] // test data: small known values
+use std::path::Path;
+
+use vm_memory::{Bytes, GuestAddress};
+
+use super::*;
+use crate::testutil::{memory, TestQueue, DATA, F_NEXT, F_WRITE};
+
+const HDR: u64 = DATA;
+const BUF: u64 = DATA + 0x1000;
+const STATUS: u64 = DATA + 0x80_0000;
+
+/// An image of `sectors` sectors whose byte i is (i * 7 + i / 512) as u8.
+fn image(dir: &Path, sectors: u64) -> std::path::PathBuf {
+    let path = dir.join("disk.img");
+    let data: Vec<u8> = (0..sectors * 512)
+        .map(|i| (i * 7 + i / 512) as u8)
+        .collect();
+    std::fs::write(&path, data).unwrap();
+    path
+}
+
+fn block(path: &Path, read_only: bool, cache: CacheMode) -> Block {
+    Block::new(&BlockConfig {
+        path: path.to_path_buf(),
+        read_only,
+        cache,
+        serial: "vmhost-disk-0".into(),
+    })
+    .unwrap()
+}
+
+fn header(mem: &GuestMemoryMmap, kind: u32, sector: u64) {
+    let mut h = [0u8; 16];
+    h[..4].copy_from_slice(&kind.to_le_bytes());
+    h[8..].copy_from_slice(&sector.to_le_bytes());
+    mem.write_slice(&h, GuestAddress(HDR)).unwrap();
+}
+
+fn status(mem: &GuestMemoryMmap) -> u32 {
+    u32::from(mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap())
+}
+
+/// Runs one request made of `bufs` and returns (status, used length).
+fn run(blk: &mut Block, mem: &GuestMemoryMmap, bufs: &[(u64, u32, bool)]) -> (u32, u32) {
+    let mut q = TestQueue::new(mem, 0, 256);
+    let mut queue = q.queue();
+    mem.write_obj(0xeeu8, GuestAddress(STATUS)).unwrap();
+    q.post(bufs);
+    assert!(blk.process_queue(0, &mut queue, mem).unwrap());
+    (status(mem), q.used(0).1)
+}
+
+fn read_req(blk: &mut Block, mem: &GuestMemoryMmap, sector: u64, len: u32) -> (u32, u32) {
+    header(mem, VIRTIO_BLK_T_IN, sector);
+    run(
+        blk,
+        mem,
+        &[(HDR, 16, false), (BUF, len, true), (STATUS, 1, true)],
+    )
+}
+
+fn write_req(blk: &mut Block, mem: &GuestMemoryMmap, sector: u64, data: &[u8]) -> (u32, u32) {
+    header(mem, VIRTIO_BLK_T_OUT, sector);
+    mem.write_slice(data, GuestAddress(BUF)).unwrap();
+    let len = u32::try_from(data.len()).unwrap();
+    run(
+        blk,
+        mem,
+        &[(HDR, 16, false), (BUF, len, false), (STATUS, 1, true)],
+    )
+}
+
+fn check_reads_match_the_image(cache: CacheMode) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 64);
+    let file = std::fs::read(&path).unwrap();
+    let mut blk = block(&path, false, cache);
+    let mem = memory();
+    for (sector, len) in [(0u64, 512u32), (3, 4096), (1, 512 * 9), (56, 4096)] {
+        assert_eq!(
+            read_req(&mut blk, &mem, sector, len),
+            (VIRTIO_BLK_S_OK, len + 1)
+        );
+        let mut got = vec![0u8; len as usize];
+        mem.read_slice(&mut got, GuestAddress(BUF)).unwrap();
+        let at = (sector * 512) as usize;
+        assert_eq!(
+            got,
+            file[at..at + len as usize],
+            "sector {sector} len {len}"
+        );
+    }
+    assert_eq!(blk.stats().reads, 4);
+}
+
+#[test]
+fn reads_match_the_image_byte_for_byte_writeback() {
+    check_reads_match_the_image(CacheMode::Writeback);
+}
+
+#[test]
+fn reads_match_the_image_byte_for_byte_direct() {
+    check_reads_match_the_image(CacheMode::None);
+}
+
+fn check_writes_land_in_the_image(cache: CacheMode) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 64);
+    let mut expect = std::fs::read(&path).unwrap();
+    let mut blk = block(&path, false, cache);
+    let mem = memory();
+    // Unaligned to 4 KiB on purpose (sector 5, 3 sectors): the direct path reads, modifies
+    // and writes whole blocks.
+    let data: Vec<u8> = (0..1536u32).map(|i| (i % 251) as u8 ^ 0x5a).collect();
+    assert_eq!(write_req(&mut blk, &mem, 5, &data), (VIRTIO_BLK_S_OK, 1));
+    expect[5 * 512..5 * 512 + 1536].copy_from_slice(&data);
+    header(&mem, VIRTIO_BLK_T_FLUSH, 0);
+    assert_eq!(
+        run(&mut blk, &mem, &[(HDR, 16, false), (STATUS, 1, true)]).0,
+        VIRTIO_BLK_S_OK
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), expect);
+    assert_eq!(blk.stats().writes, 1);
+    assert_eq!(blk.stats().flushes, 1);
+}
+
+#[test]
+fn writes_land_in_the_image_writeback() {
+    check_writes_land_in_the_image(CacheMode::Writeback);
+}
+
+#[test]
+fn writes_land_in_the_image_direct() {
+    check_writes_land_in_the_image(CacheMode::None);
+}
+
+#[test]
+fn a_read_only_disk_refuses_writes_with_ioerr_and_offers_ro() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 8);
+    let before = std::fs::read(&path).unwrap();
+    let mut blk = block(&path, true, CacheMode::Writeback);
+    assert_ne!(blk.features() & (1 << VIRTIO_BLK_F_RO), 0);
+    let mem = memory();
+    assert_eq!(
+        write_req(&mut blk, &mem, 0, &[0xab; 512]).0,
+        VIRTIO_BLK_S_IOERR
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    assert_eq!(blk.stats().errors, 1);
+    assert_eq!(read_req(&mut blk, &mem, 0, 512).0, VIRTIO_BLK_S_OK);
+}
+
+#[test]
+fn requests_past_the_end_or_not_whole_sectors_get_ioerr() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 8);
+    let mut blk = block(&path, false, CacheMode::Writeback);
+    let mem = memory();
+    assert_eq!(read_req(&mut blk, &mem, 7, 1024).0, VIRTIO_BLK_S_IOERR);
+    assert_eq!(
+        read_req(&mut blk, &mem, u64::MAX / 256, 512).0,
+        VIRTIO_BLK_S_IOERR
+    );
+    assert_eq!(read_req(&mut blk, &mem, 0, 100).0, VIRTIO_BLK_S_IOERR);
+    assert_eq!(read_req(&mut blk, &mem, 7, 512).0, VIRTIO_BLK_S_OK);
+}
+
+#[test]
+fn get_id_returns_the_serial_and_unknown_types_are_unsupported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 8);
+    let mut blk = block(&path, false, CacheMode::Writeback);
+    let mem = memory();
+    header(&mem, VIRTIO_BLK_T_GET_ID, 0);
+    let bufs = [(HDR, 16, false), (BUF, 20, true), (STATUS, 1, true)];
+    assert_eq!(run(&mut blk, &mem, &bufs), (VIRTIO_BLK_S_OK, 21));
+    let mut id = [0u8; 20];
+    mem.read_slice(&mut id, GuestAddress(BUF)).unwrap();
+    assert_eq!(&id[..13], b"vmhost-disk-0");
+    assert_eq!(id[13..], [0; 7]);
+    header(&mem, VIRTIO_BLK_T_DISCARD, 0);
+    assert_eq!(
+        run(&mut blk, &mem, &[(HDR, 16, false), (STATUS, 1, true)]).0,
+        VIRTIO_BLK_S_UNSUPP
+    );
+}
+
+#[test]
+fn config_space_carries_capacity_and_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 24);
+    let blk = block(&path, false, CacheMode::Writeback);
+    let c = blk.config();
+    assert_eq!(c[..8], 24u64.to_le_bytes());
+    assert_eq!(c[8..12], BLOCK_SIZE_MAX.to_le_bytes());
+    assert_eq!(c[12..16], BLOCK_SEG_MAX.to_le_bytes());
+    assert_eq!(blk.features() & (1 << VIRTIO_BLK_F_RO), 0);
+    assert_ne!(blk.features() & (1 << VIRTIO_BLK_F_FLUSH), 0);
+}
+
+#[test]
+fn cache_none_refuses_an_image_that_is_not_whole_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 3);
+    let err = Block::new(&BlockConfig {
+        path,
+        read_only: false,
+        cache: CacheMode::None,
+        serial: String::new(),
+    })
+    .unwrap_err();
+    assert!(matches!(
+        err,
+        BlockError::Image(DiskError::DirectUnaligned { size: 1536, .. })
+    ));
+}
+
+#[test]
+fn a_directory_or_fifo_is_not_an_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for (path, kind) in [(dir.path().to_path_buf(), "directory"), (fifo, "FIFO")] {
+        let err = DiskImage::open(&path, false, CacheMode::Writeback).unwrap_err();
+        assert!(
+            matches!(err, DiskError::NotAnImage { kind: k, .. } if k == kind),
+            "{err:?}"
+        );
+    }
+}
+
+/// Runs a malformed request and returns the device error.
+fn malformed(bufs: &[(u64, u32, bool)]) -> DeviceError {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 8);
+    let mut blk = block(&path, false, CacheMode::Writeback);
+    let mem = memory();
+    header(&mem, VIRTIO_BLK_T_IN, 0);
+    let mut q = TestQueue::new(&mem, 0, 256);
+    let mut queue = q.queue();
+    q.post(bufs);
+    let err = blk.process_queue(0, &mut queue, &mem).unwrap_err();
+    assert_eq!(q.used_idx(), 0);
+    err
+}
+
+fn is_chain(err: &DeviceError, f: impl Fn(&ChainError) -> bool) -> bool {
+    matches!(err, DeviceError::Chain { queue: 0, source } if f(source))
+}
+
+#[test]
+fn malformed_header_in_a_writable_buffer() {
+    let err = malformed(&[(HDR, 16, true), (STATUS, 1, true)]);
+    assert!(
+        is_chain(&err, |e| matches!(e, ChainError::Direction { .. })),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn malformed_no_status_byte() {
+    let err = malformed(&[(HDR, 16, false), (BUF, 512, false)]);
+    assert!(
+        is_chain(&err, |e| matches!(e, ChainError::Direction { .. })),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn malformed_readable_after_writable() {
+    let err = malformed(&[
+        (HDR, 16, false),
+        (BUF, 512, true),
+        (BUF, 16, false),
+        (STATUS, 1, true),
+    ]);
+    assert!(
+        is_chain(&err, |e| matches!(
+            e,
+            ChainError::ReadableAfterWritable { .. }
+        )),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn malformed_buffer_outside_guest_memory() {
+    let far = crate::testutil::MEM_SIZE as u64 - 256;
+    let err = malformed(&[(HDR, 16, false), (far, 512, true), (STATUS, 1, true)]);
+    assert!(
+        is_chain(&err, |e| matches!(e, ChainError::OutOfRange { .. })),
+        "{err:?}"
+    );
+    let err = malformed(&[
+        (HDR, 16, false),
+        (u64::MAX - 16, 512, true),
+        (STATUS, 1, true),
+    ]);
+    assert!(
+        is_chain(&err, |e| matches!(e, ChainError::OutOfRange { .. })),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn malformed_oversized_request() {
+    // 33 writable MiB (the same guest MiB, 33 times) against a 31.75 MiB limit.
+    let mut bufs = vec![(HDR, 16, false)];
+    bufs.extend(std::iter::repeat_n((BUF, 1 << 20, true), 33));
+    bufs.push((STATUS, 1, true));
+    let err = malformed(&bufs);
+    assert!(
+        is_chain(&err, |e| matches!(e, ChainError::Oversized { .. })),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn malformed_too_many_segments_through_an_indirect_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 8);
+    let mut blk = block(&path, false, CacheMode::Writeback);
+    let mem = memory();
+    // An indirect table of seg_max + 3 descriptors: header, seg_max + 1 data, status.
+    let table = DATA + 0x40_0000;
+    let n = BLOCK_SEG_MAX as u16 + 3;
+    for i in 0..n {
+        let (addr, len, flags) = match i {
+            0 => (HDR, 16, F_NEXT),
+            i if i == n - 1 => (STATUS, 1, F_WRITE),
+            i => (BUF + u64::from(i) * 512, 512, F_WRITE | F_NEXT),
+        };
+        let d = virtio_queue::desc::split::Descriptor::new(addr, len, flags, i + 1);
+        mem.write_obj(d, GuestAddress(table + u64::from(i) * 16))
+            .unwrap();
+    }
+    let mut q = TestQueue::new(&mem, 0, 256);
+    let mut queue = q.queue();
+    let indirect = virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT as u16;
+    q.post_raw(&[(table, u32::from(n) * 16, indirect, 0)], 0);
+    let err = blk.process_queue(0, &mut queue, &mem).unwrap_err();
+    let segments = |e: &ChainError| {
+        matches!(
+            e,
+            ChainError::Oversized {
+                what: "segments",
+                ..
+            }
+        )
+    };
+    assert!(is_chain(&err, segments), "{err:?}");
+}
+
+#[test]
+fn malformed_descriptor_loop_and_next_past_the_table() {
+    for (descs, why) in [
+        (
+            vec![(HDR, 16, F_NEXT, 1), (BUF, 512, F_WRITE | F_NEXT, 0)],
+            "loop",
+        ),
+        (vec![(HDR, 16, F_NEXT, 300)], "next index past the table"),
+        (vec![(HDR, 16, F_NEXT, 0)], "self loop"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = image(dir.path(), 8);
+        let mut blk = block(&path, false, CacheMode::Writeback);
+        let mem = memory();
+        let mut q = TestQueue::new(&mem, 0, 256);
+        let mut queue = q.queue();
+        q.post_raw(&descs, 0);
+        let err = blk.process_queue(0, &mut queue, &mem).unwrap_err();
+        assert!(
+            is_chain(&err, |e| matches!(e, ChainError::Broken { .. })),
+            "{why}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn malformed_indirect_table_outside_guest_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 8);
+    let mut blk = block(&path, false, CacheMode::Writeback);
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 256);
+    let mut queue = q.queue();
+    let indirect = virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT as u16;
+    q.post_raw(&[(u64::from(u32::MAX) << 8, 64, indirect, 0)], 0);
+    let err = blk.process_queue(0, &mut queue, &mem).unwrap_err();
+    assert!(
+        is_chain(&err, |e| matches!(e, ChainError::Broken { .. })),
+        "{err:?}"
+    );
+}

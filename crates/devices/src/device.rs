@@ -1,0 +1,84 @@
+//! What every virtio device implements for the transport ([`crate::mmio`]).
+//!
+//! The transport owns the queues while the driver configures them and hands a device one
+//! queue at a time when it is notified. A device never sees a register; it offers features,
+//! a configuration space and the processing of its queues.
+
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+
+use crate::chain::ChainError;
+
+/// A device failure caused by the guest (malformed queues or requests). The transport puts
+/// the device into NEEDS_RESET and logs it once.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// A malformed descriptor chain.
+    #[error("queue {queue}")]
+    Chain {
+        /// Queue index.
+        queue: usize,
+        /// What is wrong with it.
+        #[source]
+        source: ChainError,
+    },
+    /// The queue itself is broken (e.g. an available index too far ahead, unreadable rings).
+    #[error("queue {queue}: virtqueue error")]
+    Queue {
+        /// Queue index.
+        queue: usize,
+        /// virtio-queue's error.
+        #[source]
+        source: virtio_queue::Error,
+    },
+    /// The device has no queue of this index.
+    #[error("queue {queue} does not exist")]
+    NoSuchQueue {
+        /// Queue index.
+        queue: usize,
+    },
+}
+
+impl DeviceError {
+    /// Wraps a chain error of `queue`.
+    pub fn chain(queue: usize) -> impl FnOnce(ChainError) -> DeviceError {
+        move |source| DeviceError::Chain { queue, source }
+    }
+
+    /// Wraps a virtqueue error of `queue`.
+    pub fn queue(queue: usize) -> impl FnOnce(virtio_queue::Error) -> DeviceError {
+        move |source| DeviceError::Queue { queue, source }
+    }
+}
+
+/// A virtio device behind a transport.
+pub trait VirtioDevice: Send {
+    /// The virtio device ID (`VIRTIO_ID_*`).
+    fn device_type(&self) -> u32;
+
+    /// The maximum size of each queue; its length is the number of queues.
+    fn queue_max_sizes(&self) -> &[u16];
+
+    /// Feature bits the device offers (VIRTIO_F_VERSION_1 is added by the transport).
+    fn features(&self) -> u64;
+
+    /// The device-specific configuration space.
+    fn config(&self) -> Vec<u8>;
+
+    /// The driver accepted `features` (FEATURES_OK) and set DRIVER_OK.
+    fn activate(&mut self, features: u64) {
+        let _ = features;
+    }
+
+    /// Processes the available buffers of queue `index`. Returns whether buffers were used
+    /// (so the transport raises the queue interrupt).
+    fn process_queue(
+        &mut self,
+        index: usize,
+        queue: &mut Queue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError>;
+
+    /// The driver reset the device: forget negotiated state.
+    fn reset(&mut self) {}
+}

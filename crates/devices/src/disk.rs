@@ -1,0 +1,201 @@
+//! A raw disk image file: opened read-write or read-only, with the page cache (`writeback`)
+//! or without it (`none`, O_DIRECT through aligned bounce buffers).
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::sys::{AlignedBuf, DIRECT_ALIGN};
+
+/// Bytes per virtio-blk sector.
+pub const SECTOR_SIZE: u64 = 512;
+
+/// How the host caches the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheMode {
+    /// O_DIRECT: no host page cache; the image size must be a multiple of 4 KiB.
+    None,
+    /// Through the host page cache; FLUSH makes writes durable.
+    #[default]
+    Writeback,
+}
+
+/// Why an image could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// open(2) failed.
+    #[error("cannot open disk image {path}")]
+    Open {
+        /// The image.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The path is not a regular file or a block device.
+    #[error("disk image {path} is a {kind}, not a regular file or block device")]
+    NotAnImage {
+        /// The image.
+        path: PathBuf,
+        /// What it is instead.
+        kind: &'static str,
+    },
+    /// O_DIRECT needs whole 4 KiB blocks.
+    #[error("disk image {path}: cache mode none needs a size that is a multiple of 4096 bytes, it is {size}")]
+    DirectUnaligned {
+        /// The image.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+    },
+    /// A bounce buffer could not be allocated.
+    #[error("cannot allocate an I/O buffer")]
+    Buffer(#[source] io::Error),
+}
+
+/// An open image.
+pub struct DiskImage {
+    file: File,
+    size: u64,
+    direct: bool,
+    scratch: AlignedBuf,
+}
+
+impl std::fmt::Debug for DiskImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskImage")
+            .field("size", &self.size)
+            .field("direct", &self.direct)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DiskImage {
+    /// Opens `path`; `read_only` opens it O_RDONLY.
+    pub fn open(path: &Path, read_only: bool, cache: CacheMode) -> Result<Self, DiskError> {
+        let open_err = |source| DiskError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let kind = std::fs::metadata(path).map_err(open_err)?.file_type();
+        let what = if kind.is_dir() {
+            Some("directory")
+        } else if kind.is_fifo() {
+            Some("FIFO")
+        } else if kind.is_socket() {
+            Some("socket")
+        } else if kind.is_char_device() {
+            Some("character device")
+        } else {
+            None
+        };
+        if let Some(kind) = what {
+            return Err(DiskError::NotAnImage {
+                path: path.to_path_buf(),
+                kind,
+            });
+        }
+        let direct = cache == CacheMode::None;
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(!read_only);
+        opts.custom_flags(libc::O_CLOEXEC | if direct { libc::O_DIRECT } else { 0 });
+        let file = opts.open(path).map_err(open_err)?;
+        let size = file_size(&file).map_err(open_err)?;
+        if direct && size % DIRECT_ALIGN as u64 != 0 {
+            return Err(DiskError::DirectUnaligned {
+                path: path.to_path_buf(),
+                size,
+            });
+        }
+        let scratch = AlignedBuf::new(DIRECT_ALIGN).map_err(DiskError::Buffer)?;
+        Ok(DiskImage {
+            file,
+            size,
+            direct,
+            scratch,
+        })
+    }
+
+    /// Size in bytes when opened.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the image bypasses the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Reads `buf.len()` bytes at `offset`; `buf` must come from an [`AlignedBuf`] when direct.
+    pub fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if !self.direct || aligned(offset, buf) {
+            return self.file.read_exact_at(buf, offset);
+        }
+        let (start, end) = widen(offset, buf.len())?;
+        self.grow_scratch(end - start)?;
+        let len = to_usize(end - start)?;
+        let scratch = &mut self.scratch.as_mut_slice()[..len];
+        self.file.read_exact_at(scratch, start)?;
+        let skip = to_usize(offset - start)?;
+        buf.copy_from_slice(&scratch[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    /// Writes `buf` at `offset`; unaligned direct writes read, modify and write whole blocks.
+    pub fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if !self.direct || aligned(offset, buf) {
+            return self.file.write_all_at(buf, offset);
+        }
+        let (start, end) = widen(offset, buf.len())?;
+        self.grow_scratch(end - start)?;
+        let len = to_usize(end - start)?;
+        let scratch = &mut self.scratch.as_mut_slice()[..len];
+        self.file.read_exact_at(scratch, start)?;
+        let skip = to_usize(offset - start)?;
+        scratch[skip..skip + buf.len()].copy_from_slice(buf);
+        self.file.write_all_at(scratch, start)
+    }
+
+    /// `fdatasync(2)`: makes written data durable.
+    pub fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn grow_scratch(&mut self, len: u64) -> io::Result<()> {
+        let len = to_usize(len)?;
+        if self.scratch.len() < len {
+            self.scratch = AlignedBuf::new(len)?;
+        }
+        Ok(())
+    }
+}
+
+/// Size of a regular file or a block device.
+fn file_size(file: &File) -> io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let meta = file.metadata()?;
+    if meta.file_type().is_block_device() {
+        let mut f = file;
+        return f.seek(SeekFrom::End(0));
+    }
+    Ok(meta.len())
+}
+
+fn aligned(offset: u64, buf: &[u8]) -> bool {
+    let a = DIRECT_ALIGN as u64;
+    offset % a == 0 && buf.len() as u64 % a == 0 && buf.as_ptr() as usize % DIRECT_ALIGN == 0
+}
+
+/// The block-aligned range that covers `len` bytes at `offset`.
+fn widen(offset: u64, len: usize) -> io::Result<(u64, u64)> {
+    let a = DIRECT_ALIGN as u64;
+    let end = offset
+        .checked_add(len as u64)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "offset overflow"))?;
+    Ok((offset / a * a, end.div_ceil(a) * a))
+}
+
+fn to_usize(v: u64) -> io::Result<usize> {
+    usize::try_from(v).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length overflow"))
+}

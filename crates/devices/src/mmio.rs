@@ -1,0 +1,407 @@
+//! The virtio-mmio (version 2) transport: the register file a driver sees in a device's MMIO
+//! window, and the device status state machine behind it.
+//!
+//! It does not know KVM. The VMM forwards guest accesses to [`MmioTransport::read`] and
+//! [`MmioTransport::write`]; a queue notification that arrives through an ioeventfd instead of
+//! the `QueueNotify` register is delivered with [`MmioTransport::notify`]. Interrupts go out
+//! through the device's [`Interrupt`] (an irqfd).
+//!
+//! A device that meets malformed guest input is put into NEEDS_RESET: the error is logged
+//! once, the driver gets a configuration-change interrupt, and further notifications are
+//! ignored until the driver resets the device (writes 0 to `Status`).
+
+use std::sync::Arc;
+
+use tracing::{debug, warn};
+use virtio_bindings::virtio_config::{
+    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
+    VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
+    VIRTIO_F_VERSION_1,
+};
+use virtio_bindings::virtio_mmio::*;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+
+use crate::device::{DeviceError, VirtioDevice};
+use crate::interrupt::Interrupt;
+
+/// `MagicValue`: "virt" in little endian.
+pub const MMIO_MAGIC: u32 = 0x7472_6976;
+/// The transport version implemented (virtio 1.x "modern" MMIO).
+pub const MMIO_VERSION: u32 = 2;
+/// `VendorID` reported to the driver ("VMHO").
+pub const MMIO_VENDOR_ID: u32 = 0x4f48_4d56;
+/// Size of a device's MMIO window (registers plus configuration space).
+pub const MMIO_WINDOW_SIZE: u64 = 0x1000;
+
+const CONFIG_START: u64 = VIRTIO_MMIO_CONFIG as u64;
+/// Offset of `QueueNotify` in the window: where the VMM registers each queue's ioeventfd
+/// (the written value is the queue index).
+pub const QUEUE_NOTIFY_OFFSET: u64 = VIRTIO_MMIO_QUEUE_NOTIFY as u64;
+
+/// Why a transport could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum MmioError {
+    /// The device asked for a queue size virtio-queue refuses.
+    #[error("queue {index}: invalid maximum size {size}")]
+    QueueSize {
+        /// Queue index.
+        index: usize,
+        /// The size asked for.
+        size: u16,
+        /// virtio-queue's error.
+        #[source]
+        source: virtio_queue::Error,
+    },
+}
+
+/// One device's virtio-mmio register file and status.
+pub struct MmioTransport {
+    device: Box<dyn VirtioDevice>,
+    mem: GuestMemoryMmap,
+    interrupt: Arc<Interrupt>,
+    queues: Vec<Queue>,
+    status: u32,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    queue_sel: u32,
+    config_generation: u32,
+    failure_logged: bool,
+}
+
+impl std::fmt::Debug for MmioTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MmioTransport")
+            .field("device_type", &self.device.device_type())
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MmioTransport {
+    /// A transport for `device` over guest memory `mem`, interrupting through `interrupt`.
+    pub fn new(
+        device: Box<dyn VirtioDevice>,
+        mem: GuestMemoryMmap,
+        interrupt: Arc<Interrupt>,
+    ) -> Result<Self, MmioError> {
+        let queues = device
+            .queue_max_sizes()
+            .iter()
+            .enumerate()
+            .map(|(index, &size)| {
+                Queue::new(size).map_err(|source| MmioError::QueueSize {
+                    index,
+                    size,
+                    source,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(MmioTransport {
+            device,
+            mem,
+            interrupt,
+            queues,
+            status: 0,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            driver_features: 0,
+            queue_sel: 0,
+            config_generation: 0,
+            failure_logged: false,
+        })
+    }
+
+    /// The device status register (`VIRTIO_CONFIG_S_*` bits).
+    pub fn status(&self) -> u32 {
+        self.status
+    }
+
+    /// Whether the device is in its error state.
+    pub fn needs_reset(&self) -> bool {
+        self.status & VIRTIO_CONFIG_S_NEEDS_RESET != 0
+    }
+
+    /// Features the driver accepted.
+    pub fn acked_features(&self) -> u64 {
+        self.driver_features
+    }
+
+    /// The device behind the transport.
+    pub fn device(&self) -> &dyn VirtioDevice {
+        self.device.as_ref()
+    }
+
+    fn offered_features(&self) -> u64 {
+        self.device.features() | (1 << VIRTIO_F_VERSION_1)
+    }
+
+    fn selected_queue(&self) -> Option<&Queue> {
+        self.queues.get(self.queue_sel as usize)
+    }
+
+    /// A guest read of `data.len()` bytes at `offset` in the window.
+    pub fn read(&self, offset: u64, data: &mut [u8]) {
+        if offset >= CONFIG_START {
+            let config = self.device.config();
+            for (i, byte) in data.iter_mut().enumerate() {
+                *byte = (offset - CONFIG_START)
+                    .checked_add(i as u64)
+                    .and_then(|o| usize::try_from(o).ok())
+                    .and_then(|o| config.get(o).copied())
+                    .unwrap_or(0);
+            }
+            return;
+        }
+        let value = match register(offset, data.len()) {
+            Some(reg) => self.read_register(reg),
+            None => {
+                debug!(
+                    offset,
+                    len = data.len(),
+                    "virtio-mmio: unaligned register read"
+                );
+                0
+            }
+        };
+        if let Some(dst) = data.get_mut(..4) {
+            dst.copy_from_slice(&value.to_le_bytes());
+        }
+    }
+
+    fn read_register(&self, reg: u32) -> u32 {
+        let features = self.offered_features();
+        match reg {
+            VIRTIO_MMIO_MAGIC_VALUE => MMIO_MAGIC,
+            VIRTIO_MMIO_VERSION => MMIO_VERSION,
+            VIRTIO_MMIO_DEVICE_ID => self.device.device_type(),
+            VIRTIO_MMIO_VENDOR_ID => MMIO_VENDOR_ID,
+            VIRTIO_MMIO_DEVICE_FEATURES => match self.device_features_sel {
+                0 => low32(features),
+                1 => low32(features >> 32),
+                _ => 0,
+            },
+            VIRTIO_MMIO_QUEUE_NUM_MAX => self.selected_queue().map_or(0, |q| q.max_size().into()),
+            VIRTIO_MMIO_QUEUE_READY => self.selected_queue().map_or(0, |q| q.ready().into()),
+            VIRTIO_MMIO_INTERRUPT_STATUS => self.interrupt.status(),
+            VIRTIO_MMIO_STATUS => self.status,
+            VIRTIO_MMIO_CONFIG_GENERATION => self.config_generation,
+            _ => 0,
+        }
+    }
+
+    /// A guest write of `data` at `offset` in the window.
+    pub fn write(&mut self, offset: u64, data: &[u8]) {
+        if offset >= CONFIG_START {
+            debug!(offset, "virtio-mmio: configuration space is read-only");
+            return;
+        }
+        let (Some(reg), Ok(bytes)) = (register(offset, data.len()), <[u8; 4]>::try_from(data))
+        else {
+            debug!(
+                offset,
+                len = data.len(),
+                "virtio-mmio: unaligned register write"
+            );
+            return;
+        };
+        let value = u32::from_le_bytes(bytes);
+        match reg {
+            VIRTIO_MMIO_DEVICE_FEATURES_SEL => self.device_features_sel = value,
+            VIRTIO_MMIO_DRIVER_FEATURES => self.write_driver_features(value),
+            VIRTIO_MMIO_DRIVER_FEATURES_SEL => self.driver_features_sel = value,
+            VIRTIO_MMIO_QUEUE_SEL => self.queue_sel = value,
+            VIRTIO_MMIO_QUEUE_NOTIFY => self.notify(value as usize),
+            VIRTIO_MMIO_INTERRUPT_ACK => self.interrupt.ack(value),
+            VIRTIO_MMIO_STATUS => self.write_status(value),
+            _ => self.write_queue_register(reg, value),
+        }
+    }
+
+    fn write_driver_features(&mut self, value: u32) {
+        if self.status & VIRTIO_CONFIG_S_DRIVER == 0
+            || self.status & VIRTIO_CONFIG_S_FEATURES_OK != 0
+        {
+            debug!("virtio-mmio: driver features written outside feature negotiation");
+            return;
+        }
+        let value = u64::from(value);
+        match self.driver_features_sel {
+            0 => self.driver_features = (self.driver_features & !0xffff_ffff) | value,
+            1 => self.driver_features = (self.driver_features & 0xffff_ffff) | (value << 32),
+            _ => {}
+        }
+    }
+
+    /// Queue registers may only change after FEATURES_OK and before DRIVER_OK.
+    fn write_queue_register(&mut self, reg: u32, value: u32) {
+        let configuring = self.status
+            & (VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK | VIRTIO_CONFIG_S_FAILED)
+            == VIRTIO_CONFIG_S_FEATURES_OK;
+        let Some(queue) = self.queues.get_mut(self.queue_sel as usize) else {
+            debug!(queue = self.queue_sel, "virtio-mmio: no such queue");
+            return;
+        };
+        if !configuring {
+            debug!(
+                reg,
+                "virtio-mmio: queue register written outside queue setup"
+            );
+            return;
+        }
+        match reg {
+            VIRTIO_MMIO_QUEUE_NUM => queue.set_size(u16::try_from(value).unwrap_or(0)),
+            VIRTIO_MMIO_QUEUE_READY => queue.set_ready(value == 1),
+            VIRTIO_MMIO_QUEUE_DESC_LOW => queue.set_desc_table_address(Some(value), None),
+            VIRTIO_MMIO_QUEUE_DESC_HIGH => queue.set_desc_table_address(None, Some(value)),
+            VIRTIO_MMIO_QUEUE_AVAIL_LOW => queue.set_avail_ring_address(Some(value), None),
+            VIRTIO_MMIO_QUEUE_AVAIL_HIGH => queue.set_avail_ring_address(None, Some(value)),
+            VIRTIO_MMIO_QUEUE_USED_LOW => queue.set_used_ring_address(Some(value), None),
+            VIRTIO_MMIO_QUEUE_USED_HIGH => queue.set_used_ring_address(None, Some(value)),
+            _ => debug!(reg, "virtio-mmio: write to a read-only or unknown register"),
+        }
+    }
+
+    fn write_status(&mut self, value: u32) {
+        if value == 0 {
+            self.reset();
+            return;
+        }
+        // The driver only adds bits; NEEDS_RESET belongs to the device.
+        let kept = self.status & VIRTIO_CONFIG_S_NEEDS_RESET;
+        let value = value & !VIRTIO_CONFIG_S_NEEDS_RESET;
+        if value & self.status != self.status & !VIRTIO_CONFIG_S_NEEDS_RESET {
+            debug!(
+                old = self.status,
+                new = value,
+                "virtio-mmio: status bits cleared without reset"
+            );
+            return;
+        }
+        let added = value & !self.status;
+        let mut value = value;
+        if added & VIRTIO_CONFIG_S_FEATURES_OK != 0 && !self.features_acceptable() {
+            value &= !VIRTIO_CONFIG_S_FEATURES_OK;
+        }
+        if added & VIRTIO_CONFIG_S_DRIVER_OK != 0 {
+            if value & VIRTIO_CONFIG_S_FEATURES_OK == 0 {
+                debug!("virtio-mmio: DRIVER_OK without FEATURES_OK");
+                return;
+            }
+            if let Some(index) = self.invalid_queue() {
+                self.status = value | kept;
+                self.fail(&format!(
+                    "queue {index} is not inside guest memory or has an invalid size"
+                ));
+                return;
+            }
+            self.device.activate(self.driver_features);
+        }
+        self.status = value | kept;
+    }
+
+    /// Driver features must be a subset of the offer and include VIRTIO_F_VERSION_1.
+    fn features_acceptable(&self) -> bool {
+        let offered = self.offered_features();
+        self.driver_features & !offered == 0
+            && self.driver_features & (1 << VIRTIO_F_VERSION_1) != 0
+    }
+
+    fn invalid_queue(&self) -> Option<usize> {
+        self.queues
+            .iter()
+            .position(|q| q.ready() && !q.is_valid(&self.mem))
+    }
+
+    fn reset(&mut self) {
+        self.device.reset();
+        for queue in &mut self.queues {
+            queue.reset();
+        }
+        self.status = 0;
+        self.device_features_sel = 0;
+        self.driver_features_sel = 0;
+        self.driver_features = 0;
+        self.queue_sel = 0;
+        self.failure_logged = false;
+        self.interrupt.reset();
+    }
+
+    /// Queue `index` has new buffers (a `QueueNotify` write or its ioeventfd).
+    pub fn notify(&mut self, index: usize) {
+        let running = self.status & (VIRTIO_CONFIG_S_DRIVER_OK | VIRTIO_CONFIG_S_NEEDS_RESET)
+            == VIRTIO_CONFIG_S_DRIVER_OK;
+        let Some(queue) = self.queues.get_mut(index) else {
+            debug!(
+                index,
+                "virtio-mmio: notification for a queue that does not exist"
+            );
+            return;
+        };
+        if !running || !queue.ready() {
+            return;
+        }
+        match self.device.process_queue(index, queue, &self.mem) {
+            Ok(true) => {
+                if let Err(e) = self.interrupt.signal_used_queue() {
+                    warn!(error = %e, "virtio-mmio: cannot raise the queue interrupt");
+                }
+            }
+            Ok(false) => {}
+            Err(e) => self.fail(&error_chain(&e)),
+        }
+    }
+
+    /// Puts the device into NEEDS_RESET, logs once, and tells the driver.
+    fn fail(&mut self, why: &str) {
+        self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;
+        if !self.failure_logged {
+            self.failure_logged = true;
+            warn!(
+                device_type = self.device.device_type(),
+                "virtio device needs reset: {why}"
+            );
+        }
+        if self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0 {
+            if let Err(e) = self.interrupt.signal_config_change() {
+                warn!(error = %e, "virtio-mmio: cannot raise the config interrupt");
+            }
+        }
+    }
+}
+
+/// The register at `offset` for a 4-byte aligned access.
+fn register(offset: u64, len: usize) -> Option<u32> {
+    if len != 4 || offset % 4 != 0 {
+        return None;
+    }
+    u32::try_from(offset).ok()
+}
+
+fn low32(value: u64) -> u32 {
+    (value & 0xffff_ffff) as u32
+}
+
+fn error_chain(e: &DeviceError) -> String {
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}
+
+/// Status bits a driver sets on the way to DRIVER_OK, in order (used by tests and the VMM's
+/// own diagnostics).
+pub const DRIVER_INIT_SEQUENCE: [u32; 3] = [
+    VIRTIO_CONFIG_S_ACKNOWLEDGE,
+    VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER,
+    VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK,
+];
+
+#[cfg(test)]
+#[path = "mmio_tests.rs"]
+mod tests;

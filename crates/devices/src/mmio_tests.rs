@@ -1,0 +1,270 @@
+#![allow(clippy::cast_possible_truncation)] // test data: small known values
+use std::sync::Arc;
+
+use virtio_bindings::virtio_config::*;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::*;
+use crate::rng::Rng;
+use crate::testutil::{memory, TestQueue, DATA, F_NEXT, F_WRITE};
+
+struct Rig {
+    dev: MmioTransport,
+    irq: EventFd,
+    interrupt: Arc<Interrupt>,
+}
+
+fn rig(mem: &GuestMemoryMmap) -> Rig {
+    let irq = EventFd::new(EFD_NONBLOCK).unwrap();
+    let interrupt = Arc::new(Interrupt::new(irq.try_clone().unwrap()));
+    let dev = MmioTransport::new(Box::new(Rng::new()), mem.clone(), interrupt.clone()).unwrap();
+    Rig {
+        dev,
+        irq,
+        interrupt,
+    }
+}
+
+fn rd(dev: &MmioTransport, reg: u32) -> u32 {
+    let mut b = [0u8; 4];
+    dev.read(u64::from(reg), &mut b);
+    u32::from_le_bytes(b)
+}
+
+fn wr(dev: &mut MmioTransport, reg: u32, v: u32) {
+    dev.write(u64::from(reg), &v.to_le_bytes());
+}
+
+/// ACKNOWLEDGE, DRIVER, features (VERSION_1 only), FEATURES_OK.
+fn negotiate(dev: &mut MmioTransport) {
+    wr(dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[0]);
+    wr(dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[1]);
+    wr(dev, VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
+    wr(
+        dev,
+        VIRTIO_MMIO_DRIVER_FEATURES,
+        1 << (VIRTIO_F_VERSION_1 - 32),
+    );
+    wr(dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[2]);
+}
+
+/// Programs queue 0 from the mock's addresses and sets it ready.
+fn setup_queue(dev: &mut MmioTransport, q: &TestQueue<'_>, size: u32) {
+    let m = &q.mock;
+    wr(dev, VIRTIO_MMIO_QUEUE_SEL, 0);
+    wr(dev, VIRTIO_MMIO_QUEUE_NUM, size);
+    wr(
+        dev,
+        VIRTIO_MMIO_QUEUE_DESC_LOW,
+        low32(m.desc_table_addr().0),
+    );
+    wr(dev, VIRTIO_MMIO_QUEUE_AVAIL_LOW, low32(m.avail_addr().0));
+    wr(dev, VIRTIO_MMIO_QUEUE_USED_LOW, low32(m.used_addr().0));
+    wr(dev, VIRTIO_MMIO_QUEUE_READY, 1);
+}
+
+fn driver_ok(dev: &mut MmioTransport) {
+    let s = rd(dev, VIRTIO_MMIO_STATUS);
+    wr(dev, VIRTIO_MMIO_STATUS, s | VIRTIO_CONFIG_S_DRIVER_OK);
+}
+
+#[test]
+fn identification_registers() {
+    let mem = memory();
+    let r = rig(&mem);
+    assert_eq!(rd(&r.dev, VIRTIO_MMIO_MAGIC_VALUE), 0x7472_6976);
+    assert_eq!(rd(&r.dev, VIRTIO_MMIO_VERSION), 2);
+    assert_eq!(rd(&r.dev, VIRTIO_MMIO_DEVICE_ID), 4);
+    assert_eq!(rd(&r.dev, VIRTIO_MMIO_VENDOR_ID), MMIO_VENDOR_ID);
+    assert_eq!(rd(&r.dev, VIRTIO_MMIO_QUEUE_NUM_MAX), 256);
+}
+
+#[test]
+fn unaligned_or_narrow_register_reads_return_zero() {
+    let mem = memory();
+    let r = rig(&mem);
+    let mut b = [0xffu8; 2];
+    r.dev.read(0, &mut b);
+    assert_eq!(
+        b,
+        [0xff, 0xff],
+        "a 2-byte register read leaves the buffer alone"
+    );
+    let mut b = [0xffu8; 4];
+    r.dev.read(2, &mut b);
+    assert_eq!(b, [0; 4]);
+}
+
+#[test]
+fn device_features_offer_version_1_in_the_high_word() {
+    let mem = memory();
+    let mut r = rig(&mem);
+    wr(&mut r.dev, VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
+    assert_eq!(rd(&r.dev, VIRTIO_MMIO_DEVICE_FEATURES), 1);
+    wr(&mut r.dev, VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
+    assert_eq!(rd(&r.dev, VIRTIO_MMIO_DEVICE_FEATURES), 0);
+}
+
+#[test]
+fn features_ok_is_refused_without_version_1() {
+    let mem = memory();
+    let mut r = rig(&mem);
+    wr(&mut r.dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[1]);
+    wr(&mut r.dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[2]);
+    assert_eq!(
+        rd(&r.dev, VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_FEATURES_OK,
+        0
+    );
+}
+
+#[test]
+fn features_ok_is_refused_for_features_not_offered() {
+    let mem = memory();
+    let mut r = rig(&mem);
+    wr(&mut r.dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[1]);
+    wr(&mut r.dev, VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
+    wr(&mut r.dev, VIRTIO_MMIO_DRIVER_FEATURES, 1);
+    wr(&mut r.dev, VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
+    wr(&mut r.dev, VIRTIO_MMIO_DRIVER_FEATURES, 1 << 5);
+    wr(&mut r.dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[2]);
+    assert_eq!(
+        rd(&r.dev, VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_FEATURES_OK,
+        0
+    );
+}
+
+#[test]
+fn queue_registers_are_ignored_before_features_ok() {
+    let mem = memory();
+    let mut r = rig(&mem);
+    wr(&mut r.dev, VIRTIO_MMIO_QUEUE_READY, 1);
+    assert_eq!(rd(&r.dev, VIRTIO_MMIO_QUEUE_READY), 0);
+    negotiate(&mut r.dev);
+    wr(&mut r.dev, VIRTIO_MMIO_QUEUE_READY, 1);
+    assert_eq!(rd(&r.dev, VIRTIO_MMIO_QUEUE_READY), 1);
+}
+
+#[test]
+fn notify_serves_the_queue_and_raises_the_vring_interrupt() {
+    let mem = memory();
+    let mut r = rig(&mem);
+    let mut q = TestQueue::new(&mem, 0, 16);
+    negotiate(&mut r.dev);
+    setup_queue(&mut r.dev, &q, 16);
+    driver_ok(&mut r.dev);
+    assert_eq!(r.dev.acked_features(), 1 << VIRTIO_F_VERSION_1);
+    q.post(&[(DATA, 64, true)]);
+    wr(&mut r.dev, VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+    assert_eq!(q.used_idx(), 1);
+    assert_eq!(q.used(0), (0, 64));
+    assert_eq!(
+        rd(&r.dev, VIRTIO_MMIO_INTERRUPT_STATUS),
+        VIRTIO_MMIO_INT_VRING
+    );
+    assert_eq!(r.irq.read().unwrap(), 1);
+    wr(&mut r.dev, VIRTIO_MMIO_INTERRUPT_ACK, VIRTIO_MMIO_INT_VRING);
+    assert_eq!(r.interrupt.status(), 0);
+}
+
+#[test]
+fn a_malformed_chain_sets_needs_reset_until_the_driver_resets() {
+    let mem = memory();
+    let mut r = rig(&mem);
+    let mut q = TestQueue::new(&mem, 0, 16);
+    negotiate(&mut r.dev);
+    setup_queue(&mut r.dev, &q, 16);
+    driver_ok(&mut r.dev);
+    // A buffer past the end of guest memory.
+    q.post(&[(MEM_END - 8, 64, true)]);
+    r.dev.notify(0);
+    assert!(r.dev.needs_reset());
+    assert_eq!(q.used_idx(), 0, "nothing is used from a malformed chain");
+    assert_eq!(r.interrupt.status(), VIRTIO_MMIO_INT_CONFIG);
+    // Later notifications are ignored, even for good chains.
+    q.post(&[(DATA, 64, true)]);
+    r.dev.notify(0);
+    assert_eq!(q.used_idx(), 0);
+    // The driver cannot clear NEEDS_RESET by writing status; only a reset does.
+    let s = rd(&r.dev, VIRTIO_MMIO_STATUS);
+    wr(
+        &mut r.dev,
+        VIRTIO_MMIO_STATUS,
+        s & !VIRTIO_CONFIG_S_NEEDS_RESET,
+    );
+    assert!(r.dev.needs_reset());
+    wr(&mut r.dev, VIRTIO_MMIO_STATUS, 0);
+    assert_eq!(rd(&r.dev, VIRTIO_MMIO_STATUS), 0);
+    assert_eq!(r.interrupt.status(), 0);
+    assert_eq!(
+        rd(&r.dev, VIRTIO_MMIO_QUEUE_READY),
+        0,
+        "reset clears the queues"
+    );
+}
+
+const MEM_END: u64 = crate::testutil::MEM_SIZE as u64;
+
+#[test]
+fn driver_ok_with_a_queue_outside_guest_memory_needs_reset() {
+    let mem = memory();
+    let mut r = rig(&mem);
+    negotiate(&mut r.dev);
+    wr(&mut r.dev, VIRTIO_MMIO_QUEUE_NUM, 16);
+    wr(&mut r.dev, VIRTIO_MMIO_QUEUE_DESC_LOW, 0);
+    wr(&mut r.dev, VIRTIO_MMIO_QUEUE_DESC_HIGH, 1);
+    wr(&mut r.dev, VIRTIO_MMIO_QUEUE_AVAIL_LOW, 0x1000);
+    wr(&mut r.dev, VIRTIO_MMIO_QUEUE_USED_LOW, 0x2000);
+    wr(&mut r.dev, VIRTIO_MMIO_QUEUE_READY, 1);
+    driver_ok(&mut r.dev);
+    assert!(r.dev.needs_reset());
+}
+
+#[test]
+fn an_available_index_far_ahead_needs_reset_instead_of_spinning() {
+    let mem = memory();
+    let mut r = rig(&mem);
+    let q = TestQueue::new(&mem, 0, 16);
+    negotiate(&mut r.dev);
+    setup_queue(&mut r.dev, &q, 16);
+    driver_ok(&mut r.dev);
+    q.mock.avail().idx().store(1000);
+    r.dev.notify(0);
+    assert!(r.dev.needs_reset());
+}
+
+#[test]
+fn a_broken_device_leaves_another_device_working() {
+    let mem = memory();
+    let mut bad = rig(&mem);
+    let mut good = rig(&mem);
+    let mut qb = TestQueue::new(&mem, 0, 16);
+    let mut qg = TestQueue::new(&mem, 0x8000, 16);
+    for (r, q) in [(&mut bad, &qb), (&mut good, &qg)] {
+        negotiate(&mut r.dev);
+        setup_queue(&mut r.dev, q, 16);
+        driver_ok(&mut r.dev);
+    }
+    // A descriptor loop: 0 -> 1 -> 0.
+    qb.post_raw(
+        &[
+            (DATA, 8, F_WRITE | F_NEXT, 1),
+            (DATA, 8, F_WRITE | F_NEXT, 0),
+        ],
+        0,
+    );
+    bad.dev.notify(0);
+    assert!(bad.dev.needs_reset());
+    qg.post(&[(DATA + 0x1000, 32, true)]);
+    good.dev.notify(0);
+    assert!(!good.dev.needs_reset());
+    assert_eq!(qg.used(0), (0, 32));
+}
+
+#[test]
+fn config_space_reads_past_the_end_are_zero() {
+    let mem = memory();
+    let r = rig(&mem);
+    let mut b = [0xffu8; 8];
+    r.dev.read(0x100, &mut b);
+    assert_eq!(b, [0; 8], "virtio-rng has no configuration space");
+}

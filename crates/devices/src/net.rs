@@ -1,0 +1,324 @@
+//! virtio-net on a tap device (or any packet fd that carries a virtio-net header per frame).
+//!
+//! Queue 0 receives (frames from the backend into the guest), queue 1 transmits. The tap is
+//! opened with `IFF_TAP | IFF_NO_PI | IFF_VNET_HDR` and a 12-byte header size, the size of
+//! the modern `virtio_net_hdr_v1`, so headers pass between guest and tap unchanged. No
+//! offloads are offered: frames are plain Ethernet frames. A frame read while the guest has
+//! no receive buffer waits in the device until the guest posts one (queue 0 notified), so the
+//! backend keeps the rest queued.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use tracing::warn;
+use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
+use virtio_bindings::virtio_net::VIRTIO_NET_F_MAC;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::GuestMemoryMmap;
+
+use crate::chain::{Chain, ChainError, ChainLimits};
+use crate::device::{DeviceError, VirtioDevice};
+use crate::sys::{tun_set_iff, tun_set_vnet_hdr_size, IFF_NO_PI, IFF_TAP, IFF_VNET_HDR};
+
+/// Size of each queue.
+pub const NET_QUEUE_SIZE: u16 = 256;
+/// Size of `virtio_net_hdr_v1` (VIRTIO_F_VERSION_1).
+pub const VNET_HDR_LEN: usize = 12;
+/// Largest frame with its header: no offloads, so a 64 KiB frame is already generous.
+pub const MAX_FRAME: usize = VNET_HDR_LEN + 65_550;
+const RX: usize = 0;
+const TX: usize = 1;
+
+/// Why a tap could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// /dev/net/tun could not be opened.
+    #[error("cannot open /dev/net/tun")]
+    OpenTun(#[source] io::Error),
+    /// TUNSETIFF failed (no permission to create it, or a non-tap interface of that name).
+    #[error("cannot create or attach to tap {name}")]
+    SetIff {
+        /// The interface name.
+        name: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// TUNSETVNETHDRSZ failed.
+    #[error("tap {name}: cannot set the virtio-net header size")]
+    VnetHdr {
+        /// The interface name.
+        name: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// An open tap interface.
+#[derive(Debug)]
+pub struct Tap {
+    file: File,
+    name: String,
+    created: bool,
+}
+
+impl Tap {
+    /// Opens tap `name`, creating it if it does not exist (non-persistent: it disappears with
+    /// the last fd). The fd is non-blocking.
+    pub fn open(name: &str) -> Result<Self, NetError> {
+        let existed = Path::new("/sys/class/net").join(name).exists();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open("/dev/net/tun")
+            .map_err(NetError::OpenTun)?;
+        let flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
+        let name = tun_set_iff(file.as_fd(), name, flags).map_err(|source| NetError::SetIff {
+            name: name.to_string(),
+            source,
+        })?;
+        tun_set_vnet_hdr_size(file.as_fd(), VNET_HDR_LEN).map_err(|source| NetError::VnetHdr {
+            name: name.clone(),
+            source,
+        })?;
+        Ok(Tap {
+            file,
+            name,
+            created: !existed,
+        })
+    }
+
+    /// The interface name the kernel gave.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether this open created the interface.
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// The fd, for the device.
+    pub fn into_file(self) -> File {
+        self.file
+    }
+}
+
+/// Frame counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Frames delivered to the guest.
+    pub rx_frames: u64,
+    /// Frames sent by the guest.
+    pub tx_frames: u64,
+    /// Frames dropped on receive (too large for the guest's buffer, too short).
+    pub rx_dropped: u64,
+    /// Frames dropped on transmit (backend full or failing).
+    pub tx_dropped: u64,
+}
+
+/// A virtio-net device.
+#[derive(Debug)]
+pub struct Net {
+    backend: File,
+    mac: [u8; 6],
+    queue_sizes: [u16; 2],
+    rx_buf: Vec<u8>,
+    rx_pending: Option<usize>,
+    tx_buf: Vec<u8>,
+    stats: NetStats,
+    error_logged: bool,
+}
+
+impl Net {
+    /// A NIC with address `mac` on `backend`: a tap from [`Tap::open`] or, in tests, one end
+    /// of a `SOCK_SEQPACKET` socket pair; it must be non-blocking.
+    pub fn new(backend: File, mac: [u8; 6]) -> Self {
+        Net {
+            backend,
+            mac,
+            queue_sizes: [NET_QUEUE_SIZE; 2],
+            rx_buf: vec![0; MAX_FRAME],
+            rx_pending: None,
+            tx_buf: vec![0; MAX_FRAME],
+            stats: NetStats::default(),
+            error_logged: false,
+        }
+    }
+
+    /// Frame counters.
+    pub fn stats(&self) -> NetStats {
+        self.stats
+    }
+
+    /// The backend fd (to watch for readability: then notify queue 0).
+    pub fn backend(&self) -> &File {
+        &self.backend
+    }
+
+    /// The next frame from the backend, if one is ready.
+    fn next_frame(&mut self) -> Option<usize> {
+        if self.rx_pending.is_none() {
+            match self.backend.read(&mut self.rx_buf) {
+                Ok(n) if n >= VNET_HDR_LEN => self.rx_pending = Some(n),
+                Ok(0) => {}
+                Ok(_) => self.stats.rx_dropped += 1,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => self.log_backend_error("read", &e),
+            }
+        }
+        self.rx_pending
+    }
+
+    fn process_rx(
+        &mut self,
+        queue: &mut Queue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        let limits = ChainLimits {
+            max_segments: usize::from(NET_QUEUE_SIZE),
+            max_readable: 0,
+            max_writable: u64::from(u32::MAX),
+        };
+        let mut used = false;
+        while let Some(len) = self.next_frame() {
+            let Some(desc) = queue.iter(mem).map_err(DeviceError::queue(RX))?.next() else {
+                break;
+            };
+            let chain = Chain::parse(desc, &limits).map_err(DeviceError::chain(RX))?;
+            let written = self
+                .deliver(&chain, mem, len)
+                .map_err(DeviceError::chain(RX))?;
+            queue
+                .add_used(mem, chain.head, written)
+                .map_err(DeviceError::queue(RX))?;
+            self.rx_pending = None;
+            used = true;
+        }
+        Ok(used)
+    }
+
+    /// Copies the pending frame into a receive chain; returns the bytes written.
+    fn deliver(
+        &mut self,
+        chain: &Chain,
+        mem: &GuestMemoryMmap,
+        len: usize,
+    ) -> Result<u32, ChainError> {
+        if !chain.readable.is_empty() {
+            return Err(ChainError::Direction {
+                head: chain.head,
+                what: "receive buffers must be device-writable only",
+            });
+        }
+        if len as u64 > chain.writable_len() {
+            self.stats.rx_dropped += 1;
+            return Ok(0);
+        }
+        let frame = &mut self.rx_buf[..len];
+        // num_buffers: one buffer per frame without VIRTIO_NET_F_MRG_RXBUF.
+        frame[10..12].copy_from_slice(&1u16.to_le_bytes());
+        chain.write_at(mem, 0, frame)?;
+        self.stats.rx_frames += 1;
+        // len <= MAX_FRAME.
+        Ok(u32::try_from(len).unwrap_or(0))
+    }
+
+    fn process_tx(
+        &mut self,
+        queue: &mut Queue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        let limits = ChainLimits {
+            max_segments: usize::from(NET_QUEUE_SIZE),
+            max_readable: MAX_FRAME as u64,
+            max_writable: 0,
+        };
+        let mut used = false;
+        while let Some(desc) = queue.iter(mem).map_err(DeviceError::queue(TX))?.next() {
+            let chain = Chain::parse(desc, &limits).map_err(DeviceError::chain(TX))?;
+            self.send(&chain, mem).map_err(DeviceError::chain(TX))?;
+            queue
+                .add_used(mem, chain.head, 0)
+                .map_err(DeviceError::queue(TX))?;
+            used = true;
+        }
+        Ok(used)
+    }
+
+    fn send(&mut self, chain: &Chain, mem: &GuestMemoryMmap) -> Result<(), ChainError> {
+        let len = usize::try_from(chain.readable_len()).unwrap_or(usize::MAX);
+        if !chain.writable.is_empty() || len < VNET_HDR_LEN {
+            return Err(ChainError::Direction {
+                head: chain.head,
+                what: "a transmit chain is a device-readable header and frame",
+            });
+        }
+        chain.read_at(mem, 0, &mut self.tx_buf[..len])?;
+        match self.backend.write(&self.tx_buf[..len]) {
+            Ok(n) if n == len => self.stats.tx_frames += 1,
+            Ok(_) => self.stats.tx_dropped += 1,
+            Err(e) => {
+                self.stats.tx_dropped += 1;
+                if e.kind() != io::ErrorKind::WouldBlock {
+                    self.log_backend_error("write", &e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn log_backend_error(&mut self, op: &str, e: &io::Error) {
+        if !self.error_logged {
+            self.error_logged = true;
+            warn!(op, error = %e, "virtio-net: backend error");
+        }
+    }
+}
+
+impl VirtioDevice for Net {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn features(&self) -> u64 {
+        1 << VIRTIO_NET_F_MAC
+    }
+
+    /// `struct virtio_net_config` up to `status`: the MAC and a zero status.
+    fn config(&self) -> Vec<u8> {
+        let mut c = self.mac.to_vec();
+        c.extend_from_slice(&[0, 0]);
+        c
+    }
+
+    fn process_queue(
+        &mut self,
+        index: usize,
+        queue: &mut Queue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        match index {
+            RX => self.process_rx(queue, mem),
+            TX => self.process_tx(queue, mem),
+            _ => Err(DeviceError::NoSuchQueue { queue: index }),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.rx_pending = None;
+    }
+}
+
+#[cfg(test)]
+#[path = "net_tests.rs"]
+mod tests;

@@ -1,0 +1,158 @@
+#![allow(clippy::cast_possible_truncation)] // test data: small known values
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixDatagram;
+
+use vm_memory::{Bytes, GuestAddress};
+
+use super::*;
+use crate::testutil::{memory, TestQueue, DATA};
+
+const MAC: [u8; 6] = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+
+/// A device on one end of a datagram socket pair; the other end plays the tap.
+fn net() -> (Net, UnixDatagram) {
+    let (a, b) = UnixDatagram::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    b.set_nonblocking(true).unwrap();
+    (Net::new(File::from(OwnedFd::from(a)), MAC), b)
+}
+
+/// A header (12 bytes, zero) followed by an Ethernet frame of `len` bytes.
+fn packet(len: usize, seed: u8) -> Vec<u8> {
+    let mut p = vec![0u8; VNET_HDR_LEN];
+    p.extend((0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)));
+    p
+}
+
+#[test]
+fn transmit_sends_header_and_frame_as_one_datagram() {
+    let (mut dev, peer) = net();
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    let pkt = packet(1514, 7);
+    mem.write_slice(&pkt[..VNET_HDR_LEN], GuestAddress(DATA))
+        .unwrap();
+    mem.write_slice(&pkt[VNET_HDR_LEN..], GuestAddress(DATA + 0x1000))
+        .unwrap();
+    q.post(&[(DATA, 12, false), (DATA + 0x1000, 1514, false)]);
+    assert!(dev.process_queue(TX, &mut queue, &mem).unwrap());
+    let mut got = vec![0u8; 4096];
+    let n = peer.recv(&mut got).unwrap();
+    assert_eq!(got[..n], pkt[..]);
+    assert_eq!(q.used(0), (0, 0));
+    assert_eq!(dev.stats().tx_frames, 1);
+}
+
+#[test]
+fn receive_delivers_frames_byte_for_byte_with_one_buffer() {
+    let (mut dev, peer) = net();
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    let pkt = packet(1000, 3);
+    peer.send(&pkt).unwrap();
+    q.post(&[(DATA, 2048, true)]);
+    assert!(dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(q.used(0), (0, 1012));
+    let mut got = vec![0u8; 1012];
+    mem.read_slice(&mut got, GuestAddress(DATA)).unwrap();
+    assert_eq!(got[10..12], [1, 0], "num_buffers is 1");
+    assert_eq!(got[..10], pkt[..10]);
+    assert_eq!(got[12..], pkt[12..]);
+}
+
+#[test]
+fn a_frame_waits_for_a_receive_buffer() {
+    let (mut dev, peer) = net();
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    let first = packet(60, 1);
+    let second = packet(70, 2);
+    peer.send(&first).unwrap();
+    peer.send(&second).unwrap();
+    assert!(
+        !dev.process_queue(RX, &mut queue, &mem).unwrap(),
+        "no buffer yet"
+    );
+    q.post(&[(DATA, 2048, true)]);
+    assert!(dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(
+        q.used(0),
+        (0, 72),
+        "the first frame, held while there was no buffer"
+    );
+    q.post(&[(DATA + 0x1000, 2048, true)]);
+    dev.process_queue(RX, &mut queue, &mem).unwrap();
+    assert_eq!(q.used(1), (1, 82));
+    let mut got = vec![0u8; 82];
+    mem.read_slice(&mut got, GuestAddress(DATA + 0x1000))
+        .unwrap();
+    assert_eq!(got[12..], second[12..]);
+    assert_eq!(dev.stats().rx_frames, 2);
+}
+
+#[test]
+fn a_frame_larger_than_the_buffer_is_dropped_not_truncated() {
+    let (mut dev, peer) = net();
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    peer.send(&packet(1500, 9)).unwrap();
+    q.post(&[(DATA, 256, true)]);
+    dev.process_queue(RX, &mut queue, &mem).unwrap();
+    assert_eq!(q.used(0), (0, 0));
+    assert_eq!(dev.stats().rx_dropped, 1);
+}
+
+#[test]
+fn wrong_directions_are_malformed() {
+    let (mut dev, peer) = net();
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    q.post(&[(DATA, 12, false), (DATA + 0x100, 64, true)]);
+    let err = dev.process_queue(TX, &mut queue, &mem).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::Chain { queue: TX, .. }),
+        "{err:?}"
+    );
+
+    let mut q = TestQueue::new(&mem, 0x8000, 16);
+    let mut queue = q.queue();
+    peer.send(&packet(60, 0)).unwrap();
+    q.post(&[(DATA, 2048, false)]);
+    let err = dev.process_queue(RX, &mut queue, &mem).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::Chain { queue: RX, .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn config_space_holds_the_mac() {
+    let (dev, _peer) = net();
+    assert_eq!(dev.config()[..6], MAC);
+    assert_eq!(dev.features(), 1 << VIRTIO_NET_F_MAC);
+    assert_eq!(dev.queue_max_sizes(), &[NET_QUEUE_SIZE, NET_QUEUE_SIZE]);
+}
+
+#[test]
+fn a_real_tap_is_created_and_disappears_with_its_fd() {
+    assert!(
+        Path::new("/dev/net/tun").exists(),
+        "/dev/net/tun is missing: load the tun module (modprobe tun)"
+    );
+    let tap = Tap::open("vmhtest%d").expect("creating a tap needs root or CAP_NET_ADMIN");
+    let name = tap.name().to_string();
+    assert!(name.starts_with("vmhtest"), "{name}");
+    assert!(tap.created());
+    let sys = Path::new("/sys/class/net").join(&name);
+    assert!(sys.exists());
+    // Attaching by name to an interface that exists is refused while another fd holds it
+    // (a non-multiqueue tap takes one fd).
+    assert!(matches!(Tap::open(&name), Err(NetError::SetIff { .. })));
+    drop(tap);
+    assert!(!sys.exists(), "a non-persistent tap goes away with its fd");
+}

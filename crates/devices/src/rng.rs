@@ -1,0 +1,131 @@
+//! virtio-rng: fills the guest's buffers from the host's `getrandom(2)`.
+
+use tracing::warn;
+use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::GuestMemoryMmap;
+
+use crate::chain::{Chain, ChainError, ChainLimits};
+use crate::device::{DeviceError, VirtioDevice};
+use crate::sys::getrandom;
+
+/// Size of the request queue.
+pub const RNG_QUEUE_SIZE: u16 = 256;
+/// Most bytes handed out per request; a larger buffer gets this many (the driver is told how
+/// many through the used length).
+pub const RNG_MAX_REQUEST: usize = 64 * 1024;
+
+const LIMITS: ChainLimits = ChainLimits {
+    max_segments: RNG_QUEUE_SIZE as usize,
+    max_readable: 0,
+    max_writable: u32::MAX as u64,
+};
+
+/// Why the entropy device failed (kept for a uniform device API; getrandom errors are logged
+/// and the request is answered with 0 bytes).
+#[derive(Debug, thiserror::Error)]
+pub enum RngError {
+    /// getrandom(2) failed.
+    #[error("virtio-rng: getrandom failed")]
+    GetRandom(#[source] std::io::Error),
+}
+
+/// A virtio-rng device.
+///
+/// ```
+/// use vmhost_devices::{Rng, VirtioDevice};
+/// let rng = Rng::new();
+/// assert_eq!(rng.device_type(), 4);
+/// assert!(rng.config().is_empty());
+/// ```
+#[derive(Debug)]
+pub struct Rng {
+    queue_sizes: [u16; 1],
+    buf: Vec<u8>,
+    error_logged: bool,
+}
+
+impl Default for Rng {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Rng {
+    /// A new entropy device.
+    pub fn new() -> Self {
+        Rng {
+            queue_sizes: [RNG_QUEUE_SIZE],
+            buf: vec![0; RNG_MAX_REQUEST],
+            error_logged: false,
+        }
+    }
+
+    fn serve(&mut self, chain: &Chain, mem: &GuestMemoryMmap) -> Result<u32, ChainError> {
+        if !chain.readable.is_empty() {
+            return Err(ChainError::Direction {
+                head: chain.head,
+                what: "entropy buffers must be device-writable only",
+            });
+        }
+        let want = usize::try_from(chain.writable_len())
+            .unwrap_or(usize::MAX)
+            .min(RNG_MAX_REQUEST);
+        let n = match getrandom(&mut self.buf[..want]) {
+            Ok(n) => n,
+            Err(e) => {
+                if !self.error_logged {
+                    self.error_logged = true;
+                    warn!(error = %RngError::GetRandom(e), "virtio-rng: answering with no bytes");
+                }
+                0
+            }
+        };
+        chain.write_at(mem, 0, &self.buf[..n])?;
+        // n <= RNG_MAX_REQUEST, which fits in u32.
+        Ok(u32::try_from(n).unwrap_or(0))
+    }
+}
+
+impl VirtioDevice for Rng {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_RNG
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn features(&self) -> u64 {
+        0
+    }
+
+    fn config(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn process_queue(
+        &mut self,
+        index: usize,
+        queue: &mut Queue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        if index != 0 {
+            return Err(DeviceError::NoSuchQueue { queue: index });
+        }
+        let mut used = false;
+        while let Some(desc) = queue.iter(mem).map_err(DeviceError::queue(0))?.next() {
+            let chain = Chain::parse(desc, &LIMITS).map_err(DeviceError::chain(0))?;
+            let len = self.serve(&chain, mem).map_err(DeviceError::chain(0))?;
+            queue
+                .add_used(mem, chain.head, len)
+                .map_err(DeviceError::queue(0))?;
+            used = true;
+        }
+        Ok(used)
+    }
+}
+
+#[cfg(test)]
+#[path = "rng_tests.rs"]
+mod tests;

@@ -1,0 +1,156 @@
+//! The unsafe edges of the devices crate: an aligned heap buffer for O_DIRECT, `getrandom`,
+//! and the tap ioctls. Everything else in the crate is safe code.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr::NonNull;
+
+/// Alignment of O_DIRECT buffers, offsets and lengths: a page, which covers 512-byte and
+/// 4 KiB logical blocks.
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// A zeroed heap buffer aligned to [`DIRECT_ALIGN`].
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively (like a Box<[u8]>); no aliasing pointer
+// escapes except through borrows of `self`.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A buffer of `len` bytes (rounded up to the alignment; at least one block).
+    pub fn new(len: usize) -> io::Result<Self> {
+        let size = len.max(1).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+        let layout = Layout::from_size_align(size, DIRECT_ALIGN)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "buffer too large"))?;
+        // SAFETY: `layout` has a non-zero size (at least DIRECT_ALIGN bytes).
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or(io::ErrorKind::OutOfMemory)?;
+        Ok(AlignedBuf { ptr, layout })
+    }
+
+    /// Capacity in bytes.
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// The whole buffer.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `layout.size()` initialised (zeroed) bytes owned by `self`
+        // and living as long as the borrow of `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
+
+    /// The whole buffer, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; the `&mut self` borrow makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly this `layout` and is freed
+        // only here.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Fills `buf` from the kernel's random pool (`getrandom(2)`, blocking until it is
+/// initialised). Returns how many bytes were written.
+pub fn getrandom(buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: the pointer and length describe `buf`, a writable slice that outlives the
+        // call; flags 0 is a valid getrandom mode.
+        let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+        match usize::try_from(n) {
+            Ok(n) => return Ok(n),
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+/// A tap (Ethernet) interface.
+pub const IFF_TAP: i16 = 0x0002;
+/// No packet-information prefix on frames.
+pub const IFF_NO_PI: i16 = 0x1000;
+/// Frames carry a virtio-net header.
+pub const IFF_VNET_HDR: i16 = 0x4000;
+/// Longest interface name, without the NUL (IFNAMSIZ - 1).
+pub const IFNAME_MAX: usize = 15;
+
+/// `struct ifreq` with the `ifr_flags` member of its union (40 bytes on x86_64).
+#[repr(C)]
+struct IfReqFlags {
+    name: [u8; 16],
+    flags: i16,
+    _pad: [u8; 22],
+}
+
+/// `TUNSETIFF` on an open `/dev/net/tun`: creates or attaches to interface `name` with
+/// `flags`. Returns the kernel's name for it.
+pub fn tun_set_iff(fd: BorrowedFd<'_>, name: &str, flags: i16) -> io::Result<String> {
+    if name.len() > IFNAME_MAX || name.bytes().any(|b| b == 0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "bad interface name",
+        ));
+    }
+    let mut req = IfReqFlags {
+        name: [0; 16],
+        flags,
+        _pad: [0; 22],
+    };
+    req.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: TUNSETIFF reads and writes a `struct ifreq`; `req` is a properly sized, writable
+    // repr(C) ifreq that lives across the call, and `fd` is an open descriptor.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReqFlags) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let end = req.name.iter().position(|&b| b == 0).unwrap_or(16);
+    Ok(String::from_utf8_lossy(&req.name[..end]).into_owned())
+}
+
+/// `TUNSETVNETHDRSZ`: the size of the virtio-net header the tap prepends and expects.
+pub fn tun_set_vnet_hdr_size(fd: BorrowedFd<'_>, size: usize) -> io::Result<()> {
+    let size = libc::c_int::try_from(size)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "header size"))?;
+    // SAFETY: TUNSETVNETHDRSZ reads one int through the pointer; `size` lives across the call.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETVNETHDRSZ, &size as *const libc::c_int) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buf_is_aligned_zeroed_and_rounded() {
+        let buf = AlignedBuf::new(5000).unwrap();
+        assert_eq!(buf.len(), 8192);
+        assert_eq!(buf.as_slice().as_ptr() as usize % DIRECT_ALIGN, 0);
+        assert!(buf.as_slice().iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn tun_name_longer_than_ifnamsiz_is_refused() {
+        let f = std::fs::File::open("/dev/null").unwrap();
+        use std::os::fd::AsFd;
+        let e = tun_set_iff(f.as_fd(), "a-very-long-interface-name", IFF_TAP).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+}

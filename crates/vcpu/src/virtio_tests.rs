@@ -1,0 +1,174 @@
+#![allow(clippy::cast_possible_truncation)] // test addresses below 4 GiB
+use kvm_bindings::kvm_segment;
+use kvm_ioctls::{Kvm, VcpuExit};
+use vm_memory::{Bytes, GuestAddress};
+use vmhost_config::DeviceSpec;
+
+use super::*;
+use crate::setup::register_memslots;
+
+const BASE: u64 = 0xd000_0000;
+const CODE: u64 = 0x1000;
+const DESC: u64 = 0x2_0000;
+const AVAIL: u64 = 0x2_1000;
+const USED: u64 = 0x2_2000;
+const BUF: u64 = 0x10_0000;
+
+fn flat(type_: u8, selector: u16) -> kvm_segment {
+    kvm_segment {
+        base: 0,
+        limit: 0xffff_ffff,
+        selector,
+        type_,
+        present: 1,
+        dpl: 0,
+        db: 1,
+        s: 1,
+        l: 0,
+        g: 1,
+        ..Default::default()
+    }
+}
+
+fn reg(att: &VirtioAttachment, offset: u64, value: u32) {
+    assert!(att.mmio_write(BASE + offset, &value.to_le_bytes()));
+}
+
+/// A driver's handshake from the host side: VERSION_1, one 16-entry queue, DRIVER_OK.
+fn handshake(att: &VirtioAttachment) {
+    for (offset, value) in [
+        (0x70, 1),
+        (0x70, 3),
+        (0x24, 1),
+        (0x20, 1),
+        (0x70, 11),
+        (0x30, 0),
+        (0x38, 16),
+        (0x80, DESC as u32),
+        (0x90, AVAIL as u32),
+        (0xa0, USED as u32),
+        (0x44, 1),
+        (0x70, 15),
+    ] {
+        reg(att, offset, value);
+    }
+    let mut status = [0u8; 4];
+    assert!(att.mmio_read(BASE + 0x70, &mut status));
+    assert_eq!(u32::from_le_bytes(status), 15);
+}
+
+/// A real guest writes `QueueNotify`: KVM signals the ioeventfd without an exit, the I/O
+/// thread serves virtio-rng's queue, and the used ring and the interrupt status show it.
+#[test]
+fn a_guest_queue_notify_reaches_the_device_through_the_ioeventfd() {
+    if !vmhost_testsupport::need_kvm(
+        "a_guest_queue_notify_reaches_the_device_through_the_ioeventfd",
+    ) {
+        return;
+    }
+    let kvm = Kvm::new().unwrap();
+    let vm = kvm.create_vm().unwrap();
+    vm.create_irq_chip().unwrap();
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    register_memslots(&vm, &mem, None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let plan = DevicePlan::new(DeviceSpec {
+        rng: true,
+        ..DeviceSpec::default()
+    });
+    let cpu = crate::sys::current_affinity().unwrap()[0];
+    let att = attach(&vm, &plan, "t", &mem, dir.path(), &[cpu]).unwrap();
+    assert_eq!(att.io_thread().and_then(|t| t.name()), Some(IO_THREAD_NAME));
+    assert_eq!(att.describe(), ["rng: getrandom"]);
+    handshake(&att);
+    // One 64-byte device-writable buffer, made available.
+    let desc: [u8; 16] = {
+        let mut d = [0u8; 16];
+        d[..8].copy_from_slice(&BUF.to_le_bytes());
+        d[8..12].copy_from_slice(&64u32.to_le_bytes());
+        d[12..14].copy_from_slice(&2u16.to_le_bytes()); // VRING_DESC_F_WRITE
+        d
+    };
+    mem.write_slice(&desc, GuestAddress(DESC)).unwrap();
+    mem.write_slice(&[0, 0, 1, 0, 0, 0], GuestAddress(AVAIL))
+        .unwrap();
+    // mov eax, 0; mov [0xd0000050], eax; out 0x80, al; hlt
+    let code = [
+        0xb8, 0, 0, 0, 0, 0xa3, 0x50, 0x00, 0x00, 0xd0, 0xe6, 0x80, 0xf4,
+    ];
+    mem.write_slice(&code, GuestAddress(CODE)).unwrap();
+    let mut vcpu = vm.create_vcpu(0).unwrap();
+    let mut sregs = vcpu.get_sregs().unwrap();
+    sregs.cs = flat(0xb, 0x8);
+    for s in [
+        &mut sregs.ds,
+        &mut sregs.es,
+        &mut sregs.ss,
+        &mut sregs.fs,
+        &mut sregs.gs,
+    ] {
+        *s = flat(0x3, 0x10);
+    }
+    sregs.cr0 |= 1;
+    vcpu.set_sregs(&sregs).unwrap();
+    let mut regs = vcpu.get_regs().unwrap();
+    regs.rip = CODE;
+    regs.rflags = 2;
+    vcpu.set_regs(&regs).unwrap();
+    match vcpu.run().unwrap() {
+        VcpuExit::IoOut(0x80, _) => {}
+        other => panic!(
+            "expected the guest's out 0x80 (QueueNotify served in the kernel), got {other:?}"
+        ),
+    }
+    let used = || mem.read_obj::<u16>(GuestAddress(USED + 2)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while used() != 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert_eq!(used(), 1, "the I/O thread used the buffer");
+    assert_eq!(mem.read_obj::<u32>(GuestAddress(USED + 8)).unwrap(), 64);
+    let mut bytes = [0u8; 64];
+    mem.read_slice(&mut bytes, GuestAddress(BUF)).unwrap();
+    assert!(
+        bytes.iter().any(|&b| b != bytes[0]),
+        "random bytes: {bytes:?}"
+    );
+    let mut isr = [0u8; 4];
+    assert!(att.mmio_read(BASE + 0x60, &mut isr));
+    assert_eq!(u32::from_le_bytes(isr), 1, "the queue interrupt was raised");
+}
+
+#[test]
+fn a_missing_image_fails_attach_with_the_disk_named() {
+    if !vmhost_testsupport::need_kvm("a_missing_image_fails_attach_with_the_disk_named") {
+        return;
+    }
+    let kvm = Kvm::new().unwrap();
+    let vm = kvm.create_vm().unwrap();
+    vm.create_irq_chip().unwrap();
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = vmhost_config::DiskSpec {
+        name: "root".into(),
+        source: vmhost_config::DiskSource::Image {
+            path: dir.path().join("gone.img"),
+            create_bytes: None,
+        },
+        read_only: false,
+        cache: vmhost_config::DiskCache::Writeback,
+        serial: "root".into(),
+    };
+    let plan = DevicePlan::new(DeviceSpec {
+        disks: vec![disk],
+        ..DeviceSpec::default()
+    });
+    let err = attach(&vm, &plan, "t", &mem, dir.path(), &[]).unwrap_err();
+    let chain = format!(
+        "{err}: {}",
+        std::error::Error::source(&err)
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    );
+    assert!(chain.contains("disk root"), "{chain}");
+}
