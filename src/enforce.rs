@@ -29,6 +29,8 @@ pub struct Enforcement {
     cgroup: Arc<Mutex<Option<Cgroup>>>,
     /// Files the limit exit removes (the API socket): `process::exit` runs no destructor.
     leftovers: Arc<Mutex<Vec<PathBuf>>>,
+    /// The envelope's PUs, the cpuset once guest RAM is prefaulted.
+    envelope_cpus: Vec<u32>,
 }
 
 impl Enforcement {
@@ -45,6 +47,18 @@ impl Enforcement {
         // The pid the ledger admitted the VM under (the supervisor's, after a fork).
         let ledger_pid = std::process::id();
         let mut limits = Limits::from_plan(plan);
+        // Prefault workers run on their node's PUs, which the envelope's cpuset need not
+        // hold: the cpuset starts wide enough for them and narrows to the envelope once guest
+        // RAM is in place (`narrow_after_prefault`); the memory is charged here all along.
+        let envelope_cpus = limits.cpus.clone();
+        limits.cpus.extend(
+            plan.guest_cells
+                .iter()
+                .flat_map(|c| c.memory_parts())
+                .flat_map(|p| p.prefault_cpus.to_vec()),
+        );
+        limits.cpus.sort_unstable();
+        limits.cpus.dedup();
         if let Some(bytes) = memory_limit {
             let rounded = bytes.checked_next_multiple_of(4096).ok_or_else(|| crate::Exit {
                 code: crate::EXIT_INVALID,
@@ -79,7 +93,26 @@ impl Enforcement {
                 std::process::exit(i32::from(EXIT_LIMIT));
             })
             .context("starting the memory limit watch")?;
-        Ok(Arc::new(Enforcement { cgroup, leftovers }))
+        Ok(Arc::new(Enforcement {
+            cgroup,
+            leftovers,
+            envelope_cpus,
+        }))
+    }
+
+    /// Narrows the cpuset to the envelope's PUs once the prefault workers are done.
+    pub fn narrow_after_prefault(&self) -> Result<()> {
+        let mut guard = self
+            .cgroup
+            .lock()
+            .map_err(|_| anyhow::anyhow!("cgroup lock poisoned"))?;
+        if let Some(cg) = guard.as_mut() {
+            if cg.limits().cpus != self.envelope_cpus {
+                cg.set_cpus(&self.envelope_cpus)
+                    .context("narrowing the cgroup's cpuset to the envelope after the prefault")?;
+            }
+        }
+        Ok(())
     }
 
     /// Has the limit exit remove `path` (the API socket, once it is served).

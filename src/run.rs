@@ -70,8 +70,8 @@ pub fn run(
     crate::sys::block_signals(&vmhost_vcpu::STOP_SIGNALS)
         .context("blocking the stop signals until the VM can stop")?;
     pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
-    // After the pinning: the signal thread inherits the emulator PUs.
-    let signals = StopSignals::start().context("starting the signal thread")?;
+    // Before any thread starts: on cgroup v2 entering forks the VMM off a supervisor, which
+    // needs a single-threaded process (a stop signal meanwhile stays pending).
     let enforcement = match &opts.cgroup {
         Some(name) => Some(Enforcement::enter(
             name,
@@ -82,6 +82,8 @@ pub fn run(
         )?),
         None => None,
     };
+    // After the pinning: the signal thread inherits the emulator PUs.
+    let signals = StopSignals::start().context("starting the signal thread")?;
     let Some(memory) = guest_memory(plan, enforcement.as_deref(), &signals)? else {
         eprintln!(
             "vmhost: VM {}: stopped by a signal while its guest memory was set up",
@@ -89,6 +91,9 @@ pub fn run(
         );
         return Ok(stopped_before_start(plan));
     };
+    if let Some(e) = &enforcement {
+        e.narrow_after_prefault()?;
+    }
     admission.running()?;
     timeline.memory_ready_ns = now_ns();
     let audit = memory.audit().context("auditing guest memory residency")?;

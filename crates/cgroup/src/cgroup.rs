@@ -168,6 +168,20 @@ impl Cgroup {
         Ok(())
     }
 
+    /// Rewrites `cpuset.cpus` (e.g. to narrow the set after a wider start-up phase). The
+    /// process's threads must already be pinned inside `cpus`.
+    pub fn set_cpus(&mut self, cpus: &[u32]) -> Result<(), CgroupError> {
+        if let Some(d) = self
+            .dirs
+            .iter()
+            .find(|d| d.controllers.contains(&Controller::Cpuset))
+        {
+            fsio::write(&d.path.join("cpuset.cpus"), &cpulist::format(cpus))?;
+        }
+        self.limits.cpus = cpus.to_vec();
+        Ok(())
+    }
+
     /// Moves process `pid` (all its threads) into the cgroup, hierarchy by hierarchy.
     ///
     /// Memory the process already has stays charged where it was: add the VMM before it

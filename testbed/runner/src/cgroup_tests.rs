@@ -344,3 +344,38 @@ pub fn breach_while_running(env: &Env) -> Outcome {
     );
     Ok(())
 }
+
+/// Under `--cgroup`, a dedicated 256 MiB VM whose cpuset holds only its vCPU's PU still
+/// prefaults with workers on its node's PUs (the cpuset starts wide enough and narrows to the
+/// envelope afterwards); its pages are all on the planned node.
+pub fn prefault_inside_the_cgroup(env: &Env) -> Outcome {
+    host::set_2m_pools(&[128, 128])?;
+    let spec = env.spec("pf", &dedicated_spec("pf", 1, 1, "", "256Mi", "touch"))?;
+    let plan = env.plan(&spec)?;
+    let workers = u32s(at(&plan, "/guest_cells/0/prefault_cpus")?);
+    ensure!(
+        workers.len() > 1,
+        "the plan prefaults with {workers:?}: want the node's PUs"
+    );
+    let out = env.run(&[
+        "--config",
+        &spec.to_string_lossy(),
+        "--cgroup",
+        "tbpf",
+        "--json",
+    ])?;
+    let report = out.expect_code(0)?.json()?;
+    for region in at(&report, "/audit/regions")?.as_array().ok_or("regions")? {
+        let node = region["expected_node"].to_string();
+        let by_node = region["pages_by_node"].as_object().ok_or("pages_by_node")?;
+        ensure!(
+            by_node.keys().all(|n| *n == node),
+            "pages off node{node}: {by_node:?}"
+        );
+    }
+    ensure!(
+        !PathBuf::from(ROOT).join("vmhost/tbpf").exists(),
+        "the cgroup is still there"
+    );
+    Ok(())
+}

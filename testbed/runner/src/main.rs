@@ -74,6 +74,10 @@ const TWO_NODE: &[Test] = &[
         cgroup_tests::breach_while_running,
     ),
     (
+        "cgroup_v2_prefault_inside_the_cgroup",
+        cgroup_tests::prefault_inside_the_cgroup,
+    ),
+    (
         "pod_cgroup_confines_vmhost",
         cgroup_tests::pod_confines_vmhost,
     ),
