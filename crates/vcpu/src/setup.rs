@@ -127,6 +127,7 @@ fn plan_cpuids(supported: &CpuId, plan: &Plan, nested: bool) -> Result<Vec<CpuId
                 .map_err(VmError::Cpuid)?;
             if nested {
                 mask_for_nested_emulation(&mut c);
+                c = cpuid::renormalize_xsave(v.vcpu, &c).map_err(VmError::Cpuid)?;
             }
             Ok(c)
         })

@@ -14,6 +14,8 @@ use serde::Serialize;
 use vmhost_config::CpuTopology;
 use vmhost_plan::VcpuPlacement;
 
+use super::pv;
+
 /// `KVM_HINTS_REALTIME`: bit 0 of leaf 0x4000_0001 EDX (vCPUs never preempted).
 pub const KVM_HINTS_REALTIME: u32 = 1;
 
@@ -166,6 +168,8 @@ pub fn vcpu_cpuid(
     let vendor = vendor(supported);
     let mut entries: Vec<kvm_cpuid_entry2> = supported.as_slice().to_vec();
     mask_host_features(&mut entries, host);
+    pv::mark_hypervisor(&mut entries);
+    pv::normalize_xsave(&mut entries);
     let logical = t.cores * t.threads;
     for e in entries.iter_mut() {
         match e.function {
@@ -210,19 +214,39 @@ pub fn vcpu_cpuid(
             entries.extend(extended_topology(leaf, &t, w, v.apic_id));
         }
     }
+    to_cpuid(v.vcpu, entries)
+}
+
+/// A `CpuId` holding `entries`.
+fn to_cpuid(vcpu: u32, entries: Vec<kvm_cpuid_entry2>) -> Result<CpuId, CpuidError> {
     let mut out = CpuId::new(0).map_err(|_| CpuidError::Push {
-        vcpu: v.vcpu,
+        vcpu,
         leaf: 0,
         subleaf: 0,
     })?;
     for e in entries {
         out.push(e).map_err(|_| CpuidError::Push {
-            vcpu: v.vcpu,
+            vcpu,
             leaf: e.function,
             subleaf: e.index,
         })?;
     }
     Ok(out)
+}
+
+/// Leaf 0xD made to agree again with the features left in `cpuid` (after a mask such as
+/// [`super::mask_for_nested_emulation`]).
+pub fn renormalize_xsave(vcpu: u32, cpuid: &CpuId) -> Result<CpuId, CpuidError> {
+    let mut entries = cpuid.as_slice().to_vec();
+    pv::normalize_xsave(&mut entries);
+    to_cpuid(vcpu, entries)
+}
+
+/// `cpuid` with the timing leaf 0x4000_0010 giving `tsc_khz` (see [`pv`]).
+pub fn with_tsc_khz(vcpu: u32, cpuid: &CpuId, tsc_khz: u32) -> Result<CpuId, CpuidError> {
+    let mut entries = cpuid.as_slice().to_vec();
+    pv::set_timing_leaf(&mut entries, tsc_khz);
+    to_cpuid(vcpu, entries)
 }
 
 fn intel_cache_sharing(e: &mut kvm_cpuid_entry2, w: ApicWidths) {
