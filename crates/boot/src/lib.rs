@@ -25,7 +25,8 @@ pub mod linux;
 mod testutil;
 
 pub use acpi::{
-    build_acpi, write_tables, AcpiError, AcpiTables, Table, RESET_PORT, RESET_VALUE, S5_SLEEP_TYPE,
+    build_acpi, write_tables, AcpiError, AcpiTables, Table, COM1_GSI, GED_GSI,
+    PVPANIC_CRASH_LOADED, PVPANIC_PANICKED, PVPANIC_PORT, RESET_PORT, RESET_VALUE, S5_SLEEP_TYPE,
     SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT, SLP_EN, SLP_TYP_MASK,
 };
 pub use addrs::{ACPI_END, ACPI_START, FIRMWARE_RESERVED};
