@@ -7,12 +7,14 @@
 //! unknown-access policy.
 
 pub mod console;
+pub mod debugport;
 pub mod legacy;
 pub mod serial;
 
 use std::sync::{Arc, Mutex};
 
 use crate::control::lock;
+use debugport::{BootMarks, DEBUG_PORT};
 use legacy::{Legacy, PortAction};
 use serial::SerialConsole;
 
@@ -21,6 +23,7 @@ use serial::SerialConsole;
 pub struct LinuxDevices {
     serial: Arc<SerialConsole>,
     legacy: Mutex<Legacy>,
+    marks: Arc<BootMarks>,
 }
 
 impl LinuxDevices {
@@ -29,7 +32,13 @@ impl LinuxDevices {
         LinuxDevices {
             serial: Arc::new(serial),
             legacy: Mutex::new(Legacy::default()),
+            marks: Arc::default(),
         }
+    }
+
+    /// The boot markers the guest wrote to the debug port.
+    pub fn marks(&self) -> &Arc<BootMarks> {
+        &self.marks
     }
 
     /// COM1.
@@ -52,6 +61,10 @@ impl LinuxDevices {
             self.serial.write(port, data);
             return PortAction::Handled;
         }
+        if port == DEBUG_PORT && data.len() == 1 {
+            self.marks.record(data[0], crate::sys::monotonic_ns());
+            return PortAction::Handled;
+        }
         lock(&self.legacy).write(port, data)
     }
 }
@@ -72,6 +85,8 @@ mod tests {
             PortAction::Reboot(RebootVia::KeyboardController)
         );
         assert_eq!(d.pio_write(0x5a5a, &[1]), PortAction::Unknown);
+        assert_eq!(d.pio_write(0x80, &[0x60]), PortAction::Handled);
+        assert_eq!(d.marks().marks().len(), 1, "the user-space marker");
         let mut b = [0u8; 1];
         assert!(d.pio_read(0x3fd, &mut b));
         assert!(!d.pio_read(0x5a5a, &mut b));
