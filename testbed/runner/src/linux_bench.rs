@@ -1,0 +1,149 @@
+//! Boot time of a Linux guest, vmhost next to QEMU in the same emulated host: the same bzImage,
+//! initramfs, command line, 2 vCPUs and 256 MiB, from spawning the VMM to the guest's `/init`
+//! printing `GUEST-INIT` on its serial console (read from the VMM's stdout as it arrives).
+//! QEMU is this machine's `qemu-system-x86_64 -enable-kvm -cpu host` with a direct kernel boot
+//! (SeaBIOS and its `linuxboot_dma` option ROM), copied in with its libraries by
+//! `testbed/build-guest.sh`. Runs alternate (vmhost, QEMU, vmhost, ...); the medians are
+//! compared. Emulated timings are only meaningful as this ratio (docs/benchmarks.md).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::host;
+use crate::linux_tests::{assets, linux_spec, CMDLINE};
+use crate::vm::Env;
+use crate::{ensure, Outcome};
+
+/// Runs of each VMM.
+const RUNS: usize = 3;
+/// vmhost's spawn → `/init` at most this fraction of QEMU's (the issue's target).
+const TARGET_RATIO: f64 = 0.8;
+/// The longest one boot may take.
+const LIMIT: Duration = Duration::from_secs(100);
+
+/// Spawns `cmd` and returns seconds from the spawn to the first `GUEST-INIT` line on its
+/// stdout, and everything it printed; waits for it to exit (poweroff) within [`LIMIT`].
+fn time_to_init(mut cmd: Command, what: &str) -> Result<(f64, String), String> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| format!("spawn {what}: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("GUEST-INIT") {
+                let _ = tx.send(t0.elapsed().as_secs_f64());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let at_init = rx.recv_timeout(LIMIT);
+    let deadline = Instant::now() + LIMIT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if Instant::now() > deadline => break None,
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(format!("wait {what}: {e}")),
+        }
+    };
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let out = reader.join().unwrap_or_default();
+    let secs = at_init.map_err(|_| {
+        let tail: Vec<&str> = out.lines().rev().take(8).collect();
+        format!("{what}: no GUEST-INIT within {LIMIT:?}; last lines: {tail:?}")
+    })?;
+    ensure!(
+        status.is_some_and(|s| s.success()),
+        "{what}: exit {status:?} after the guest's poweroff"
+    );
+    Ok((secs, out))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// vmhost reaches the guest's `/init` in at most 0.8× QEMU's time, same kernel, initramfs,
+/// vCPUs and memory, in the same emulated host.
+pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
+    let a = assets(env)?;
+    host::set_2m_pools(&[128, 0])?;
+    let spec = env.spec(
+        "linbench",
+        &linux_spec(
+            "linbench",
+            (1, 2),
+            "",
+            "256Mi",
+            &a.bzimage,
+            &a.initrd,
+            "poweroff",
+        ),
+    )?;
+    let q = &a.qemu;
+    let qemu = || {
+        let mut c = Command::new(q.join("lib/ld-linux-x86-64.so.2"));
+        c.arg("--library-path")
+            .arg(q.join("lib"))
+            .arg(q.join("qemu-system-x86_64"))
+            .arg("-L")
+            .arg(q.join("share"))
+            .args(["-enable-kvm", "-cpu", "host", "-smp", "2", "-m", "256"])
+            .args(["-nodefaults", "-no-user-config", "-display", "none"])
+            .args(["-serial", "stdio", "-no-reboot", "-kernel"])
+            .arg(&a.bzimage)
+            .arg("-initrd")
+            .arg(&a.initrd)
+            .arg("-append")
+            .arg(format!("{CMDLINE} vmhost.action=poweroff"));
+        c
+    };
+    let (mut vm, mut qm, mut marker) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        let (t, out) = time_to_init(
+            env.command(&["--config", &spec.to_string_lossy()]),
+            "vmhost",
+        )?;
+        vm.push(t);
+        // vmhost's own timestamp of the guest's debug-port marker, on the run's clock.
+        if let Some(s) = out
+            .split("user space at ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|s| s.parse::<f64>().ok())
+        {
+            marker.push(s);
+        }
+        qm.push(time_to_init(qemu(), "qemu")?.0);
+    }
+    ensure!(
+        marker.len() == RUNS,
+        "vmhost reported the guest's user-space marker in {} of {RUNS} runs",
+        marker.len()
+    );
+    let (v, q) = (median(&mut vm), median(&mut qm));
+    let ratio = v / q;
+    println!(
+        "     boot to /init (spawn -> GUEST-INIT, median of {RUNS}): vmhost {v:.2} s {vm:.2?}, \
+         QEMU {q:.2} s {qm:.2?}, ratio {ratio:.2}; vmhost's port-0x80 marker {:.2} s after its run start",
+        median(&mut marker)
+    );
+    let met = ratio.total_cmp(&TARGET_RATIO).is_le();
+    ensure!(
+        met,
+        "vmhost took {v:.2} s to /init, QEMU {q:.2} s: ratio {ratio:.2}, target {TARGET_RATIO}"
+    );
+    Ok(())
+}
