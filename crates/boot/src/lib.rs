@@ -32,4 +32,4 @@ pub use acpi::{
 pub use addrs::{ACPI_END, ACPI_START, FIRMWARE_RESERVED};
 pub use cpu::{CpuSetupError, CpuState};
 pub use e820::{e820_map, E820Entry, E820Kind};
-pub use linux::{load_linux, BootError, BootMode, KernelFormat, LinuxBoot};
+pub use linux::{check_linux_inputs, load_linux, BootError, BootMode, KernelFormat, LinuxBoot};

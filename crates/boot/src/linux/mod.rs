@@ -20,6 +20,7 @@
 
 mod image;
 mod params;
+mod preflight;
 #[cfg(test)]
 mod tests;
 
@@ -46,6 +47,7 @@ use crate::e820::{e820_map, E820Entry};
 
 pub use image::{KernelFormat, ELF_CMDLINE_MAX, ELF_INITRD_ADDR_MAX, MIN_BZIMAGE_VERSION};
 pub use params::{MAX_PVH_MEMMAP, MAX_ZERO_PAGE_E820};
+pub use preflight::check_linux_inputs;
 
 /// Offset of the 64-bit entry (`startup_64`) in a bzImage's protected-mode code.
 const BZIMAGE_ENTRY64_OFFSET: u64 = 0x200;
@@ -70,6 +72,16 @@ pub enum BootError {
         /// The cause.
         #[source]
         source: std::io::Error,
+    },
+    /// The image is shorter than its own header says (a truncated copy or download).
+    #[error("kernel image {path} is truncated: {size} bytes, its headers need {needed}")]
+    TruncatedKernel {
+        /// The image.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The size its headers promise.
+        needed: u64,
     },
     /// The file is neither ELF nor bzImage.
     #[error("{path} is neither an ELF vmlinux nor a bzImage (no \\x7fELF magic, no HdrS header)")]
@@ -283,6 +295,7 @@ pub fn load_linux<M: GuestMemoryBackend>(
         source,
     })?;
     let probe = image::probe(kernel, &mut kfile)?;
+    preflight::check_complete(kernel, &mut kfile, probe.format)?;
     let cmdline = check_cmdline(cmdline, probe.cmdline_max)?;
     let initrd_file = initrd.map(open_initrd).transpose()?;
     let ram_end = low_ram_end(layout);
@@ -437,7 +450,14 @@ fn open_initrd(path: &Path) -> Result<(PathBuf, File, u64), BootError> {
         source,
     };
     let file = File::open(path).map_err(err)?;
-    let size = file.metadata().map_err(err)?.len();
+    let meta = file.metadata().map_err(err)?;
+    if !meta.is_file() {
+        return Err(err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    let size = meta.len();
     Ok((path.to_path_buf(), file, size))
 }
 
