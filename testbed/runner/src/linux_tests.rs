@@ -40,6 +40,8 @@ pub struct Assets {
     pub initrd: PathBuf,
     /// The QEMU bundle (binary, libraries, firmware) of the boot-time benchmark.
     pub qemu: PathBuf,
+    /// A release build of vmhost, for the boot-time benchmark.
+    pub vmhost_release: PathBuf,
 }
 
 /// The assets, copied from `./guest` (the share) to `/tmp/testbed/guest` on first use.
@@ -70,8 +72,15 @@ fn copy_assets(env: &Env) -> Result<Assets, String> {
         bzimage: dst.join("bzImage"),
         initrd: dst.join("initramfs.cpio"),
         qemu: dst.join("qemu"),
+        vmhost_release: dst.join("vmhost-release"),
     };
-    for p in [&a.vmlinux, &a.bzimage, &a.initrd, &a.qemu] {
+    for p in [
+        &a.vmlinux,
+        &a.bzimage,
+        &a.initrd,
+        &a.qemu,
+        &a.vmhost_release,
+    ] {
         ensure!(p.exists(), "guest asset {} missing", p.display());
     }
     Ok(a)
