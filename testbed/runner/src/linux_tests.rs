@@ -290,10 +290,14 @@ pub fn vmlinux_two_cells_acpi_shutdown(env: &Env) -> Outcome {
     let out = env.work.join("lin2cell.out");
     let serial = wait_for_serial(&vm, &out, "GUEST-WAITING")?;
     check_guest_view(&serial, &plan)?;
+    let lines = guest_lines(&serial);
     ensure!(
-        serial.contains("GUEST clocksource=kvm-clock"),
-        "the guest's clocksource is not kvm-clock: {:?}",
-        guest_value(&guest_lines(&serial), "clocksource")
+        guest_value(&lines, "clocksource").as_deref() == Some("kvm-clock")
+            && guest_value(&lines, "clockevent").as_deref() == Some("lapic-deadline"),
+        "the guest's clocksource {:?} and clock event device {:?}, want kvm-clock and the \
+         local APIC timer in TSC-deadline mode (lapic-deadline)",
+        guest_value(&lines, "clocksource"),
+        guest_value(&lines, "clockevent")
     );
     ensure!(
         !serial.contains("power_button=none"),
