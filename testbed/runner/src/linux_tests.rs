@@ -405,7 +405,7 @@ pub fn bzimage_two_vcpus_sigterm_exit_130(env: &Env) -> Outcome {
     Ok(())
 }
 
-/// 4-node host, one guest cell per node (4 sockets × 1 core, passthrough): the guest sees the
+/// 4-node host, bzImage, one guest cell per node (4 sockets × 1 core, passthrough): the guest sees the
 /// asymmetric distance matrix exactly, one CPU and 64 MiB per node, and powers off (exit 0).
 pub fn four_cells_asymmetric(env: &Env) -> Outcome {
     let a = assets(env)?;
@@ -416,7 +416,7 @@ pub fn four_cells_asymmetric(env: &Env) -> Outcome {
         (4, 1),
         extra,
         "256Mi",
-        &a.vmlinux,
+        &a.bzimage,
         &a.initrd,
         "poweroff",
     );
