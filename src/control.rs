@@ -13,6 +13,9 @@ use vmhost_memory::Audit;
 use vmhost_plan::{Backing, Plan};
 use vmhost_vcpu::{thread_placements, StopHandle, ThreadPlacement, VmHandle, VmState};
 
+/// How long a Linux guest has to power off after `PUT /vm/shutdown` pressed its power button.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A running VM as the API sees it.
 pub struct Control {
     spec: VmSpec,
@@ -229,11 +232,47 @@ impl VmControl for Control {
         Ok(json!({"state": self.state()}))
     }
 
+    /// A payload VM stops at once. A Linux guest is asked to power off through its ACPI power
+    /// button; if it is still running [`SHUTDOWN_GRACE`] later, it is stopped.
     fn shutdown(&self) -> Result<Value, ControlError> {
         if self.handle.state() == VmState::Stopped {
             return Err(ControlError::Conflict("the VM is already stopped".into()));
         }
-        self.stop.stop();
-        Ok(json!({"state": "stopping"}))
+        if !self.handle.has_power_button() {
+            self.stop.stop();
+            return Ok(json!({"state": "stopping"}));
+        }
+        self.handle
+            .press_power_button()
+            .map_err(|e| ControlError::Failed {
+                action: "pressing the guest's ACPI power button".into(),
+                source: Box::new(e),
+            })?;
+        let stop = self.stop.clone();
+        let spawned = std::thread::Builder::new()
+            .name("vmhost-grace".into())
+            .spawn(move || {
+                let deadline = Instant::now() + SHUTDOWN_GRACE;
+                while Instant::now() < deadline {
+                    if stop.stop_requested() {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                tracing::warn!(
+                    grace = ?SHUTDOWN_GRACE,
+                    "the guest did not power off after the power button: stopping it"
+                );
+                stop.stop();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no grace-period thread: stopping the VM now");
+            self.stop.stop();
+        }
+        Ok(json!({
+            "state": "powering_off",
+            "via": "acpi_power_button",
+            "grace_seconds": SHUTDOWN_GRACE.as_secs(),
+        }))
     }
 }

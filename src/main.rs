@@ -221,6 +221,7 @@ fn cmd_acpi(cli: &Cli, args: &AcpiArgs) -> Result<u8> {
 /// The main job: admit the VM through the host ledger, then run it.
 fn cmd_run(cli: &Cli) -> Result<u8> {
     let spec = load_spec(cli)?;
+    check_boot_inputs(&spec.spec.boot)?;
     let host = host::load(&Default::default()).context("discovering this host's topology")?;
     let run_dir = vms::run_dir(cli.run_dir.as_deref());
     let opts = plan_options(&PlanArgs::default());
@@ -238,6 +239,32 @@ fn cmd_run(cli: &Cli) -> Result<u8> {
         run_dir,
     };
     run::run(&spec.spec, &plan, &admission, &run_opts, timeline)
+}
+
+/// A Linux guest's kernel, initramfs and command line, checked from their headers before the
+/// VM is admitted, memory is allocated or `/dev/kvm` is opened: a bad one is an invalid spec
+/// (exit 2) whose message names the file and the problem.
+fn check_boot_inputs(boot: &vmhost_config::BootSpec) -> Result<()> {
+    if let vmhost_config::BootSpec::Kernel {
+        kernel,
+        initrd,
+        cmdline,
+    } = boot
+    {
+        vmhost_boot::check_linux_inputs(kernel, initrd.as_deref(), cmdline).map_err(|e| {
+            let mut message = format!("boot: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                message.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            Exit {
+                code: EXIT_INVALID,
+                message,
+            }
+        })?;
+    }
+    Ok(())
 }
 
 /// `vmhost ctl`: one request to a running VM's control API.

@@ -23,10 +23,13 @@ done
 
 start=$(date +%s)
 bash "$root/testbed/build-image.sh"
+bash "$root/testbed/build-guest.sh"
 profile="${VMHOST_TESTBED_PROFILE:-debug}"
 flags=()
 [[ "$profile" == release ]] && flags+=(--release)
 (cd "$root" && cargo build --quiet "${flags[@]}" -p vmhost -p vmhost-testbed)
+# The boot-time benchmark compares an optimised vmhost with QEMU, whatever the profile.
+(cd "$root" && cargo build --quiet --release -p vmhost)
 bin="$root/target/x86_64-unknown-linux-gnu/$profile"
 
 mkdir -p "$tb/logs" "$tb/failed"
@@ -35,6 +38,11 @@ for suite in "${suites[@]}"; do
     share="$tb/share-$suite"
     rm -rf "$share" && mkdir -p "$share"
     cp "$bin/vmhost" "$bin/vmhost-testbed" "$share/"
+    # The Linux guests' kernel, initramfs and the QEMU baseline (testbed/build-guest.sh).
+    mkdir -p "$share/guest"
+    cp "$root/target/test-kernel/vmlinux" "$root/target/test-kernel/bzImage" "$share/guest/"
+    cp -a "$tb/guest/initramfs.cpio" "$tb/guest/qemu" "$share/guest/"
+    cp "$root/target/x86_64-unknown-linux-gnu/release/vmhost" "$share/guest/vmhost-release"
     cat > "$share/run" <<RUN
 #!/bin/sh
 ./vmhost-testbed --suite $suite --vmhost ./vmhost ${only:+--only $only} 2>&1 | tee results.txt

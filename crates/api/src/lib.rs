@@ -81,7 +81,9 @@ pub trait VmControl: Send + Sync + 'static {
     fn pause(&self) -> Result<serde_json::Value, ControlError>;
     /// `PUT /vm/resume`: resume paused vCPUs.
     fn resume(&self) -> Result<serde_json::Value, ControlError>;
-    /// `PUT /vm/shutdown`: stop the VM (the process then exits and stops the server).
+    /// `PUT /vm/shutdown`: end the VM (the process then exits and stops the server). The
+    /// binary stops a payload VM at once and asks a Linux guest to power off through its ACPI
+    /// power button, stopping it if it has not within a grace period.
     fn shutdown(&self) -> Result<serde_json::Value, ControlError>;
 }
 

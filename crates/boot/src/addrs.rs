@@ -16,6 +16,7 @@
 //! | `0x9000..0xF000`    | identity page tables for the 64-bit entry ([`PML4_ADDR`]) |
 //! | `0x20000..0x30000`  | kernel command line ([`CMDLINE_ADDR`])                 |
 //! | `0xA0000..0x100000` | reserved in e820 ([`FIRMWARE_RESERVED`]); ACPI tables from [`ACPI_START`] |
+//! | `0xFFFF0..0x100000` | the reset vector's stub ([`RESET_VECTOR`]), past [`ACPI_END`] |
 
 use std::ops::Range;
 
@@ -45,8 +46,10 @@ pub const CMDLINE_ADDR: u64 = 0x2_0000;
 /// Where [`crate::build_acpi`] is normally asked to place the tables: the RSDP sits here,
 /// 16-byte aligned inside the BIOS area the kernel scans.
 pub const ACPI_START: u64 = 0xe_0000;
-/// One past the last byte the ACPI tables may use.
-pub const ACPI_END: u64 = 0x10_0000;
+/// One past the last byte the ACPI tables may use (the reset vector's stub follows).
+pub const ACPI_END: u64 = RESET_VECTOR;
+/// The x86 reset vector (F000:FFF0 in real mode), where a "BIOS" reboot jumps.
+pub const RESET_VECTOR: u64 = 0xf_fff0;
 /// Legacy video, option ROM and BIOS area, reported as reserved in e820 (holds the ACPI tables).
 pub const FIRMWARE_RESERVED: Range<u64> = 0xa_0000..0x10_0000;
 /// Start of "high" memory: kernels must load at or above 1 MiB.

@@ -21,7 +21,10 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError};
 
-use crate::addrs::{BOOT_GDT_ADDR, BOOT_IDT_ADDR, BOOT_STACK_TOP, PDPT_ADDR, PD_ADDR, PML4_ADDR};
+use crate::acpi::{RESET_PORT, RESET_VALUE};
+use crate::addrs::{
+    BOOT_GDT_ADDR, BOOT_IDT_ADDR, BOOT_STACK_TOP, PDPT_ADDR, PD_ADDR, PML4_ADDR, RESET_VECTOR,
+};
 
 /// Selector of the flat 32-bit code segment (PVH entry).
 pub const CODE32_SELECTOR: u16 = 0x08;
@@ -69,6 +72,15 @@ pub enum CpuSetupError {
     /// Writing the GDT or IDT failed.
     #[error("cannot write the boot GDT/IDT at {addr:#x}")]
     WriteGdt {
+        /// Guest-physical address.
+        addr: u64,
+        /// The cause.
+        #[source]
+        source: GuestMemoryError,
+    },
+    /// Writing the reset vector's stub failed.
+    #[error("cannot write the reset vector's stub at {addr:#x}")]
+    WriteResetStub {
         /// Guest-physical address.
         addr: u64,
         /// The cause.
@@ -263,7 +275,32 @@ fn idtr() -> DescriptorTable {
     }
 }
 
-/// Writes the boot GDT, the empty IDT and the identity page tables (low 4 GiB, 2 MiB pages).
+/// Real-mode code at the reset vector, in place of a BIOS: write [`RESET_VALUE`] to the FADT's
+/// reset register, then halt. Linux reboots through the BIOS (`reboot=b`, jumping to F000:FFF0
+/// in real mode) by default on a hardware-reduced ACPI platform without EFI (its reboot type
+/// becomes EFI, then BIOS once EFI is found missing); without this stub it would run whatever
+/// the BIOS area holds, forever.
+///
+/// `mov al, RESET_VALUE; mov dx, RESET_PORT; out dx, al; cli; 1: hlt; jmp 1b; nop`
+pub const RESET_STUB: [u8; 11] = {
+    let port = RESET_PORT.to_le_bytes();
+    [
+        0xb0,
+        RESET_VALUE,
+        0xba,
+        port[0],
+        port[1],
+        0xee,
+        0xfa,
+        0xf4,
+        0xeb,
+        0xfd,
+        0x90,
+    ]
+};
+
+/// Writes the boot GDT, the empty IDT, the identity page tables (low 4 GiB, 2 MiB pages) and
+/// the reset vector's stub ([`RESET_STUB`]).
 pub fn write_boot_tables<M: GuestMemoryBackend>(mem: &M) -> Result<(), CpuSetupError> {
     let gdt_err = |addr: u64| move |source| CpuSetupError::WriteGdt { addr, source };
     for (i, e) in BOOT_GDT.iter().enumerate() {
@@ -288,6 +325,11 @@ pub fn write_boot_tables<M: GuestMemoryBackend>(mem: &M) -> Result<(), CpuSetupE
         mem.write_slice(&entries, GuestAddress(pd))
             .map_err(pt_err(pd))?;
     }
+    mem.write_slice(&RESET_STUB, GuestAddress(RESET_VECTOR))
+        .map_err(|source| CpuSetupError::WriteResetStub {
+            addr: RESET_VECTOR,
+            source,
+        })?;
     Ok(())
 }
 
@@ -353,6 +395,12 @@ mod tests {
     fn page_tables_identity_map_the_low_4gib() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         write_boot_tables(&mem).unwrap();
+        let mut stub = [0u8; RESET_STUB.len()];
+        mem.read_slice(&mut stub, GuestAddress(RESET_VECTOR))
+            .unwrap();
+        assert_eq!(stub, RESET_STUB, "the reset vector's stub");
+        // mov al, 1; mov dx, 0x602; out dx, al.
+        assert_eq!(&stub[..6], &[0xb0, 0x01, 0xba, 0x02, 0x06, 0xee]);
         let read = |a: u64| mem.read_obj::<u64>(GuestAddress(a)).unwrap();
         assert_eq!(read(PML4_ADDR), PDPT_ADDR | 3);
         assert_eq!(read(PDPT_ADDR + 3 * 8), (PD_ADDR + 0x3000) | 3);

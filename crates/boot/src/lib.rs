@@ -25,10 +25,11 @@ pub mod linux;
 mod testutil;
 
 pub use acpi::{
-    build_acpi, write_tables, AcpiError, AcpiTables, Table, RESET_PORT, RESET_VALUE, S5_SLEEP_TYPE,
+    build_acpi, write_tables, AcpiError, AcpiTables, Table, COM1_GSI, GED_GSI,
+    PVPANIC_CRASH_LOADED, PVPANIC_PANICKED, PVPANIC_PORT, RESET_PORT, RESET_VALUE, S5_SLEEP_TYPE,
     SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT, SLP_EN, SLP_TYP_MASK,
 };
 pub use addrs::{ACPI_END, ACPI_START, FIRMWARE_RESERVED};
 pub use cpu::{CpuSetupError, CpuState};
 pub use e820::{e820_map, E820Entry, E820Kind};
-pub use linux::{load_linux, BootError, BootMode, KernelFormat, LinuxBoot};
+pub use linux::{check_linux_inputs, load_linux, BootError, BootMode, KernelFormat, LinuxBoot};

@@ -14,10 +14,11 @@
 //! returns once every vCPU still running has parked.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use kvm_ioctls::VmFd;
 use serde::Serialize;
 
 use crate::sys;
@@ -71,6 +72,18 @@ pub enum ControlError {
         /// How long it waited.
         timeout: Duration,
     },
+    /// The guest has no power button (a built-in payload).
+    #[error("this guest has no ACPI power button (only Linux guests have one)")]
+    NoPowerButton,
+    /// Raising the power button's interrupt failed.
+    #[error("cannot raise the power button's interrupt (GSI {gsi})")]
+    PowerButton {
+        /// The Generic Event Device's GSI.
+        gsi: u32,
+        /// The cause.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
 }
 
 /// Where to kick one vCPU thread: its pthread handle, valid while registered (the thread
@@ -99,6 +112,8 @@ pub(crate) struct Control {
     ready: AtomicUsize,
     life: Mutex<Lifecycle>,
     changed: Condvar,
+    /// A Linux guest's VM, to raise the power button's interrupt (weak: the `Vm` owns it).
+    power_button: Mutex<Option<Weak<VmFd>>>,
 }
 
 /// Locks `m`; a panicking holder leaves plain data behind, so keep going with it.
@@ -122,7 +137,33 @@ impl Control {
                 tids: vec![None; vcpus],
             }),
             changed: Condvar::new(),
+            power_button: Mutex::new(None),
         }
+    }
+
+    /// Gives the VM a power button: its Generic Event Device's interrupt on `vm`.
+    pub fn set_power_button(&self, vm: &Arc<VmFd>) {
+        *lock(&self.power_button) = Some(Arc::downgrade(vm));
+    }
+
+    /// Presses the power button: an edge on the Generic Event Device's GSI, which the guest's
+    /// ACPI `_EVT` turns into a power button notification.
+    fn press_power_button(&self) -> Result<(), ControlError> {
+        let state = self.state();
+        if state == VmState::Stopped {
+            return Err(ControlError::State {
+                op: "press the power button of",
+                state,
+            });
+        }
+        let vm = lock(&self.power_button)
+            .as_ref()
+            .and_then(Weak::upgrade)
+            .ok_or(ControlError::NoPowerButton)?;
+        let gsi = vmhost_boot::GED_GSI;
+        let err = |source| ControlError::PowerButton { gsi, source };
+        vm.set_irq_line(gsi, true).map_err(err)?;
+        vm.set_irq_line(gsi, false).map_err(err)
     }
 
     pub fn stop_requested(&self) -> bool {
@@ -379,6 +420,17 @@ impl VmHandle {
     /// `(vCPU index, kernel thread id)` of every vCPU thread alive now, by index.
     pub fn vcpu_threads(&self) -> Vec<(u32, i32)> {
         self.0.vcpu_threads()
+    }
+
+    /// Presses the guest's ACPI power button (Linux guests): the guest decides what to do,
+    /// normally power off. Refused for payloads and for a stopped VM.
+    pub fn press_power_button(&self) -> Result<(), ControlError> {
+        self.0.press_power_button()
+    }
+
+    /// True when the guest has an ACPI power button (a Linux guest).
+    pub fn has_power_button(&self) -> bool {
+        lock(&self.0.power_button).is_some()
     }
 
     /// A stop-only handle to the same VM.

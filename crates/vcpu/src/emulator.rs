@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::control::{Control, Gate, StopReason};
+use crate::devices::debugport::{BootMarks, BootPhase};
 use crate::devices::serial::SerialStats;
 use crate::payload::{self, PayloadKind, PayloadResult};
 use crate::placement::thread_placements;
@@ -40,6 +41,7 @@ pub(crate) enum RunGuest {
         entry: LinuxEntry,
         image: String,
         serial: Arc<SerialStats>,
+        marks: Arc<BootMarks>,
     },
 }
 
@@ -184,13 +186,24 @@ fn boot_report(
             entry,
             image,
             serial,
+            marks,
         } => {
             let first = clock.since(serial.first_byte());
+            let markers = marks.marks();
+            // The run's start on CLOCK_MONOTONIC, to place the markers on the run's clock.
+            let elapsed = u64::try_from(clock.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            let start_ns = crate::sys::monotonic_ns().saturating_sub(elapsed);
+            let userspace_seconds = markers
+                .iter()
+                .find(|m| m.phase == BootPhase::Userspace)
+                .map(|m| m.monotonic_ns.saturating_sub(start_ns) as f64 / 1e9);
             let boot = BootReport::Linux {
                 entry: *entry,
                 image: image.clone(),
                 first_serial_byte_seconds: first,
                 serial_bytes: serial.bytes(),
+                markers,
+                userspace_seconds,
             };
             (None, boot, first.unwrap_or(clock.run_seconds))
         }

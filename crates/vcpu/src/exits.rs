@@ -11,6 +11,7 @@
 //! control register (power-off), the FADT reset register, 0xfe to the i8042 command port,
 //! a reset through port 0xcf9, or `KVM_EXIT_SHUTDOWN` (a triple fault resets a PC): the last
 //! four are reboots ([`RebootVia`]). vmhost does not restart the guest: a reboot ends the VM.
+//! A pvpanic "panicked" write ends it as a guest failure ([`VcpuOutcome::Panicked`], exit 4).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Instant;
@@ -63,6 +64,7 @@ pub(crate) fn next_exit(
             Some(PortAction::Handled) => Exit::Handled,
             Some(PortAction::PowerOff) => Exit::GuestEnd(VcpuOutcome::PoweredOff),
             Some(PortAction::Reboot(how)) => Exit::GuestEnd(VcpuOutcome::Rebooted { how }),
+            Some(PortAction::Panic) => Exit::GuestEnd(VcpuOutcome::Panicked),
             Some(PortAction::Unknown) | None => Exit::PortOut {
                 port,
                 first: data.first().copied().unwrap_or(0),

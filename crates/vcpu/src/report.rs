@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::arch::CpuidResult;
+use crate::devices::debugport::BootMark;
 use crate::devices::legacy::RebootVia;
 use crate::payload::{PayloadKind, PayloadResult};
 use crate::placement::{render_placements, ThreadPlacement};
@@ -80,6 +81,8 @@ pub enum VcpuOutcome {
     },
     /// A Linux guest powered off.
     PoweredOff,
+    /// A Linux guest's kernel panicked (it wrote "panicked" to the pvpanic device).
+    Panicked,
     /// A Linux guest rebooted (see [`RebootVia`]).
     Rebooted {
         /// How it asked.
@@ -120,6 +123,7 @@ impl std::fmt::Display for VcpuOutcome {
                 write!(f, "{}-byte {} of unmapped GPA {gpa:#x}", size, dir(*write))
             }
             VcpuOutcome::PoweredOff => f.write_str("powered off"),
+            VcpuOutcome::Panicked => f.write_str("guest kernel panic (pvpanic)"),
             VcpuOutcome::Rebooted { how } => match how {
                 RebootVia::KeyboardController => f.write_str("rebooted (keyboard controller)"),
                 RebootVia::AcpiResetRegister => f.write_str("rebooted (ACPI reset register)"),
@@ -221,6 +225,11 @@ pub enum BootReport {
         first_serial_byte_seconds: Option<f64>,
         /// Bytes the guest wrote to its serial port.
         serial_bytes: u64,
+        /// The first boot marker of each phase the guest wrote to the debug port 0x80
+        /// (`/init` writes 0x60: user space reached).
+        markers: Vec<BootMark>,
+        /// Seconds from the start of the run to the user-space marker (`None`: none written).
+        userspace_seconds: Option<f64>,
     },
 }
 
@@ -234,11 +243,17 @@ impl BootReport {
                 image,
                 first_serial_byte_seconds,
                 serial_bytes,
-            } => format!(
-                "Linux {image} via {entry:?}, first serial byte {}, {serial_bytes} serial bytes",
-                first_serial_byte_seconds
-                    .map_or_else(|| "never".to_string(), |t| format!("at {t:.3} s"))
-            ),
+                userspace_seconds,
+                ..
+            } => {
+                let at =
+                    |t: &Option<f64>| t.map_or_else(|| "never".into(), |t| format!("at {t:.3} s"));
+                format!(
+                    "Linux {image} via {entry:?}, first serial byte {}, {serial_bytes} serial bytes, user space {}",
+                    at(first_serial_byte_seconds),
+                    at(userspace_seconds)
+                )
+            }
         }
     }
 }
@@ -435,13 +450,16 @@ mod tests {
             image: "elf".into(),
             first_serial_byte_seconds: Some(35.25),
             serial_bytes: 1000,
+            markers: Vec::new(),
+            userspace_seconds: Some(41.5),
         };
         r.vcpus[0].outcome = VcpuOutcome::PoweredOff;
         assert_eq!(r.exit_code(), 0);
         assert_eq!(r.failures().count(), 0);
         let text = r.render_text();
         assert!(
-            text.contains("Linux elf via Pvh, first serial byte at 35.250 s"),
+            text.contains("Linux elf via Pvh, first serial byte at 35.250 s")
+                && text.contains("user space at 41.500 s"),
             "{text}"
         );
         r.status = RunStatus::Rebooted;
@@ -486,5 +504,15 @@ mod tests {
             },
         };
         assert_eq!(linux.exit_code(), 0);
+    }
+
+    #[test]
+    fn a_guest_kernel_panic_is_a_guest_failure_exit_4() {
+        let mut r = report(RunStatus::GuestFailed, PayloadKind::Halt);
+        r.payload = None;
+        r.vcpus[0].outcome = VcpuOutcome::Panicked;
+        assert!(r.vcpus[0].outcome.is_failure() && !r.vcpus[0].outcome.ends_vm());
+        assert_eq!(r.exit_code(), 4);
+        assert!(r.render_text().contains("guest kernel panic (pvpanic)"));
     }
 }

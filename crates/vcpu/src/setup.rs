@@ -105,9 +105,14 @@ pub(crate) fn register_memslots(
 /// Each vCPU's CPUID: the planned topology, the host's features, and with `nested` what an
 /// emulated ring 0 cannot run masked.
 pub(crate) fn vcpu_cpuids(kvm: &Kvm, plan: &Plan, nested: bool) -> Result<Vec<CpuId>, VmError> {
-    let supported = kvm
+    let mut supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    // KVM emulates the TSC-deadline LAPIC timer on any host but leaves the bit out of its
+    // supported set: the VMM offers it when KVM has the capability (KVM's API documentation).
+    if kvm.check_extension(Cap::TscDeadlineTimer) {
+        cpuid::offer_tsc_deadline(&mut supported);
+    }
     plan_cpuids(&supported, plan, nested)
 }
 
@@ -127,6 +132,7 @@ fn plan_cpuids(supported: &CpuId, plan: &Plan, nested: bool) -> Result<Vec<CpuId
                 .map_err(VmError::Cpuid)?;
             if nested {
                 mask_for_nested_emulation(&mut c);
+                c = cpuid::renormalize_xsave(v.vcpu, &c).map_err(VmError::Cpuid)?;
             }
             Ok(c)
         })

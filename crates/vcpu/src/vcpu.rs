@@ -99,6 +99,15 @@ pub enum VcpuError {
         #[source]
         source: kvm_ioctls::Error,
     },
+    /// Its CPUID could not be completed.
+    #[error("vCPU {vcpu}: cannot complete its CPUID")]
+    Cpuid {
+        /// vCPU index.
+        vcpu: u32,
+        /// The cause.
+        #[source]
+        source: arch::CpuidError,
+    },
     /// The mailbox could not be read or written.
     #[error("vCPU {vcpu}: cannot access its mailbox at GPA {gpa:#x}")]
     Mailbox {
@@ -253,7 +262,13 @@ fn setup(cfg: &VcpuConfig, ctx: &VcpuContext) -> Result<(VcpuFd, u32), VcpuError
         .vm
         .create_vcpu(u64::from(cfg.kvm_id))
         .map_err(kvm("KVM_CREATE_VCPU"))?;
-    fd.set_cpuid2(&cfg.cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+    let tsc_khz = fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?;
+    let cpuid = arch::cpuid::with_tsc_khz(vcpu, &cfg.cpuid, tsc_khz)
+        .map_err(|source| VcpuError::Cpuid { vcpu, source })?;
+    fd.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+    if matches!(ctx.guest, GuestCtx::Linux { .. }) {
+        arch::pv::prime_xsave(&fd, &cpuid, vcpu);
+    }
     let ioctl = |(op, source): arch::linux::IoctlError| VcpuError::Kvm { vcpu, op, source };
     match (&cfg.start, &ctx.guest) {
         (
@@ -277,11 +292,14 @@ fn setup(cfg: &VcpuConfig, ctx: &VcpuContext) -> Result<(VcpuFd, u32), VcpuError
         }
         (VcpuStart::LinuxBoot(state), _) => {
             arch::linux::set_lint(&fd).map_err(ioctl)?;
+            arch::msrs::set_boot_msrs(&fd).map_err(ioctl)?;
             arch::linux::set_boot_state(&fd, state).map_err(ioctl)?;
         }
-        _ => arch::linux::set_lint(&fd).map_err(ioctl)?,
+        _ => {
+            arch::linux::set_lint(&fd).map_err(ioctl)?;
+            arch::msrs::set_boot_msrs(&fd).map_err(ioctl)?;
+        }
     }
-    let tsc_khz = fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?;
     if let GuestCtx::Payload { boot, boot_mem } = &ctx.guest {
         let gpa = boot.mailbox(cfg.index) + std::mem::offset_of!(Mailbox, tsc_khz) as u64;
         boot_mem

@@ -357,15 +357,20 @@ impl Vm {
             Some(_) => ConsoleInput::None,
             None => options.console_input,
         };
+        let fd = Arc::new(prepared.fd);
+        let control = Arc::new(Control::new(plan.vcpus.len()));
+        if linux {
+            control.set_power_button(&fd);
+        }
         Ok(Vm {
-            fd: Arc::new(prepared.fd),
+            fd,
             _kvm: prepared.kvm,
             name: plan.name.clone(),
             guest: prepared.guest,
             configs: Some(prepared.configs),
             meta,
             emulator_cpus: plan.emulator.host_cpus.clone(),
-            control: Arc::new(Control::new(plan.vcpus.len())),
+            control,
             policy: options.unknown_access.resolve(linux),
             on_start: options.on_start.clone(),
             console_input,
@@ -493,6 +498,7 @@ impl Vm {
                     entry: boot.mode.into(),
                     image: image_name(boot).to_string(),
                     serial: devices.serial().stats(),
+                    marks: Arc::clone(devices.marks()),
                 },
                 GuestCtx::Linux {
                     devices: Arc::clone(devices),

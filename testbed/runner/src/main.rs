@@ -11,6 +11,8 @@
 mod cgroup_tests;
 mod host;
 mod ledger_tests;
+mod linux_bench;
+mod linux_tests;
 mod memory_tests;
 mod topology_tests;
 mod vm;
@@ -89,6 +91,23 @@ const TWO_NODE: &[Test] = &[
         "ledger_two_vms_on_two_nodes",
         ledger_tests::two_vms_then_refusal_then_kill,
     ),
+    (
+        "linux_vmlinux_two_cells_acpi_shutdown",
+        linux_tests::vmlinux_two_cells_acpi_shutdown,
+    ),
+    (
+        "linux_bzimage_one_vcpu_panic_exit_4",
+        linux_tests::bzimage_one_vcpu_panic_exit_4,
+    ),
+    (
+        "linux_vmlinux_two_vcpus_poweroff_and_reboot",
+        linux_tests::vmlinux_two_vcpus_poweroff_and_reboot,
+    ),
+    (
+        "linux_bzimage_two_vcpus_sigterm_exit_130",
+        linux_tests::bzimage_two_vcpus_sigterm_exit_130,
+    ),
+    ("linux_boot_time_vs_qemu", linux_bench::boot_time_vs_qemu),
 ];
 
 /// The tests of the 4-node host (4 × 2 PUs, 1 GiB per node, asymmetric distances).
@@ -100,6 +119,10 @@ const FOUR_NODE: &[Test] = &[
     (
         "memory_four_cells_on_four_nodes",
         memory_tests::four_cells_on_four_nodes,
+    ),
+    (
+        "linux_four_cells_asymmetric",
+        linux_tests::four_cells_asymmetric,
     ),
 ];
 

@@ -23,7 +23,7 @@ fn live_placement(env: &Env, vm: &Running) -> Result<Value, String> {
 
 /// Checks that every cell's pages sit on its planned node, per vmhost's live audit and per
 /// the kernel's `numa_maps`, and returns the pages per node seen in `numa_maps`.
-fn check_residency(
+pub(crate) fn check_residency(
     env: &Env,
     vm: &Running,
     plan: &Value,

@@ -87,6 +87,17 @@ fn local_x2apic(uid: u32, x2apic_id: u32) -> [u8; 16] {
 ///
 /// Device names are `C` and the vCPU index in three hex digits, so indices must be below
 /// 0x1000 (checked by the caller).
+/// Bytes that are already AML (the platform devices).
+struct RawAml(Vec<u8>);
+
+impl Aml for RawAml {
+    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
+        for b in &self.0 {
+            sink.byte(*b);
+        }
+    }
+}
+
 pub(super) fn dsdt(plan: &Plan) -> Vec<u8> {
     let names: Vec<(String, Name, Name)> = plan
         .vcpus
@@ -104,6 +115,9 @@ pub(super) fn dsdt(plan: &Plan) -> Vec<u8> {
         .map(|(path, hid, uid)| Device::new(Path::new(path), vec![hid as &dyn Aml, uid]))
         .collect();
     let children: Vec<&dyn Aml> = devices.iter().map(|d| d as &dyn Aml).collect();
+    let platform = RawAml(super::devices::devices_aml());
+    let mut children = children;
+    children.push(&platform);
     let scope = Scope::new("\\_SB_".into(), children);
     let mut t = Sdt::new(
         *b"DSDT",

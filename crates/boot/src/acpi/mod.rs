@@ -2,8 +2,8 @@
 //!
 //! This module owns the firmware tables of a Linux guest: RSDP, XSDT, FADT (hardware-reduced
 //! ACPI, no FACS; power-off through the sleep control register at [`SLEEP_CONTROL_PORT`] and
-//! reboot through the reset register at [`RESET_PORT`]), a minimal DSDT (processors and
-//! `\_S5_`), MADT, SRAT and SLIT. [`build_acpi`] lays them out from a base
+//! reboot through the reset register at [`RESET_PORT`]), a DSDT (processors, `\_S5_`, COM1,
+//! the power button behind a Generic Event Device, pvpanic: see `devices`), MADT, SRAT and SLIT. [`build_acpi`] lays them out from a base
 //! address (normally [`ACPI_START`], in the e820-reserved BIOS area) with the right pointers and
 //! checksums; [`AcpiTables::write_to`] copies them into guest memory and [`write_tables`] writes
 //! them as `.dat` files that ACPICA's `iasl -d` disassembles.
@@ -57,6 +57,7 @@
 //! ```
 
 mod cpus;
+mod devices;
 mod numa;
 pub mod virtio;
 
@@ -75,6 +76,9 @@ use vmhost_plan::{GuestCell, Plan};
 
 pub use crate::addrs::{ACPI_END, ACPI_START};
 pub use cpus::{IOAPIC_ADDR, IOAPIC_ID, LAPIC_ADDR};
+pub use devices::{
+    COM1_GSI, COM1_PORT, GED_GSI, PVPANIC_CRASH_LOADED, PVPANIC_PANICKED, PVPANIC_PORT,
+};
 pub use numa::{LOCAL_DISTANCE, MAX_DISTANCE};
 
 /// OEM ID in every table header.

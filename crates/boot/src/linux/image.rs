@@ -133,15 +133,15 @@ fn bytes<const N: usize>(b: &[u8], off: usize) -> [u8; N] {
     out
 }
 
-fn le16(b: &[u8], off: usize) -> u16 {
+pub(super) fn le16(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes(bytes(b, off))
 }
 
-fn le32(b: &[u8], off: usize) -> u32 {
+pub(super) fn le32(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes(bytes(b, off))
 }
 
-fn le64(b: &[u8], off: usize) -> u64 {
+pub(super) fn le64(b: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(bytes(b, off))
 }
 

@@ -20,6 +20,7 @@
 
 mod image;
 mod params;
+mod preflight;
 #[cfg(test)]
 mod tests;
 
@@ -46,6 +47,7 @@ use crate::e820::{e820_map, E820Entry};
 
 pub use image::{KernelFormat, ELF_CMDLINE_MAX, ELF_INITRD_ADDR_MAX, MIN_BZIMAGE_VERSION};
 pub use params::{MAX_PVH_MEMMAP, MAX_ZERO_PAGE_E820};
+pub use preflight::check_linux_inputs;
 
 /// Offset of the 64-bit entry (`startup_64`) in a bzImage's protected-mode code.
 const BZIMAGE_ENTRY64_OFFSET: u64 = 0x200;
@@ -83,6 +85,16 @@ pub enum BootError {
         path: PathBuf,
         /// What it is instead.
         kind: &'static str,
+    },
+    /// The image is shorter than its own header says (a truncated copy or download).
+    #[error("kernel image {path} is truncated: {size} bytes, its headers need {needed}")]
+    TruncatedKernel {
+        /// The image.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The size its headers promise.
+        needed: u64,
     },
     /// The file is neither ELF nor bzImage.
     #[error("{path} is neither an ELF vmlinux nor a bzImage (no \\x7fELF magic, no HdrS header)")]
@@ -298,6 +310,7 @@ pub fn load_linux<M: GuestMemoryBackend>(
         })
     })?;
     let probe = image::probe(kernel, &mut kfile)?;
+    preflight::check_complete(kernel, &mut kfile, probe.format)?;
     let cmdline = check_cmdline(cmdline, probe.cmdline_max)?;
     let initrd_file = initrd.map(open_initrd).transpose()?;
     let ram_end = low_ram_end(layout);

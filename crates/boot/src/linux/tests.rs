@@ -342,8 +342,13 @@ fn missing_or_unreadable_initrd() {
         matches!(&err, BootError::OpenInitrd { path, .. } if *path == missing),
         "{err:?}"
     );
+    // A directory opens, but is refused before the kernel is loaded.
     let err = g.load(&kernel, Some(g.dir.path()), "").unwrap_err();
     assert!(matches!(err, BootError::NotAFile { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&*g.dir.path().to_string_lossy()),
+        "{err}"
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //!
 //! | ports | what | reads | writes |
 //! |---|---|---|---|
-//! | 0x80 | POST code / `io_delay` | all ones | ignored |
+//! | 0x80 | debug port ([`super::debugport`]) | all ones | boot markers (in `LinuxDevices`) |
 //! | 0x70, 0x71 | CMOS RTC ([`Cmos`]) | the host's UTC time in BCD, status A/B/D | index, ignored |
 //! | 0x60, 0x64 | i8042 keyboard controller | 0 (no data, input buffer empty) | 0xfe to 0x64: reboot |
 //! | 0x2f8, 0x3e8, 0x2e8 (+0..7) | COM2-COM4, absent | all ones | ignored |
@@ -12,6 +12,7 @@
 //! | [`SLEEP_CONTROL_PORT`] | ACPI sleep control register | 0 | `SLP_EN` with `SLP_TYP` = S5: power-off |
 //! | [`SLEEP_STATUS_PORT`] | ACPI sleep status register | 0 | ignored |
 //! | [`RESET_PORT`] | ACPI reset register | 0 | [`RESET_VALUE`]: reboot |
+//! | [`PVPANIC_PORT`] | pvpanic | the events supported (panicked, crash loaded) | panicked: the guest failed |
 //!
 //! The sleep and reset registers are the ones the FADT built by `vmhost_boot::build_acpi` names.
 
@@ -19,8 +20,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use vmhost_boot::{
-    RESET_PORT, RESET_VALUE, S5_SLEEP_TYPE, SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT, SLP_EN,
-    SLP_TYP_MASK,
+    PVPANIC_CRASH_LOADED, PVPANIC_PANICKED, PVPANIC_PORT, RESET_PORT, RESET_VALUE, S5_SLEEP_TYPE,
+    SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT, SLP_EN, SLP_TYP_MASK,
 };
 
 /// How a guest asked to be rebooted.
@@ -54,6 +55,8 @@ pub enum PortAction {
     PowerOff,
     /// The guest reboots.
     Reboot(RebootVia),
+    /// The guest kernel panicked (pvpanic "panicked" event).
+    Panic,
 }
 
 /// i8042 command: pulse the CPU reset line.
@@ -124,7 +127,14 @@ impl Legacy {
     pub fn claims(port: u16) -> bool {
         matches!(
             port,
-            0x80 | 0x70 | 0x71 | 0x60 | 0x64 | SLEEP_CONTROL_PORT | SLEEP_STATUS_PORT | RESET_PORT
+            0x80 | 0x70
+                | 0x71
+                | 0x60
+                | 0x64
+                | SLEEP_CONTROL_PORT
+                | SLEEP_STATUS_PORT
+                | RESET_PORT
+                | PVPANIC_PORT
         ) || in_range(port, 0xcf8, 8)
             || COM_PORTS.iter().any(|&b| in_range(port, b, 8))
     }
@@ -142,6 +152,7 @@ impl Legacy {
                 self.cmos.read(now)
             }
             0x60 | 0x64 | SLEEP_CONTROL_PORT | SLEEP_STATUS_PORT | RESET_PORT => 0,
+            PVPANIC_PORT => PVPANIC_PANICKED | PVPANIC_CRASH_LOADED,
             _ => 0xff,
         };
         data.fill(value);
@@ -169,6 +180,10 @@ impl Legacy {
             }
             RESET_PORT if first == RESET_VALUE => {
                 return PortAction::Reboot(RebootVia::AcpiResetRegister)
+            }
+            PVPANIC_PORT if first & PVPANIC_PANICKED != 0 => return PortAction::Panic,
+            PVPANIC_PORT if first & PVPANIC_CRASH_LOADED != 0 => {
+                tracing::warn!("the guest kernel crashed; its crash kernel takes over");
             }
             _ => {}
         }
@@ -206,6 +221,15 @@ mod tests {
         );
         assert_eq!(l.write(0xcf8, &[0, 0, 0, 0x80]), PortAction::Handled);
         assert_eq!(l.write(0x1234, &[0]), PortAction::Unknown);
+        assert_eq!(l.write(PVPANIC_PORT, &[1]), PortAction::Panic);
+        assert_eq!(
+            l.write(PVPANIC_PORT, &[2]),
+            PortAction::Handled,
+            "crash kernel loaded"
+        );
+        let mut b = [0u8; 1];
+        assert!(l.read(PVPANIC_PORT, &mut b));
+        assert_eq!(b, [3], "both events supported");
     }
 
     #[test]

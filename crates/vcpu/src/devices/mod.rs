@@ -7,6 +7,7 @@
 //! unknown-access policy.
 
 pub mod console;
+pub mod debugport;
 pub mod legacy;
 mod output;
 pub mod serial;
@@ -14,6 +15,7 @@ pub mod serial;
 use std::sync::{Arc, Mutex};
 
 use crate::control::lock;
+use debugport::{BootMarks, DEBUG_PORT};
 use legacy::{Legacy, PortAction};
 use serial::SerialConsole;
 
@@ -23,6 +25,7 @@ pub struct LinuxDevices {
     virtio: Option<crate::virtio::VirtioAttachment>,
     serial: Arc<SerialConsole>,
     legacy: Mutex<Legacy>,
+    marks: Arc<BootMarks>,
 }
 
 impl LinuxDevices {
@@ -32,7 +35,13 @@ impl LinuxDevices {
             virtio: None,
             serial: Arc::new(serial),
             legacy: Mutex::new(Legacy::default()),
+            marks: Arc::default(),
         }
+    }
+
+    /// The boot markers the guest wrote to the debug port.
+    pub fn marks(&self) -> &Arc<BootMarks> {
+        &self.marks
     }
 
     /// COM1.
@@ -53,6 +62,10 @@ impl LinuxDevices {
     pub fn pio_write(&self, port: u16, data: &[u8]) -> PortAction {
         if SerialConsole::claims(port) {
             self.serial.write(port, data);
+            return PortAction::Handled;
+        }
+        if port == DEBUG_PORT && data.len() == 1 {
+            self.marks.record(data[0], crate::sys::monotonic_ns());
             return PortAction::Handled;
         }
         lock(&self.legacy).write(port, data)
@@ -98,6 +111,8 @@ mod tests {
             PortAction::Reboot(RebootVia::KeyboardController)
         );
         assert_eq!(d.pio_write(0x5a5a, &[1]), PortAction::Unknown);
+        assert_eq!(d.pio_write(0x80, &[0x60]), PortAction::Handled);
+        assert_eq!(d.marks().marks().len(), 1, "the user-space marker");
         let mut b = [0u8; 1];
         assert!(d.pio_read(0x3fd, &mut b));
         assert!(!d.pio_read(0x5a5a, &mut b));

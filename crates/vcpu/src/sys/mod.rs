@@ -27,6 +27,20 @@ pub fn gettid() -> i32 {
     i32::try_from(tid).unwrap_or(i32::MAX)
 }
 
+/// Nanoseconds on `CLOCK_MONOTONIC` (0 if the clock cannot be read).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call, and
+    // CLOCK_MONOTONIC is always available on Linux.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
 /// Makes the calling thread SCHED_FIFO at `priority` (realtime vCPUs, `cpu.realtime`).
 pub fn set_current_thread_fifo(priority: i32) -> io::Result<()> {
     let param = libc::sched_param {

@@ -14,6 +14,8 @@ use serde::Serialize;
 use vmhost_config::CpuTopology;
 use vmhost_plan::VcpuPlacement;
 
+use super::pv;
+
 /// `KVM_HINTS_REALTIME`: bit 0 of leaf 0x4000_0001 EDX (vCPUs never preempted).
 pub const KVM_HINTS_REALTIME: u32 = 1;
 
@@ -166,6 +168,8 @@ pub fn vcpu_cpuid(
     let vendor = vendor(supported);
     let mut entries: Vec<kvm_cpuid_entry2> = supported.as_slice().to_vec();
     mask_host_features(&mut entries, host);
+    pv::mark_hypervisor(&mut entries);
+    pv::normalize_xsave(&mut entries);
     let logical = t.cores * t.threads;
     for e in entries.iter_mut() {
         match e.function {
@@ -210,19 +214,49 @@ pub fn vcpu_cpuid(
             entries.extend(extended_topology(leaf, &t, w, v.apic_id));
         }
     }
+    to_cpuid(v.vcpu, entries)
+}
+
+/// A `CpuId` holding `entries`.
+fn to_cpuid(vcpu: u32, entries: Vec<kvm_cpuid_entry2>) -> Result<CpuId, CpuidError> {
     let mut out = CpuId::new(0).map_err(|_| CpuidError::Push {
-        vcpu: v.vcpu,
+        vcpu,
         leaf: 0,
         subleaf: 0,
     })?;
     for e in entries {
         out.push(e).map_err(|_| CpuidError::Push {
-            vcpu: v.vcpu,
+            vcpu,
             leaf: e.function,
             subleaf: e.index,
         })?;
     }
     Ok(out)
+}
+
+/// Leaf 1 ECX bit 24: the local APIC timer's TSC-deadline mode.
+pub const TSC_DEADLINE_BIT: u32 = 1 << 24;
+
+/// Sets the TSC-deadline bit in leaf 1 of `cpuid` (KVM has `KVM_CAP_TSC_DEADLINE_TIMER`).
+pub fn offer_tsc_deadline(cpuid: &mut CpuId) {
+    for e in cpuid.as_mut_slice().iter_mut().filter(|e| e.function == 1) {
+        e.ecx |= TSC_DEADLINE_BIT;
+    }
+}
+
+/// Leaf 0xD made to agree again with the features left in `cpuid` (after a mask such as
+/// [`super::mask_for_nested_emulation`]).
+pub fn renormalize_xsave(vcpu: u32, cpuid: &CpuId) -> Result<CpuId, CpuidError> {
+    let mut entries = cpuid.as_slice().to_vec();
+    pv::normalize_xsave(&mut entries);
+    to_cpuid(vcpu, entries)
+}
+
+/// `cpuid` with the timing leaf 0x4000_0010 giving `tsc_khz` (see [`pv`]).
+pub fn with_tsc_khz(vcpu: u32, cpuid: &CpuId, tsc_khz: u32) -> Result<CpuId, CpuidError> {
+    let mut entries = cpuid.as_slice().to_vec();
+    pv::set_timing_leaf(&mut entries, tsc_khz);
+    to_cpuid(vcpu, entries)
 }
 
 fn intel_cache_sharing(e: &mut kvm_cpuid_entry2, w: ApicWidths) {
@@ -622,6 +656,27 @@ mod tests {
         // The supported set has x2APIC and hypervisor but no TSC deadline: both are kept.
         assert_eq!(get(1).ecx, (1 << 31) | (1 << 21));
         assert_eq!(get(1).edx & (1 << 28), 0, "one logical CPU: no HTT");
+    }
+
+    #[test]
+    fn tsc_deadline_is_offered_and_survives_the_host_mask() {
+        let mut s = supported(b"AuthenticAMD");
+        offer_tsc_deadline(&mut s);
+        let t = CpuTopology {
+            sockets: 1,
+            cores: 1,
+            threads: 1,
+        };
+        let v = placement(&t, 0, 0, 0);
+        let inputs = CpuidInputs {
+            topology: t,
+            vcpu: &v,
+            realtime_hint: false,
+        };
+        let none = |_: u32, _: u32| [0u32; 4];
+        let c = vcpu_cpuid(&s, &inputs, &none).unwrap();
+        let leaf1 = c.as_slice().iter().find(|e| e.function == 1).unwrap();
+        assert_ne!(leaf1.ecx & TSC_DEADLINE_BIT, 0);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 pub mod boot;
 pub mod cpuid;
 pub mod linux;
+pub mod msrs;
 pub mod nested;
+pub mod pv;
 
 pub use boot::{BootError, BootLayout, USER_CS, USER_DS, USER_RFLAGS};
 pub use cpuid::{decode_topology, CpuidError, CpuidInputs, CpuidResult, DecodedTopology, Vendor};

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Builds the initramfs of the Linux guests the emulated-host tests boot, cached in
+# target/testbed/guest/:
+#   initramfs.cpio  busybox-static, testbed/guest/init as /init, and the modules it loads
+#                   (evdev + button for the ACPI power button, pvpanic + pvpanic-mmio)
+#   qemu/           this machine's qemu-system-x86_64 with its shared libraries and loader
+#                   (lib/) and the firmware a direct kernel boot needs (share/): the baseline of
+#                   the boot-time benchmark, run inside the emulated host as
+#                   qemu/lib/ld-linux-x86-64.so.2 --library-path qemu/lib qemu/qemu-system-x86_64 -L qemu/share
+# The kernel is the test kernel (crates/boot/scripts/fetch-test-kernel.sh), the same Debian 6.1
+# kernel as the emulated host's. Uses the packages testbed/build-image.sh already downloaded
+# (run that first).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tb="${VMHOST_TESTBED_DIR:-$root/target/testbed}"
+out="$tb/guest"
+debs="$tb/debs"
+die() { echo "testbed/build-guest: $*" >&2; exit 1; }
+
+bash "$root/crates/boot/scripts/fetch-test-kernel.sh" >/dev/null
+kdir="${VMHOST_TEST_KERNEL_DIR:-$root/target/test-kernel}"
+kpkg="$(cat "$kdir/VERSION")"
+modules=(evdev button pvpanic-mmio)
+inputs="$kpkg busybox-static ${modules[*]} $(cat "$root/testbed/guest/init" "$0" | sha256sum | cut -c1-16)"
+mkdir -p "$out"
+qemu_bundle() { # this machine's QEMU, its libraries and firmware, for the emulated host
+    local q d="$out/qemu"
+    q="$(command -v qemu-system-x86_64)" || die "qemu-system-x86_64 not found: apt-get install qemu-system-x86"
+    [[ -x "$d/qemu-system-x86_64" ]] && cmp -s "$q" "$d/qemu-system-x86_64" && return 0
+    rm -rf "$d" && mkdir -p "$d/lib" "$d/share"
+    cp "$q" "$d/"
+    ldd "$q" | awk '/=> \// {print $3} /^\s*\/lib64/ {print $1}' | while read -r lib; do
+        cp -L "$lib" "$d/lib/"
+    done
+    cp -L /lib64/ld-linux-x86-64.so.2 "$d/lib/"
+    for f in /usr/share/seabios/bios-256k.bin /usr/share/qemu/linuxboot_dma.bin \
+        /usr/share/qemu/kvmvapic.bin /usr/share/qemu/pvh.bin; do
+        cp -L "$f" "$d/share/"
+    done
+    echo "qemu bundle in $d ($(du -sh "$d" | cut -f1))"
+}
+qemu_bundle
+if [[ -s "$out/initramfs.cpio" && "$(cat "$out/VERSION" 2>/dev/null)" == "$inputs" ]]; then
+    echo "guest initramfs up to date in $out"
+    exit 0
+fi
+kdeb="$(ls "$debs/$kpkg"_*.deb 2>/dev/null | head -n 1 || true)"
+bdeb="$(ls "$debs"/busybox-static_*.deb 2>/dev/null | head -n 1 || true)"
+[[ -n "$kdeb" && -n "$bdeb" ]] || die "no $kpkg or busybox-static package in $debs: run testbed/build-image.sh"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+dpkg-deb -x "$kdeb" "$work/kernel"
+kver="$(ls "$work/kernel/lib/modules" | head -n 1)"
+depmod -b "$work/kernel" "$kver"
+rootfs="$work/rootfs"
+mkdir -p "$rootfs"/{bin,dev,proc,sys,tmp,etc,lib/modules}
+: > "$rootfs/lib/modules/order"
+for m in "${modules[@]}"; do
+    modprobe -d "$work/kernel" -S "$kver" --show-depends "$m" | while read -r kind path _; do
+        [[ "$kind" == insmod ]] || continue
+        name="$(basename "$path")"
+        grep -qx "$name" "$rootfs/lib/modules/order" && continue
+        cp "$path" "$rootfs/lib/modules/$name"
+        echo "$name" >> "$rootfs/lib/modules/order"
+    done
+done
+dpkg-deb -x "$bdeb" "$work/busybox"
+cp "$work/busybox/bin/busybox" "$rootfs/bin/busybox"
+install -m 0755 "$root/testbed/guest/init" "$rootfs/init"
+python3 "$root/testbed/mkcpio.py" "$rootfs" "$out/initramfs.cpio.tmp"
+mv "$out/initramfs.cpio.tmp" "$out/initramfs.cpio"
+echo "$inputs" > "$out/VERSION"
+echo "guest initramfs built in $out ($(tr '\n' ' ' < "$rootfs/lib/modules/order"), $(du -h "$out/initramfs.cpio" | cut -f1))"
