@@ -151,9 +151,10 @@ mod tests {
             "{err}"
         );
         let dir = std::env::temp_dir();
+        // A directory is refused as what it is, before any read.
         assert!(matches!(
             check_linux_inputs(&ok, Some(&dir), "").unwrap_err(),
-            BootError::OpenInitrd { .. }
+            BootError::NotAFile { .. }
         ));
         let long = "x".repeat(image::ELF_CMDLINE_MAX + 1);
         assert!(matches!(
