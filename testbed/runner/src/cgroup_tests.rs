@@ -102,12 +102,7 @@ pub fn limits_from_plan(env: &Env) -> Outcome {
         "hugetlb.2MB.max {}, plan's hugepages {guest}",
         read_u64(&dir, "hugetlb.2MB.max")?
     );
-    let code = env.shutdown(&vm)?;
-    ensure!(
-        code == 0,
-        "exit {code} after shutdown; stderr: {}",
-        vm.stderr()
-    );
+    env.shutdown_ok(&vm)?;
     ensure!(
         !dir.exists(),
         "{} is still there after the VM stopped",
@@ -264,12 +259,7 @@ pub fn pod_confines_vmhost(env: &Env) -> Outcome {
         pages.keys().all(|&n| n == 1) && pages.get(&1) == Some(&32),
         "guest pages per node {pages:?}, want 32 on node 1"
     );
-    let code = env.shutdown(&vm)?;
-    ensure!(
-        code == 0,
-        "exit {code} after shutdown; stderr: {}",
-        vm.stderr()
-    );
+    env.shutdown_ok(&vm)?;
     Ok(())
 }
 

@@ -128,12 +128,7 @@ pub fn two_cells_on_two_nodes(env: &Env) -> Outcome {
     check_vcpu_threads(&vm, &plan)?;
     let seen = check_residency(env, &vm, &plan, 2048)?;
     ensure!(seen.len() == 2, "pages on {} node(s)", seen.len());
-    let code = env.shutdown(&vm)?;
-    ensure!(
-        code == 0,
-        "exit {code} after shutdown; stderr: {}",
-        vm.stderr()
-    );
+    env.shutdown_ok(&vm)?;
     Ok(())
 }
 
@@ -193,12 +188,7 @@ pub fn vm_on_node1_only(env: &Env) -> Outcome {
         emu_thread.cpus
     );
     check_residency(env, &vm, &plan, 2048)?;
-    let code = env.shutdown(&vm)?;
-    ensure!(
-        code == 0,
-        "exit {code} after shutdown; stderr: {}",
-        vm.stderr()
-    );
+    env.shutdown_ok(&vm)?;
     Ok(())
 }
 
@@ -255,12 +245,7 @@ pub fn one_gig_pages_per_node(env: &Env) -> Outcome {
         seen == BTreeMap::from([(0, 1), (1, 1)]),
         "1 GiB pages per node {seen:?}, want one on each"
     );
-    let code = env.shutdown(&vm)?;
-    ensure!(
-        code == 0,
-        "exit {code} after shutdown; stderr: {}",
-        vm.stderr()
-    );
+    env.shutdown_ok(&vm)?;
     Ok(())
 }
 
@@ -432,12 +417,7 @@ pub fn four_cells_on_four_nodes(env: &Env) -> Outcome {
     )?;
     check_vcpu_threads(&vm, &plan)?;
     check_residency(env, &vm, &plan, 2048)?;
-    let code = env.shutdown(&vm)?;
-    ensure!(
-        code == 0,
-        "exit {code} after shutdown; stderr: {}",
-        vm.stderr()
-    );
+    env.shutdown_ok(&vm)?;
     Ok(())
 }
 
@@ -489,12 +469,7 @@ pub fn memory_spans_nodes_without_passthrough(env: &Env) -> Outcome {
         seen == BTreeMap::from([(0, 50), (1, 30)]),
         "pages per node {seen:?}, want 50 on node0 and 30 on node1"
     );
-    let code = env.shutdown(&vm)?;
-    ensure!(
-        code == 0,
-        "exit {code} after shutdown; stderr: {}",
-        vm.stderr()
-    );
+    env.shutdown_ok(&vm)?;
     Ok(())
 }
 
@@ -525,12 +500,7 @@ pub fn memory_split_by_vcpus_without_passthrough(env: &Env) -> Outcome {
         seen == BTreeMap::from([(0, 64), (1, 32)]),
         "pages per node {seen:?}, want 64 (128 MiB) on node0 and 32 (64 MiB) on node1"
     );
-    let code = env.shutdown(&vm)?;
-    ensure!(
-        code == 0,
-        "exit {code} after shutdown; stderr: {}",
-        vm.stderr()
-    );
+    env.shutdown_ok(&vm)?;
     Ok(())
 }
 
@@ -551,11 +521,6 @@ pub fn realtime_vcpus_run_fifo(env: &Env) -> Outcome {
             t.tid
         );
     }
-    let code = env.shutdown(&vm)?;
-    ensure!(
-        code == 0,
-        "exit {code} after shutdown; stderr: {}",
-        vm.stderr()
-    );
+    env.shutdown_ok(&vm)?;
     Ok(())
 }

@@ -191,6 +191,18 @@ impl Env {
         self.wait(vm.pid)
     }
 
+    /// Asks a running VM to stop and fails unless it exits 0.
+    pub fn shutdown_ok(&self, vm: &Running) -> Result<(), String> {
+        let code = self.shutdown(vm)?;
+        if code != 0 {
+            return Err(format!(
+                "exit {code} after shutdown; stderr: {}",
+                vm.stderr()
+            ));
+        }
+        Ok(())
+    }
+
     /// Waits for a background VM to end and returns its exit status.
     pub fn wait(&self, pid: u32) -> Result<i32, String> {
         let deadline = Instant::now() + COMMAND_LIMIT;
