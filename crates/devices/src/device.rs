@@ -4,10 +4,10 @@
 //! queue at a time when it is notified. A device never sees a register; it offers features,
 //! a configuration space and the processing of its queues.
 
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 
-use crate::chain::ChainError;
+use crate::chain::{Chain, ChainError, ChainLimits};
 
 /// A device failure caused by the guest (malformed queues or requests). The transport puts
 /// the device into NEEDS_RESET and logs it once.
@@ -49,6 +49,31 @@ impl DeviceError {
     pub fn queue(queue: usize) -> impl FnOnce(virtio_queue::Error) -> DeviceError {
         move |source| DeviceError::Queue { queue, source }
     }
+}
+
+/// Serves every available chain of a device's only queue (index 0) with `serve`, which
+/// returns the bytes written into the chain; `Ok(true)` when any chain was used. Chains are
+/// checked against `limits` before `serve` sees them.
+pub(crate) fn serve_single_queue(
+    index: usize,
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    limits: &ChainLimits,
+    mut serve: impl FnMut(&Chain, &GuestMemoryMmap) -> Result<u32, ChainError>,
+) -> Result<bool, DeviceError> {
+    if index != 0 {
+        return Err(DeviceError::NoSuchQueue { queue: index });
+    }
+    let mut used = false;
+    while let Some(desc) = queue.iter(mem).map_err(DeviceError::queue(0))?.next() {
+        let chain = Chain::parse(desc, limits).map_err(DeviceError::chain(0))?;
+        let len = serve(&chain, mem).map_err(DeviceError::chain(0))?;
+        queue
+            .add_used(mem, chain.head, len)
+            .map_err(DeviceError::queue(0))?;
+        used = true;
+    }
+    Ok(used)
 }
 
 /// A virtio device behind a transport.

@@ -2,11 +2,11 @@
 
 use tracing::warn;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 use crate::chain::{Chain, ChainError, ChainLimits};
-use crate::device::{DeviceError, VirtioDevice};
+use crate::device::{serve_single_queue, DeviceError, VirtioDevice};
 use crate::sys::getrandom;
 
 /// Size of the request queue.
@@ -110,19 +110,7 @@ impl VirtioDevice for Rng {
         queue: &mut Queue,
         mem: &GuestMemoryMmap,
     ) -> Result<bool, DeviceError> {
-        if index != 0 {
-            return Err(DeviceError::NoSuchQueue { queue: index });
-        }
-        let mut used = false;
-        while let Some(desc) = queue.iter(mem).map_err(DeviceError::queue(0))?.next() {
-            let chain = Chain::parse(desc, &LIMITS).map_err(DeviceError::chain(0))?;
-            let len = self.serve(&chain, mem).map_err(DeviceError::chain(0))?;
-            queue
-                .add_used(mem, chain.head, len)
-                .map_err(DeviceError::queue(0))?;
-            used = true;
-        }
-        Ok(used)
+        serve_single_queue(index, queue, mem, &LIMITS, |c, m| self.serve(c, m))
     }
 }
 
