@@ -16,13 +16,15 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tb="${VMHOST_TESTBED_DIR:-$root/target/testbed}"
 out="$tb/guest"
 debs="$tb/debs"
+# shellcheck source=testbed/modules.sh
+source "$root/testbed/modules.sh"
 die() { echo "testbed/build-guest: $*" >&2; exit 1; }
 
 bash "$root/crates/boot/scripts/fetch-test-kernel.sh" >/dev/null
 kdir="${VMHOST_TEST_KERNEL_DIR:-$root/target/test-kernel}"
 kpkg="$(cat "$kdir/VERSION")"
 modules=(evdev button pvpanic-mmio)
-inputs="$kpkg busybox-static ${modules[*]} $(cat "$root/testbed/guest/init" "$0" | sha256sum | cut -c1-16)"
+inputs="$kpkg busybox-static ${modules[*]} $(cat "$root/testbed/guest/init" "$0" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
 mkdir -p "$out"
 qemu_bundle() { # this machine's QEMU, its libraries and firmware, for the emulated host
     local q d="$out/qemu"
@@ -52,20 +54,9 @@ bdeb="$(ls "$debs"/busybox-static_*.deb 2>/dev/null | head -n 1 || true)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 dpkg-deb -x "$kdeb" "$work/kernel"
-kver="$(ls "$work/kernel/lib/modules" | head -n 1)"
-depmod -b "$work/kernel" "$kver"
 rootfs="$work/rootfs"
 mkdir -p "$rootfs"/{bin,dev,proc,sys,tmp,etc,lib/modules}
-: > "$rootfs/lib/modules/order"
-for m in "${modules[@]}"; do
-    modprobe -d "$work/kernel" -S "$kver" --show-depends "$m" | while read -r kind path _; do
-        [[ "$kind" == insmod ]] || continue
-        name="$(basename "$path")"
-        grep -qx "$name" "$rootfs/lib/modules/order" && continue
-        cp "$path" "$rootfs/lib/modules/$name"
-        echo "$name" >> "$rootfs/lib/modules/order"
-    done
-done
+copy_modules "$work/kernel" "$rootfs" "${modules[@]}"
 dpkg-deb -x "$bdeb" "$work/busybox"
 cp "$work/busybox/bin/busybox" "$rootfs/bin/busybox"
 install -m 0755 "$root/testbed/guest/init" "$rootfs/init"

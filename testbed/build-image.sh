@@ -15,6 +15,8 @@ img="$tb/image"
 debs="$tb/debs"
 mkdir -p "$img" "$debs"
 
+# shellcheck source=testbed/modules.sh
+source "$root/testbed/modules.sh"
 die() { echo "testbed/build-image: $*" >&2; exit 1; }
 for tool in apt-get dpkg-deb depmod modprobe python3; do
     command -v "$tool" >/dev/null || die "$tool not found: apt-get install kmod dpkg python3"
@@ -31,7 +33,7 @@ fi
 [[ -n "$kpkg" ]] || die "no linux-image-6.1.0-*-amd64 package known to apt (run apt-get update)"
 
 modules=(kvm-amd 9p 9pnet_virtio virtio_pci virtio_blk virtio_net virtio_console tun vhost_vsock vhost_net)
-inputs="$kpkg busybox-static numactl libnuma1 ${modules[*]} $(sha256sum "$root/testbed/init" | cut -c1-16)"
+inputs="$kpkg busybox-static numactl libnuma1 ${modules[*]} $(cat "$root/testbed/init" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
 if [[ -s "$img/initramfs.cpio" && -s "$img/bzImage" && "$(cat "$img/VERSION" 2>/dev/null)" == "$inputs" ]]; then
     echo "testbed image up to date in $img ($kpkg)"
     exit 0
@@ -56,18 +58,7 @@ cp "$kroot"/boot/vmlinuz-* "$img/bzImage.tmp"
 
 rootfs="$work/rootfs"
 mkdir -p "$rootfs"/{bin,sbin,dev,proc,sys,run,tmp,mnt,etc,lib/modules,lib64,lib/x86_64-linux-gnu,usr/bin}
-# Modules in load order: modprobe resolves the dependencies from a depmod run on the package.
-depmod -b "$kroot" "$kver"
-: > "$rootfs/lib/modules/order"
-for m in "${modules[@]}"; do
-    modprobe -d "$kroot" -S "$kver" --show-depends "$m" | while read -r kind path _; do
-        [[ "$kind" == insmod ]] || continue
-        name="$(basename "$path")"
-        grep -qx "$name" "$rootfs/lib/modules/order" && continue
-        cp "$path" "$rootfs/lib/modules/$name"
-        echo "$name" >> "$rootfs/lib/modules/order"
-    done
-done
+copy_modules "$kroot" "$rootfs" "${modules[@]}"
 echo "modules: $(tr '\n' ' ' < "$rootfs/lib/modules/order")"
 
 bb="$work/busybox"
