@@ -132,13 +132,8 @@ impl DiskImage {
         if !self.direct || aligned(offset, buf) {
             return self.file.read_exact_at(buf, offset);
         }
-        let (start, end) = widen(offset, buf.len())?;
-        self.grow_scratch(end - start)?;
-        let len = to_usize(end - start)?;
-        let scratch = &mut self.scratch.as_mut_slice()[..len];
-        self.file.read_exact_at(scratch, start)?;
-        let skip = to_usize(offset - start)?;
-        buf.copy_from_slice(&scratch[skip..skip + buf.len()]);
+        let (_, skip, _) = self.read_window(offset, buf.len())?;
+        buf.copy_from_slice(&self.scratch.as_mut_slice()[skip..skip + buf.len()]);
         Ok(())
     }
 
@@ -147,14 +142,21 @@ impl DiskImage {
         if !self.direct || aligned(offset, buf) {
             return self.file.write_all_at(buf, offset);
         }
-        let (start, end) = widen(offset, buf.len())?;
-        self.grow_scratch(end - start)?;
-        let len = to_usize(end - start)?;
+        let (start, skip, len) = self.read_window(offset, buf.len())?;
         let scratch = &mut self.scratch.as_mut_slice()[..len];
-        self.file.read_exact_at(scratch, start)?;
-        let skip = to_usize(offset - start)?;
         scratch[skip..skip + buf.len()].copy_from_slice(buf);
         self.file.write_all_at(scratch, start)
+    }
+
+    /// Reads the whole blocks around `n` bytes at `offset` into the scratch buffer (for
+    /// unaligned direct I/O): their start offset, where `offset` lies in them, and their length.
+    fn read_window(&mut self, offset: u64, n: usize) -> io::Result<(u64, usize, usize)> {
+        let (start, end) = widen(offset, n)?;
+        self.grow_scratch(end - start)?;
+        let len = to_usize(end - start)?;
+        self.file
+            .read_exact_at(&mut self.scratch.as_mut_slice()[..len], start)?;
+        Ok((start, to_usize(offset - start)?, len))
     }
 
     /// `fdatasync(2)`: makes written data durable.
