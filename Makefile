@@ -1,7 +1,7 @@
 # vmhost: `make run` runs the main job on the embedded quickstart spec; `make test` runs every test.
 CARGO ?= cargo
 
-.PHONY: setup run test testbed lint bench
+.PHONY: setup run test testbed bench-testbed lint bench
 
 setup:
 	bash scripts/setup.sh
@@ -18,6 +18,11 @@ test: setup
 testbed: setup
 	bash crates/boot/scripts/fetch-test-kernel.sh
 	bash testbed/run.sh
+
+# The emulated host's benchmarks against QEMU (docs/benchmarks.md); not part of `make test`.
+bench-testbed: setup
+	bash crates/boot/scripts/fetch-test-kernel.sh
+	bash testbed/run.sh bench
 
 lint: setup
 	$(CARGO) fmt --all -- --check

@@ -20,11 +20,9 @@ use crate::{ensure, Outcome};
 
 /// Runs of each VMM.
 const RUNS: usize = 5;
-/// The target for vmhost's spawn → `/init` as a fraction of QEMU's: reported, not
-/// asserted (the emulated host's noise moves the ratio by ±0.05 between runs, around 0.8).
+/// The target for vmhost's spawn → `/init` as a fraction of QEMU's: reported, never
+/// asserted (a benchmark fails only when a boot fails; timings are not test outcomes).
 const TARGET_RATIO: f64 = 0.8;
-/// What the test asserts: vmhost is not slower than QEMU (a debug vmhost is, at 1.06).
-const LIMIT_RATIO: f64 = 1.0;
 /// The longest one boot may take.
 const LIMIT: Duration = Duration::from_secs(100);
 
@@ -103,10 +101,17 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// vmhost reaches the guest's `/init` sooner than QEMU, same kernel, initramfs, vCPUs and
-/// memory, in the same emulated host; prints the ratio against the 0.8 target.
+/// Times vmhost and QEMU from spawn to the guest's `/init`, same kernel, initramfs, vCPUs and
+/// memory, in the same emulated host; prints both, the ratio and the 0.8 target.
 pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
     let a = assets(env)?;
+    for p in [&a.qemu, &a.vmhost_release] {
+        ensure!(
+            p.exists(),
+            "benchmark asset {} missing (testbed/run.sh bench copies it)",
+            p.display()
+        );
+    }
     host::set_2m_pools(&[128, 0])?;
     let spec = env.spec(
         "linbench",
@@ -181,10 +186,5 @@ pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
         "not met"
     };
     println!("     target vmhost <= {TARGET_RATIO} x QEMU: {target}");
-    let faster = ratio.total_cmp(&LIMIT_RATIO).is_le();
-    ensure!(
-        faster,
-        "vmhost took {v:.2} s to /init, QEMU {q:.2} s: ratio {ratio:.2}, more than {LIMIT_RATIO}"
-    );
     Ok(())
 }
