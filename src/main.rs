@@ -43,6 +43,7 @@ fn main() -> ExitCode {
     timeline::mark_main();
     // Before any thread exists (it sets an environment variable).
     vmhost_topology::skip_unneeded_hwloc_plugins();
+    init_logging();
     let cli = Cli::parse();
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
@@ -63,6 +64,19 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// Diagnostics (`tracing` events of every crate) go to stderr: warnings and errors by default,
+/// more with `VMHOST_LOG` (an `EnvFilter` directive such as `info` or `vmhost_devices=debug`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("VMHOST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .try_init();
 }
 
 fn run(cli: &Cli) -> Result<u8> {
