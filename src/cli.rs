@@ -37,6 +37,11 @@ pub struct Cli {
     /// (logged); by default such an access stops the VM.
     #[arg(long)]
     pub ignore_unknown_access: bool,
+    /// When guest RAM is faulted in on its nodes: every page before the guest's first
+    /// instruction (`before-start`, the default), or by the same pinned workers while the guest
+    /// boots (`background`: a faster start; the audit is read when they are done).
+    #[arg(long, value_enum, default_value_t = PrefaultArg::BeforeStart)]
+    pub prefault: PrefaultArg,
     /// What to do.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -195,5 +200,23 @@ fn finite_ratio(s: &str) -> Result<f64, String> {
         Ok(r)
     } else {
         Err(format!("{s:?} is not a finite number; write e.g. 1.2"))
+    }
+}
+
+/// `--prefault`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrefaultArg {
+    /// Every page before the guest starts.
+    BeforeStart,
+    /// While the guest boots.
+    Background,
+}
+
+impl From<PrefaultArg> for vmhost_memory::PrefaultTiming {
+    fn from(arg: PrefaultArg) -> Self {
+        match arg {
+            PrefaultArg::BeforeStart => vmhost_memory::PrefaultTiming::BeforeStart,
+            PrefaultArg::Background => vmhost_memory::PrefaultTiming::Background,
+        }
     }
 }

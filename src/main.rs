@@ -1,5 +1,6 @@
 //! The `vmhost` binary: CLI and orchestration of spec → plan → apply → run → audit.
 
+mod background;
 mod cli;
 mod control;
 mod enforce;
@@ -251,6 +252,7 @@ fn cmd_run(cli: &Cli) -> Result<u8> {
         cgroup: cli.cgroup.clone().or_else(|| spec.spec.cgroup.clone()),
         cgroup_memory_limit: cli.cgroup_memory_limit,
         run_dir,
+        prefault: cli.prefault.into(),
     };
     run::run(&spec.spec, &plan, &admission, &run_opts, timeline)
 }

@@ -8,7 +8,7 @@ use vmhost_topology::cpulist;
 use vmhost_vcpu::ThreadPlacement;
 
 /// The start-up table: vCPU → thread → PU → node, the other threads, guest cells → residency.
-pub fn placement_table(plan: &Plan, audit: &Audit, threads: &[ThreadPlacement]) -> String {
+pub fn placement_table(plan: &Plan, audit: Option<&Audit>, threads: &[ThreadPlacement]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -50,6 +50,23 @@ pub fn placement_table(plan: &Plan, audit: &Audit, threads: &[ThreadPlacement]) 
             ""
         }
     );
+    match audit {
+        Some(audit) => s.push_str(&residency_table(plan, audit)),
+        None => {
+            let _ = writeln!(
+                s,
+                "  guest RAM: prefaulting in the background (--prefault background); residency \
+                 follows when it is done"
+            );
+        }
+    }
+    s
+}
+
+/// Each guest cell's host node(s), size, page size and where its pages sit per the audit,
+/// then the audit's violations.
+pub fn residency_table(plan: &Plan, audit: &Audit) -> String {
+    let mut s = String::new();
     let _ = writeln!(s, "  cell  host node  memory     page   residency");
     for c in &plan.guest_cells {
         let regions: Vec<_> = audit.regions.iter().filter(|r| r.cell == c.cell).collect();

@@ -14,9 +14,12 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use vmhost_api::ServerLimits;
 use vmhost_config::{BootSpec, Payload, VmSpec};
-use vmhost_memory::{Audit, GuestMemory, MemoryError, MemoryOptions, PrefaultError};
+use vmhost_memory::{
+    Audit, GuestMemory, MemoryError, MemoryOptions, PrefaultError, PrefaultTiming,
+};
 use vmhost_plan::Plan;
 
+use crate::background::Background;
 use crate::control::Control;
 use crate::enforce::{Enforcement, EXIT_LIMIT};
 use crate::output::placement_table;
@@ -44,12 +47,16 @@ pub struct RunOptions {
     pub cgroup_memory_limit: Option<u64>,
     /// The ledger's run directory (released on the memory-limit exit path).
     pub run_dir: PathBuf,
+    /// When guest RAM is faulted in: before the guest starts, or while it boots.
+    pub prefault: PrefaultTiming,
 }
 
 /// What `vmhost --json` prints.
 #[derive(Debug, Serialize)]
 struct RunOutput<'a> {
     plan: &'a Plan,
+    /// When guest RAM was faulted in (`before-start` or `background`).
+    prefault: PrefaultTiming,
     audit: &'a Audit,
     start: Vec<ThreadPlacement>,
     timeline: Timeline,
@@ -84,26 +91,37 @@ pub fn run(
     };
     // After the pinning: the signal thread inherits the emulator PUs.
     let signals = StopSignals::start().context("starting the signal thread")?;
-    let Some(memory) = guest_memory(plan, enforcement.as_deref(), &signals)? else {
+    let Some(mut memory) = guest_memory(plan, enforcement.as_deref(), &signals, opts.prefault)?
+    else {
         eprintln!(
             "vmhost: VM {}: stopped by a signal while its guest memory was set up",
             plan.name
         );
         return Ok(stopped_before_start(plan));
     };
-    if let Some(e) = &enforcement {
-        e.narrow_after_prefault()?;
+    let background = Background::start(&mut memory, plan, enforcement.as_ref(), !opts.json)
+        .context("starting the background prefault")?;
+    if background.is_none() {
+        if let Some(e) = &enforcement {
+            e.narrow_after_prefault()?;
+        }
+        timeline.memory_ready_ns = now_ns();
     }
     admission.running()?;
-    timeline.memory_ready_ns = now_ns();
+    // With a background prefault this shows the layout and what is faulted in so far; the
+    // report's audit is the one read when the prefault ended.
     let audit = memory.audit().context("auditing guest memory residency")?;
     let started: Arc<Mutex<(Vec<ThreadPlacement>, u64)>> = Arc::default();
     let hook = {
-        let (plan, audit, started, json) =
-            (plan.clone(), audit.clone(), Arc::clone(&started), opts.json);
+        let (plan, audit, started, json) = (
+            plan.clone(),
+            background.is_none().then(|| audit.clone()),
+            Arc::clone(&started),
+            opts.json,
+        );
         StartHook(Arc::new(move |threads: &[ThreadPlacement]| {
             if !json {
-                print!("{}", placement_table(&plan, &audit, threads));
+                print!("{}", placement_table(&plan, audit.as_ref(), threads));
             }
             if let Ok(mut s) = started.lock() {
                 *s = (threads.to_vec(), now_ns());
@@ -125,18 +143,31 @@ pub fn run(
     timeline.vm_created_ns = now_ns();
     let api = serve_api(spec, plan, &audit, &vm, enforcement.as_ref(), opts)?;
     signals.attach(vm.stop_handle());
+    if let Some(bg) = &background {
+        bg.attach(vm.stop_handle());
+    }
     move_kvm_workers_off_vcpu_pus(plan);
     let report = vm.run()?;
     let overhead = crate::overhead::measure(plan, sec_at_start);
     drop(api);
+    // Cancels and joins a background prefault still running.
     drop(vm);
     drop(enforcement);
-    let code = exit_code(&report);
+    let mut code = exit_code(&report);
+    let mut audit = audit;
+    if let Some(outcome) = background.as_ref().map(Background::outcome) {
+        timeline.memory_ready_ns = outcome.done_ns;
+        audit = outcome.audit.unwrap_or(audit);
+        if outcome.error.is_some() {
+            code = 1;
+        }
+    }
     if opts.json {
         let (start, runnable) = started.lock().map(|s| s.clone()).unwrap_or_default();
         timeline.vcpus_runnable_ns = runnable;
         let out = RunOutput {
             plan,
+            prefault: opts.prefault,
             audit: &audit,
             start,
             timeline,
@@ -185,8 +216,12 @@ fn guest_memory(
     plan: &Plan,
     enforcement: Option<&Enforcement>,
     signals: &StopSignals,
+    timing: PrefaultTiming,
 ) -> Result<Option<GuestMemory>> {
-    let mut options = MemoryOptions::default();
+    let mut options = MemoryOptions {
+        timing,
+        ..MemoryOptions::default()
+    };
     options.prefault.cancel = Some(signals.cancel_flag());
     match GuestMemory::new(plan, &options) {
         Ok(m) => Ok(Some(m)),

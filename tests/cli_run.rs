@@ -147,6 +147,66 @@ fn touch_on_hugepages_is_resident_on_the_bound_node() {
 }
 
 #[test]
+fn background_prefault_lets_the_guest_start_first_and_ends_resident_on_the_bound_node() {
+    if !need_kvm("background_prefault") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_pool();
+    if !need_pages("background_prefault", PAGE_2M, 32) {
+        return;
+    }
+    let before = pool(PAGE_2M);
+    let dir = tmp("bgprefault");
+    let spec = dir.join("vm.toml");
+    std::fs::write(
+        &spec,
+        "name = \"bgpf\"\n[cpu]\ncores = 2\ndedicated_cpu_placement = true\n[memory]\nguest = \"64Mi\"\nhugepages = { page_size = \"2Mi\" }\n",
+    )
+    .unwrap();
+    let run = |json: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_vmhost"));
+        c.args(["--prefault", "background", "--run-dir"])
+            .arg(dir.join("run"))
+            .arg("--config")
+            .arg(&spec);
+        if json {
+            c.arg("--json");
+        }
+        c.output().unwrap()
+    };
+    // Text: the start-up table leaves residency to the prefault's own report (which may come
+    // first: 64 MiB takes milliseconds here), the residency read back when the workers were done.
+    let o = run(false);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("guest RAM: prefaulting in the background"),
+        "{out}"
+    );
+    let done = out
+        .find("VM bgpf: guest RAM prefaulted in the background in")
+        .expect(&out);
+    let residency = out[done..].lines().nth(2).unwrap_or_default();
+    assert!(residency.ends_with("node0 100.0%"), "{out}");
+    assert_eq!(pool(PAGE_2M), before, "hugepages released");
+    // JSON: the audit is the one read at the end of the prefault: every page on node 0.
+    let o = run(true);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let j: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["prefault"], "background");
+    let r = &j["audit"]["regions"][0];
+    assert_eq!(r["pages_by_node"]["0"], 32, "{r}");
+    assert_eq!(r["pages_not_present"], 0, "{r}");
+    assert!(r["violations"].as_array().unwrap().is_empty(), "{r}");
+    assert!(j["timeline"]["memory_ready_ns"].as_u64().unwrap() > 0);
+    for v in j["report"]["vcpus"].as_array().unwrap() {
+        assert_eq!(v["result"]["bytes"], 64u64 << 20, "{v}");
+    }
+    assert_eq!(pool(PAGE_2M), before, "hugepages released");
+}
+
+#[test]
 fn guest_cpuid_describes_a_topology_larger_than_the_host() {
     if !need_kvm("guest_cpuid_describes_a_topology_larger_than_the_host") {
         return;

@@ -181,8 +181,9 @@ pub enum BackingError {
     },
 }
 
-/// One mapped, bound region of a guest cell.
-#[derive(Debug)]
+/// One mapped, bound region of a guest cell. Clones share the mapping, which is unmapped when
+/// the last of them is dropped.
+#[derive(Debug, Clone)]
 pub struct MappedRegion {
     /// Where it sits in the guest.
     pub layout: LayoutRegion,

@@ -12,7 +12,9 @@
 //! 2. **allocate** ([`backing`]): backing files are created and mapped, reserving hugepages;
 //! 3. **bind**: each mapping gets `mbind(MPOL_BIND, node)` before its first touch (or the
 //!    [`PolicyOverride`] of [`MemoryOptions::policy_override`], e.g. `MPOL_INTERLEAVE`);
-//! 4. **prefault** ([`prefault`]): pinned workers on each cell's node fault every page in.
+//! 4. **prefault** ([`prefault`]): pinned workers on each cell's node fault every page in —
+//!    before `new` returns, or, with [`PrefaultTiming::Background`], on a thread started by
+//!    [`GuestMemory::start_background_prefault`] while the guest boots ([`background`]).
 //!
 //! If a step fails, everything allocated so far is released before the error is returned (all
 //! resources are owned values, dropped on the error path). [`GuestMemory::audit`] then reads
@@ -58,6 +60,7 @@
 #![warn(missing_docs)]
 
 pub mod audit;
+pub mod background;
 pub mod backing;
 pub mod host;
 pub mod layout;
@@ -77,6 +80,7 @@ use vm_memory::{GuestMemoryMmap, GuestRegionCollectionError};
 use vmhost_plan::{Backing, Plan};
 
 pub use audit::{Audit, AuditError, RegionAudit, Violation};
+pub use background::{BackgroundDone, OnDone, PrefaultTiming};
 pub use backing::{BackingError, MappedRegion};
 pub use host::{Admission, AdmissionError, HostState};
 pub use layout::{GuestLayout, LayoutError, LayoutRegion, MMIO_HOLE_END, MMIO_HOLE_START};
@@ -150,6 +154,9 @@ pub enum MemoryError {
 pub struct MemoryOptions {
     /// Prefault settings.
     pub prefault: PrefaultOptions,
+    /// Whether [`GuestMemory::new`] prefaults, or leaves it to
+    /// [`GuestMemory::start_background_prefault`] (default: before the start).
+    pub timing: PrefaultTiming,
     /// Where the host's sysfs is read (default `/sys`).
     pub host: HostState,
     /// The guest-physical hole below 4 GiB kept free of RAM (default
@@ -164,6 +171,7 @@ impl Default for MemoryOptions {
     fn default() -> Self {
         MemoryOptions {
             prefault: PrefaultOptions::default(),
+            timing: PrefaultTiming::default(),
             host: HostState::default(),
             mmio_hole: MMIO_HOLE_START..MMIO_HOLE_END,
             policy_override: None,
@@ -174,9 +182,15 @@ impl Default for MemoryOptions {
 /// Guest RAM of one VM: mapped, bound, prefaulted; released on drop.
 #[derive(Debug)]
 pub struct GuestMemory {
+    // First: a background prefault is cancelled and joined before anything else goes.
+    background: Option<background::BackgroundPrefault>,
+    /// Set while a background prefault is still to be started.
+    deferred: Option<PrefaultOptions>,
+    name: String,
     memory: GuestMemoryMmap,
     layout: GuestLayout,
     regions: Vec<MappedRegion>,
+    targets: Vec<background::OwnedTarget>,
     hugetlb: bool,
     policy: Option<PolicyOverride>,
     admission: Admission,
@@ -214,8 +228,37 @@ fn allocate(plan: &Plan, layout: &GuestLayout) -> Result<Vec<MappedRegion>, Back
     Ok(regions)
 }
 
+/// The prefault targets of `regions`: one per cell, or per host-node part of a cell bound to
+/// several nodes, each with its node's CPUs.
+fn prefault_targets(plan: &Plan, regions: &[MappedRegion]) -> Vec<background::OwnedTarget> {
+    let mut cells: Vec<_> = plan.guest_cells.iter().collect();
+    cells.sort_by_key(|c| c.cell);
+    let mut targets = Vec::with_capacity(cells.len());
+    let mut at = 0;
+    // Regions are in GPA order and cells are laid out in cell order, each cell's parts
+    // (one per host node) in order, so each part's regions are the next run of the slice;
+    // its workers run on its own node's CPUs.
+    for c in cells {
+        for part in c.memory_parts() {
+            let n = regions[at..]
+                .iter()
+                .take_while(|r| r.layout.cell == c.cell && r.layout.host_node == part.host_node)
+                .count();
+            targets.push(background::OwnedTarget {
+                cell: c.cell,
+                regions: at..at + n,
+                cpus: part.prefault_cpus.to_vec(),
+            });
+            at += n;
+        }
+    }
+    targets
+}
+
 impl GuestMemory {
-    /// Allocates, binds and prefaults the guest memory of `plan`.
+    /// Allocates, binds and prefaults the guest memory of `plan` (with
+    /// [`PrefaultTiming::Background`]: allocates and binds; see
+    /// [`start_background_prefault`](Self::start_background_prefault)).
     ///
     /// Fails before allocating anything when the plan does not fit the host as it is now
     /// (pools, nodes, page sizes, hugetlbfs mount, page multiples); on a later failure all
@@ -240,46 +283,69 @@ impl GuestMemory {
                 .try_for_each(|r| backing::apply_policy(r, opts.policy_override.as_ref()))
         })
         .map_err(|source| MemoryError::Backing { vm: vm(), source })?;
-        let mut cells: Vec<_> = plan.guest_cells.iter().collect();
-        cells.sort_by_key(|c| c.cell);
-        let mut targets = Vec::with_capacity(cells.len());
-        let mut rest: &[MappedRegion] = &regions;
-        // Regions are in GPA order and cells are laid out in cell order, each cell's parts
-        // (one per host node) in order, so each part's regions are the next run of the slice;
-        // its workers run on its own node's CPUs.
-        for c in cells {
-            for part in c.memory_parts() {
-                let n = rest
-                    .iter()
-                    .take_while(|r| r.layout.cell == c.cell && r.layout.host_node == part.host_node)
-                    .count();
-                let (mine, tail) = rest.split_at(n);
-                targets.push(prefault::CellTarget {
-                    cell: c.cell,
-                    regions: mine,
-                    cpus: part.prefault_cpus,
-                });
-                rest = tail;
+        let targets = prefault_targets(plan, &regions);
+        let (stats, deferred) = match opts.timing {
+            PrefaultTiming::BeforeStart => {
+                let borrowed = background::borrow_targets(&targets, &regions);
+                let stats = timed(&mut timings, Step::Prefault, || {
+                    prefault::prefault(&borrowed, &opts.prefault)
+                })
+                .map_err(|source| MemoryError::Prefault { vm: vm(), source })?;
+                (stats, None)
             }
-        }
-        let stats = timed(&mut timings, Step::Prefault, || {
-            prefault::prefault(&targets, &opts.prefault)
-        })
-        .map_err(|source| MemoryError::Prefault { vm: vm(), source })?;
+            PrefaultTiming::Background => (
+                PrefaultStats {
+                    method: opts.prefault.method,
+                    cells: Vec::new(),
+                },
+                Some(opts.prefault.clone()),
+            ),
+        };
         let memory = GuestMemoryMmap::from_arc_regions(
             regions.iter().map(|r| Arc::clone(&r.region)).collect(),
         )
         .map_err(|source| MemoryError::Regions { vm: vm(), source })?;
         Ok(GuestMemory {
+            background: None,
+            deferred,
+            name: plan.name.clone(),
             memory,
             layout,
             regions,
+            targets,
             hugetlb: matches!(plan.backing, Backing::Hugetlb { .. }),
             policy: opts.policy_override.clone(),
             admission,
             prefault: stats,
             timings,
         })
+    }
+
+    /// Starts the prefault that [`PrefaultTiming::Background`] deferred, on a
+    /// `vmhost-prefault` thread; `on_done` runs there with the outcome and the residency audit
+    /// read right after it. Dropping the guest memory first cancels the workers and joins the
+    /// thread (`on_done` then gets [`PrefaultError::Cancelled`]). Returns `Ok(false)` when
+    /// there is nothing to start (the RAM was prefaulted by `new`, or this was called before).
+    pub fn start_background_prefault(&mut self, on_done: OnDone) -> Result<bool, MemoryError> {
+        let Some(options) = self.deferred.take() else {
+            return Ok(false);
+        };
+        let job = background::Job {
+            vm: self.name.clone(),
+            regions: self.regions.clone(),
+            targets: self.targets.clone(),
+            options,
+            hugetlb: self.hugetlb,
+            policy: self.policy.clone(),
+        };
+        let started = background::BackgroundPrefault::start(job, on_done).map_err(|source| {
+            MemoryError::Prefault {
+                vm: self.name.clone(),
+                source: PrefaultError::Spawn { cell: 0, source },
+            }
+        })?;
+        self.background = Some(started);
+        Ok(true)
     }
 
     /// The guest RAM, one region per layout region (one KVM memslot each).

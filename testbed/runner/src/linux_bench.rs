@@ -5,8 +5,9 @@
 //! QEMU is this machine's `qemu-system-x86_64 -enable-kvm -cpu host` with a direct kernel boot
 //! (SeaBIOS and an option ROM), copied in with its libraries by
 //! `testbed/build-guest.sh`; vmhost is a release build (`testbed/run.sh` builds one whatever
-//! the suite's profile). Both run from `/tmp` (tmpfs). Runs alternate (vmhost, QEMU, vmhost, ...); the medians are
-//! compared. Emulated timings are only meaningful as this ratio (docs/benchmarks.md).
+//! the suite's profile), once with its default `--prefault before-start` and once with
+//! `--prefault background`. All run from `/tmp` (tmpfs). Runs alternate (vmhost, vmhost
+//! background, QEMU, vmhost, ...); the medians are compared. Emulated timings are only meaningful as this ratio (docs/benchmarks.md).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -143,20 +144,28 @@ pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
             .arg(format!("{CMDLINE} vmhost.action=poweroff"));
         c
     };
-    let (mut vm, mut qm) = (Vec::new(), Vec::new());
+    let (mut vm, mut bg, mut qm) = (Vec::new(), Vec::new(), Vec::new());
     let (mut vk, mut qk, mut marker) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..RUNS {
-        let mut vmhost = Command::new(&a.vmhost_release);
-        vmhost
-            .arg("--run-dir")
+    let vmhost = |prefault: &str| {
+        let mut c = Command::new(&a.vmhost_release);
+        c.arg("--run-dir")
             .arg(&env.run_dir)
-            .arg("--config")
+            .args(["--prefault", prefault, "--config"])
             .arg(&spec);
-        let b = time_to_init(vmhost, "vmhost")?;
+        c
+    };
+    for _ in 0..RUNS {
+        let b = time_to_init(vmhost("before-start"), "vmhost")?;
         // vmhost's own timestamp of the guest's debug-port marker, on the run's clock.
         marker.extend(after(&b.out, "user space at "));
         vm.push(b.to_init);
         vk.push(b.kernel);
+        let b = time_to_init(vmhost("background"), "vmhost --prefault background")?;
+        ensure!(
+            b.out.contains("guest RAM prefaulted in the background"),
+            "vmhost --prefault background did not report its prefault"
+        );
+        bg.push(b.to_init);
         let b = time_to_init(qemu(), "qemu")?;
         qm.push(b.to_init);
         qk.push(b.kernel);
@@ -170,6 +179,8 @@ pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
     let paired: Vec<f64> = vm.iter().zip(&qm).map(|(v, q)| v / q).collect();
     let (v, q) = (median(&mut vm), median(&mut qm));
     let ratio = v / q;
+    let b = median(&mut bg);
+    let bg_ratio = b / q;
     println!(
         "     boot to /init (spawn -> GUEST-INIT, median of {RUNS}): vmhost {v:.2} s {vm:.2?}, \
          QEMU {q:.2} s {qm:.2?}, ratio {ratio:.2}; guest kernel uptime at /init: vmhost {:.2} s, \
@@ -180,11 +191,18 @@ pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
         median(&mut marker),
         median(&mut paired.clone())
     );
-    let target = if ratio.total_cmp(&TARGET_RATIO).is_le() {
-        "met"
-    } else {
-        "not met"
+    println!("     with --prefault background: vmhost {b:.2} s {bg:.2?}, ratio {bg_ratio:.2}");
+    let met = |r: f64| {
+        if r.total_cmp(&TARGET_RATIO).is_le() {
+            "met"
+        } else {
+            "not met"
+        }
     };
-    println!("     target vmhost <= {TARGET_RATIO} x QEMU: {target}");
+    println!(
+        "     target vmhost <= {TARGET_RATIO} x QEMU: {} (before-start), {} (background)",
+        met(ratio),
+        met(bg_ratio)
+    );
     Ok(())
 }

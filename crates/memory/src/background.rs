@@ -1,0 +1,146 @@
+//! Prefaulting while the guest already runs.
+//!
+//! By default ([`PrefaultTiming::BeforeStart`]) [`GuestMemory::new`](crate::GuestMemory::new)
+//! returns only once every page is faulted in on its node. With
+//! [`PrefaultTiming::Background`] it returns after the bind step, and
+//! [`GuestMemory::start_background_prefault`](crate::GuestMemory::start_background_prefault)
+//! runs the same pinned workers on a `vmhost-prefault` thread while the VMM goes on (creating
+//! the VM, loading the kernel, running the vCPUs). The guest's own first touches and the
+//! workers' populate calls race harmlessly: both fault pages in under the same `mbind` policy,
+//! and a populate call leaves pages that are already present alone. When the workers are done
+//! the thread audits residency and hands both to the caller's completion callback.
+//!
+//! The handle cancels the workers (after their chunk in progress) and joins the thread when it
+//! is dropped, before the guest RAM can be unmapped: the thread holds its own references to
+//! the mappings, so they stay valid while it runs either way.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::audit::{self, Audit};
+use crate::backing::MappedRegion;
+use crate::policy::PolicyOverride;
+use crate::prefault::{self, CellTarget, PrefaultOptions, PrefaultStats};
+use crate::MemoryError;
+
+/// When guest RAM is faulted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PrefaultTiming {
+    /// Every page before the guest's first instruction (the default): no fault ever happens
+    /// in the running guest, at the price of the start-up time of zeroing all of its RAM.
+    #[default]
+    BeforeStart,
+    /// Pinned workers fault the RAM in while the guest boots: a shorter start, and the same
+    /// end state (every page present on its node, audited) once the workers are done.
+    Background,
+}
+
+/// What the background prefault did, handed to the completion callback.
+#[derive(Debug, Clone)]
+pub struct BackgroundDone {
+    /// What the workers did.
+    pub stats: PrefaultStats,
+    /// Residency read back right after the workers finished.
+    pub audit: Audit,
+    /// Seconds from the start of the background prefault to its end.
+    pub seconds: f64,
+}
+
+/// The completion callback: the outcome of the prefault and its audit, or why it failed
+/// (including [`PrefaultError::Cancelled`](crate::PrefaultError::Cancelled) when the handle
+/// was dropped first).
+pub type OnDone = Box<dyn FnOnce(Result<BackgroundDone, MemoryError>) + Send>;
+
+/// One cell (or host-node part of a cell): its run of regions and the CPUs of its node.
+#[derive(Debug, Clone)]
+pub(crate) struct OwnedTarget {
+    pub(crate) cell: u32,
+    pub(crate) regions: std::ops::Range<usize>,
+    pub(crate) cpus: Vec<u32>,
+}
+
+/// Borrowed prefault targets over `regions`.
+pub(crate) fn borrow_targets<'a>(
+    targets: &'a [OwnedTarget],
+    regions: &'a [MappedRegion],
+) -> Vec<CellTarget<'a>> {
+    targets
+        .iter()
+        .map(|t| CellTarget {
+            cell: t.cell,
+            regions: &regions[t.regions.clone()],
+            cpus: &t.cpus,
+        })
+        .collect()
+}
+
+/// What the background thread needs, owned.
+pub(crate) struct Job {
+    pub(crate) vm: String,
+    pub(crate) regions: Vec<MappedRegion>,
+    pub(crate) targets: Vec<OwnedTarget>,
+    pub(crate) options: PrefaultOptions,
+    pub(crate) hugetlb: bool,
+    pub(crate) policy: Option<PolicyOverride>,
+}
+
+/// A running background prefault; dropping it cancels and joins it.
+#[derive(Debug)]
+pub(crate) struct BackgroundPrefault {
+    cancel: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl BackgroundPrefault {
+    /// Starts the `vmhost-prefault` thread for `job`; `on_done` runs on it at the end.
+    pub(crate) fn start(mut job: Job, on_done: OnDone) -> Result<Self, std::io::Error> {
+        let cancel = Arc::new(AtomicBool::new(false));
+        job.options.cancel = Some(Arc::clone(&cancel));
+        let thread = std::thread::Builder::new()
+            .name("vmhost-prefault".into())
+            .spawn(move || on_done(run(&job)))?;
+        Ok(BackgroundPrefault {
+            cancel,
+            thread: Some(thread),
+        })
+    }
+}
+
+fn run(job: &Job) -> Result<BackgroundDone, MemoryError> {
+    let start = Instant::now();
+    let targets = borrow_targets(&job.targets, &job.regions);
+    let stats =
+        prefault::prefault(&targets, &job.options).map_err(|source| MemoryError::Prefault {
+            vm: job.vm.clone(),
+            source,
+        })?;
+    let seconds = start.elapsed().as_secs_f64();
+    let regions: Vec<&MappedRegion> = job.regions.iter().collect();
+    let audit =
+        audit::audit_with_policy(&regions, job.hugetlb, job.policy.as_ref()).map_err(|source| {
+            MemoryError::Audit {
+                vm: job.vm.clone(),
+                source,
+            }
+        })?;
+    Ok(BackgroundDone {
+        stats,
+        audit,
+        seconds,
+    })
+}
+
+impl Drop for BackgroundPrefault {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            // A panicking worker is reported by `prefault` itself; the thread has no value.
+            let _ = thread.join();
+        }
+    }
+}
