@@ -137,6 +137,9 @@ pub fn run(
         },
         mask_for_nested_emulation: opts.mask_nested_cpuid,
         on_start: Some(hook),
+        // Scratch images (empty disks, cloud-init seeds) beside the ledger, in a directory only
+        // root may write, never under a predictable name in the world-writable /tmp.
+        device_dir: Some(opts.run_dir.clone()),
         ..Default::default()
     };
     let mut vm = Vm::new(plan, memory, options)?;
