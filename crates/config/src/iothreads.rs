@@ -62,6 +62,33 @@ impl IoThreadsSpec {
     }
 }
 
+impl crate::VmSpec {
+    /// PUs the supplemental I/O thread pool holds: `supplemental_pool_thread_count` with
+    /// dedicated placement (KubeVirt adds them to the dedicated CPU requests and pins each
+    /// pool thread to a PU of its own), else 0.
+    pub fn io_pus(&self) -> u32 {
+        if self.cpu.dedicated_cpu_placement {
+            self.io_threads.supplemental_pus()
+        } else {
+            0
+        }
+    }
+
+    /// PUs of the isolated emulator thread: 0 without isolation; 2 with even parity when the
+    /// vCPUs plus the supplemental pool's PUs are even in number (KubeVirt pins the pool
+    /// before the emulator, so its PUs count towards the parity); else 1.
+    pub fn emulator_pus(&self) -> u32 {
+        let cpu = &self.cpu;
+        if !cpu.isolate_emulator_thread {
+            0
+        } else if cpu.emulator_even_parity && (cpu.topology.vcpus() + self.io_pus()) % 2 == 0 {
+            2
+        } else {
+            1
+        }
+    }
+}
+
 /// Checks and resolves the I/O thread settings of `raw`.
 pub(crate) fn check_io_threads(c: &mut Checker<'_>, raw: &RawSpec) -> IoThreadsSpec {
     let policy = match raw.io_threads_policy.as_deref() {
@@ -130,11 +157,7 @@ pub(crate) fn check_io_threads(c: &mut Checker<'_>, raw: &RawSpec) -> IoThreadsS
     }
     IoThreadsSpec {
         policy,
-        supplemental_pool_thread_count: if supplemental {
-            count.unwrap_or(0)
-        } else {
-            0
-        },
+        supplemental_pool_thread_count: if supplemental { count.unwrap_or(0) } else { 0 },
         dedicated_disks,
     }
 }

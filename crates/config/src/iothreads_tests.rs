@@ -88,12 +88,22 @@ fn toml_io_thread_errors_name_the_field() {
         false,
     );
     assert!(
-        has(&e, "io_threads.supplemental_pool_thread_count", "0", "at least one thread"),
+        has(
+            &e,
+            "io_threads.supplemental_pool_thread_count",
+            "0",
+            "at least one thread"
+        ),
         "{e:?}"
     );
     let e = errors(&toml("io_threads_policy = \"dedicated\"", ""), false);
     assert!(
-        has(&e, "io_threads_policy", "\"dedicated\"", "not an I/O thread policy"),
+        has(
+            &e,
+            "io_threads_policy",
+            "\"dedicated\"",
+            "not an I/O thread policy"
+        ),
         "{e:?}"
     );
     assert!(e[0].fix.contains("supplementalPool"), "{e:?}");
@@ -149,7 +159,8 @@ spec:
 "#;
 
 fn vmi(policy: &str, dedicated: &str) -> String {
-    VMI.replace("POLICY", policy).replace("DEDICATED", dedicated)
+    VMI.replace("POLICY", policy)
+        .replace("DEDICATED", dedicated)
 }
 
 #[test]
@@ -186,7 +197,10 @@ fn kubevirt_io_thread_errors_use_kubevirt_field_names() {
         "{e:?}"
     );
     let text = vmi("", "dedicatedIOThread: true")
-        .replace("        - name: b\n", "        - name: b\n          cdrom: {}\n")
+        .replace(
+            "        - name: b\n",
+            "        - name: b\n          cdrom: {}\n",
+        )
         .replace("          disk: {bus: virtio}\n  volumes", "  volumes");
     let e = errors(&text, true);
     assert!(
@@ -200,7 +214,12 @@ fn kubevirt_io_thread_errors_use_kubevirt_field_names() {
     );
     let e = errors(&vmi("ioThreadsPolicy: everything", ""), true);
     assert!(
-        has(&e, "spec.domain.ioThreadsPolicy", "\"everything\"", "not an I/O thread policy"),
+        has(
+            &e,
+            "spec.domain.ioThreadsPolicy",
+            "\"everything\"",
+            "not an I/O thread policy"
+        ),
         "{e:?}"
     );
 }

@@ -10,7 +10,8 @@ use serde_yaml_ng::{Mapping, Value};
 mod devices;
 
 use crate::spec::{
-    RawCpu, RawHugepages, RawIoThreads, RawNuma, RawRealtime, RawReservedOverhead, RawResourceList, RawSpec,
+    RawCpu, RawHugepages, RawIoThreads, RawNuma, RawRealtime, RawReservedOverhead, RawResourceList,
+    RawSpec,
 };
 
 /// KubeVirt's annotation that gives the isolated emulator a second PU for even parity.
@@ -313,8 +314,7 @@ fn map_domain(w: &mut Walker, domain: &Mapping, spec: &mut RawSpec) -> Result<()
 fn map_io_threads(w: &mut Walker, m: &Mapping) -> Result<RawIoThreads, ConfigError> {
     let mut t = RawIoThreads::default();
     for (_, v) in w.take(m, "ioThreads.", &["supplementalPoolThreadCount"]) {
-        t.supplemental_pool_thread_count =
-            Some(w.u32(v, "ioThreads.supplementalPoolThreadCount")?);
+        t.supplemental_pool_thread_count = Some(w.u32(v, "ioThreads.supplementalPoolThreadCount")?);
     }
     Ok(t)
 }
