@@ -63,6 +63,9 @@ impl Limits {
     pub fn from_plan(plan: &Plan) -> Limits {
         let mut cpus: Vec<u32> = plan.vcpus.iter().filter_map(|v| v.host_cpu).collect();
         cpus.extend(&plan.emulator.host_cpus);
+        for t in &plan.devices.io_threads {
+            cpus.extend(&t.host_cpus);
+        }
         if plan.vcpus.iter().any(|v| v.host_cpu.is_none()) {
             cpus.extend(&plan.floating_cpus);
         }
