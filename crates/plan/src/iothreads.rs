@@ -225,6 +225,33 @@ pub fn place(
     None
 }
 
+/// What slot `slot` of `d` holds, for people: `disk a`, `interface n`, `rng`.
+pub fn device_label(d: &crate::devices::DevicePlan, slot: usize) -> String {
+    match d.slots.get(slot).map(|s| s.device) {
+        Some(VirtioKind::Disk(i)) => format!(
+            "disk {}",
+            d.spec.disks.get(i).map_or("?", |x| x.name.as_str())
+        ),
+        Some(VirtioKind::Net(i)) => format!(
+            "interface {}",
+            d.spec.interfaces.get(i).map_or("?", |x| x.name.as_str())
+        ),
+        Some(other) => format!("{other:?}").to_lowercase(),
+        None => format!("slot {slot}"),
+    }
+}
+
+impl IoThreadRole {
+    /// The role in words (`shared`, `dedicated`, `supplemental pool`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IoThreadRole::Shared => "shared",
+            IoThreadRole::Dedicated => "dedicated",
+            IoThreadRole::SupplementalPool => "supplemental pool",
+        }
+    }
+}
+
 /// The `vmhost plan` lines: each I/O thread, its PUs and its devices.
 pub(crate) fn render(s: &mut String, d: &crate::devices::DevicePlan) {
     use std::fmt::Write as _;
@@ -233,27 +260,8 @@ pub(crate) fn render(s: &mut String, d: &crate::devices::DevicePlan) {
     }
     let _ = writeln!(s, "\n  I/O threads:");
     for t in &d.io_threads {
-        let devices: Vec<String> = t
-            .devices
-            .iter()
-            .filter_map(|&i| d.slots.get(i))
-            .map(|slot| match slot.device {
-                VirtioKind::Disk(i) => format!(
-                    "disk {}",
-                    d.spec.disks.get(i).map_or("?", |x| x.name.as_str())
-                ),
-                VirtioKind::Net(i) => format!(
-                    "interface {}",
-                    d.spec.interfaces.get(i).map_or("?", |x| x.name.as_str())
-                ),
-                other => format!("{other:?}").to_lowercase(),
-            })
-            .collect();
-        let role = match t.role {
-            IoThreadRole::Shared => "shared",
-            IoThreadRole::Dedicated => "dedicated",
-            IoThreadRole::SupplementalPool => "supplemental pool",
-        };
+        let devices: Vec<String> = t.devices.iter().map(|&i| device_label(d, i)).collect();
+        let role = t.role.as_str();
         let _ = writeln!(
             s,
             "    {:<13} {:<17} PUs {:<10}{} devices: {}",
