@@ -159,6 +159,25 @@ mod tests {
     }
 
     #[test]
+    fn the_cpuset_holds_every_io_threads_pus() {
+        let mut plan = crate::testutil::plan();
+        let before = Limits::from_plan(&plan).cpus;
+        assert!(!before.contains(&7));
+        plan.devices.io_threads = vec![vmhost_plan::iothreads::IoThreadPlan {
+            index: 0,
+            name: "vmhost-io-0".into(),
+            role: vmhost_plan::iothreads::IoThreadRole::SupplementalPool,
+            devices: vec![],
+            host_cpus: vec![7],
+            exclusive: true,
+        }];
+        let mut want = before;
+        want.push(7);
+        want.sort_unstable();
+        assert_eq!(Limits::from_plan(&plan).cpus, want);
+    }
+
+    #[test]
     fn hugetlb_sums_over_nodes_per_size() {
         let mut plan = crate::testutil::plan();
         plan.envelope.hugepages = vec![

@@ -65,19 +65,10 @@ pub fn place_dedicated(
 ) -> ExtraPus {
     let t = spec.cpu.topology.threads;
     let n = spec.vcpus();
-    let emu = spec.emulator_pus();
-    let io = spec.io_pus();
+    let (emu, io) = (spec.emulator_pus(), spec.io_pus());
     let need = n + io + emu;
     let available = free.total();
-    let mut detail = format!("{n} vCPUs");
-    if io > 0 {
-        detail.push_str(&format!(" + {io} supplemental I/O thread PUs"));
-    }
-    match emu {
-        0 => {}
-        1 => detail.push_str(" + 1 isolated emulator thread"),
-        _ => detail.push_str(" + 2 PUs of the isolated emulator thread (even parity)"),
-    }
+    let detail = need_detail(n, io, emu);
     if available < need {
         reasons.push(Reason::Cpus {
             needed: need,
@@ -139,17 +130,30 @@ pub fn place_dedicated(
         notes,
     );
     let emulator = place_emulator(host, free, home, emu, "the emulator thread runs", notes);
-    match (io_pool, emulator) {
-        (Some(io_pool), Some(emulator)) => ExtraPus { emulator, io_pool },
-        _ => {
-            reasons.push(Reason::Cpus {
-                needed: need,
-                available,
-                detail,
-            });
-            ExtraPus::default()
-        }
+    if let (Some(io_pool), Some(emulator)) = (io_pool, emulator) {
+        return ExtraPus { emulator, io_pool };
     }
+    reasons.push(Reason::Cpus {
+        needed: need,
+        available,
+        detail,
+    });
+    ExtraPus::default()
+}
+
+/// What a dedicated VM's PUs are for: `n` vCPUs, `io` supplemental I/O thread PUs, `emu`
+/// isolated emulator PUs.
+fn need_detail(n: u32, io: u32, emu: u32) -> String {
+    let mut detail = format!("{n} vCPUs");
+    if io > 0 {
+        detail.push_str(&format!(" + {io} supplemental I/O thread PUs"));
+    }
+    match emu {
+        0 => {}
+        1 => detail.push_str(" + 1 isolated emulator thread"),
+        _ => detail.push_str(" + 2 PUs of the isolated emulator thread (even parity)"),
+    }
+    detail
 }
 
 /// Without passthrough, guest cores no node has room for straddle nodes: the set's leftovers.

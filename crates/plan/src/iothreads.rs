@@ -24,7 +24,7 @@
 use serde::Serialize;
 use vmhost_config::{IoThreadsPolicy, VmSpec};
 
-use crate::devices::{VirtioKind, VirtioSlot};
+use crate::devices::{DevicePlan, VirtioKind, VirtioSlot};
 use crate::model::Reason;
 
 /// Name prefix of the I/O threads (`vmhost-io-0`, `vmhost-io-1`, …).
@@ -169,6 +169,33 @@ pub fn assign(spec: &VmSpec, slots: &[VirtioSlot]) -> Vec<IoThreadPlan> {
         }
     }
     threads
+}
+
+/// The device plan of `spec`: slots, I/O threads and, when the CPUs were placed (`reasons`
+/// empty), their PUs. `free`: the host's PUs left after the VM's dedicated ones.
+pub(crate) fn device_plan(
+    spec: &VmSpec,
+    emulator: &crate::EmulatorPlacement,
+    io_pool: &[u32],
+    free: &crate::placement::FreePus,
+    reasons: &mut Vec<Reason>,
+    notes: &mut Vec<String>,
+) -> DevicePlan {
+    let mut devices = DevicePlan::new(spec.devices.clone());
+    devices.io_threads = assign(spec, &devices.slots);
+    if reasons.is_empty() {
+        let spare = free.remaining();
+        let pus = &emulator.host_cpus;
+        reasons.extend(place(
+            spec,
+            &mut devices.io_threads,
+            pus,
+            io_pool,
+            &spare,
+            notes,
+        ));
+    }
+    devices
 }
 
 /// Where the I/O threads run. `vcpu_pus`: the VM's pinned vCPU PUs; `emulator`: the

@@ -336,3 +336,31 @@ fn overhead_terms_per_io_thread_and_device() {
         assert!(text.contains(want), "{want:?} missing:\n{text}");
     }
 }
+
+#[test]
+fn on_two_nodes_the_pool_and_emulator_go_with_vcpu0_and_avoid_held_pus() {
+    let h = host("package:2 numa:1 core:4 pu:1");
+    let node_of = |pu: u32| h.cores.iter().find(|c| c.pus.contains(&pu)).unwrap().node;
+    let s = vm(POOL_2, DEDICATED_ISOLATED, "a", "");
+    // Another VM holds node 0's first PU.
+    let first = h.allowed_cpus[0];
+    let opts = PlanOptions {
+        held_cpus: [first].into_iter().collect(),
+        ..PlanOptions::default()
+    };
+    let p = plan(&s, &h, &opts).into_result().unwrap();
+    let home = p.vcpus[0].host_node.unwrap();
+    for t in &p.devices.io_threads {
+        assert!(!t.host_cpus.contains(&first), "{} on a held PU", t.name);
+        assert_eq!(node_of(t.host_cpus[0]), home, "{} on vCPU 0's node", t.name);
+    }
+    // Node 0 has 3 free PUs, node 1 has 4: the node set is chosen with room for the pool and
+    // the emulator next to vCPU 0, so everything lands on node 1.
+    assert_eq!(home, 1);
+    assert_eq!(node_of(p.emulator.host_cpus[0]), 1);
+    assert!(
+        !p.notes.iter().any(|n| n.contains("has no PU left")),
+        "{:?}",
+        p.notes
+    );
+}

@@ -160,19 +160,8 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
             },
         )
     };
-    let mut devices = devices::DevicePlan::new(spec.devices.clone());
-    devices.io_threads = iothreads::assign(spec, &devices.slots);
-    if reasons.is_empty() {
-        let spare = free.remaining();
-        reasons.extend(iothreads::place(
-            spec,
-            &mut devices.io_threads,
-            &emulator.host_cpus,
-            &io_pool,
-            &spare,
-            &mut notes,
-        ));
-    }
+    let devices =
+        iothreads::device_plan(spec, &emulator, &io_pool, &free, &mut reasons, &mut notes);
     let backing = match &spec.memory.hugepages {
         Some(h) => Backing::Hugetlb {
             page_size_bytes: h.page_size_bytes,
