@@ -247,3 +247,31 @@ fn a_supplemental_pool_thread_runs_on_a_pu_of_its_own() {
     assert_eq!(planned[0]["exclusive"], true);
     assert_eq!(planned[0]["devices"], serde_json::json!([0, 1, 2]));
 }
+
+/// The example manifest plans as its comment says, on any 2-PU host.
+#[test]
+fn the_example_manifest_plans_two_io_threads_on_the_emulator_pu() {
+    let yaml = common::root().join("configs/iothreads.yaml");
+    let o = vmhost(&[
+        "plan",
+        "--json",
+        "--topology",
+        "synthetic:package:1 numa:1 core:2 pu:1",
+        "--config",
+        yaml.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let threads = plan["devices"]["io_threads"].as_array().unwrap();
+    let emulator = u32s(&plan["emulator"]["host_cpus"]);
+    assert_eq!(threads.len(), 2);
+    for t in threads {
+        assert_eq!(u32s(&t["host_cpus"]), emulator);
+    }
+    assert_eq!(threads[1]["role"], "dedicated");
+}
