@@ -144,21 +144,24 @@ impl VmControl for Control {
                 })
             })
             .collect();
+        let io = crate::iothreads::io_threads_view(&self.plan, &threads);
         let others: Vec<Value> = threads
             .iter()
-            .filter(|t| t.vcpu_index().is_none())
+            .filter(|t| t.vcpu_index().is_none() && !crate::iothreads::is_io_thread(t))
             .map(describe)
             .collect();
         let memory = self.memory_regions();
         let deviations = vcpus
             .iter()
             .chain(&others)
+            .chain(&io)
             .chain(&memory)
             .filter(|v| !v["deviation"].is_null())
             .count();
         json!({
             "vcpus": vcpus,
             "emulator": { "planned_cpus": self.plan.emulator.host_cpus, "isolated": self.plan.emulator.isolated, "threads": others },
+            "io_threads": io,
             "memory": memory,
             "deviations": deviations,
         })

@@ -5,6 +5,7 @@ mod cli;
 mod control;
 mod enforce;
 mod host;
+mod iothreads;
 mod output;
 mod overhead;
 mod run;

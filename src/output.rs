@@ -36,8 +36,11 @@ pub fn placement_table(plan: &Plan, audit: Option<&Audit>, threads: &[ThreadPlac
     for t in threads.iter().filter(|t| t.vcpu_index().is_none()) {
         let _ = writeln!(
             s,
-            "  thread {:<12} {:>9}  allowed PUs {}",
-            t.name, t.tid, t.cpus_allowed_list
+            "  thread {:<12} {:>9}  allowed PUs {}{}",
+            t.name,
+            t.tid,
+            t.cpus_allowed_list,
+            crate::iothreads::planned_suffix(plan, t).unwrap_or_default()
         );
     }
     let _ = writeln!(

@@ -63,6 +63,9 @@ impl Limits {
     pub fn from_plan(plan: &Plan) -> Limits {
         let mut cpus: Vec<u32> = plan.vcpus.iter().filter_map(|v| v.host_cpu).collect();
         cpus.extend(&plan.emulator.host_cpus);
+        for t in &plan.devices.io_threads {
+            cpus.extend(&t.host_cpus);
+        }
         if plan.vcpus.iter().any(|v| v.host_cpu.is_none()) {
             cpus.extend(&plan.floating_cpus);
         }
@@ -153,6 +156,25 @@ mod tests {
         assert!(l.mems.is_empty());
         assert_eq!(l.memory_max_bytes, Some(100_003_840));
         assert!(l.hugetlb.is_empty());
+    }
+
+    #[test]
+    fn the_cpuset_holds_every_io_threads_pus() {
+        let mut plan = crate::testutil::plan();
+        let before = Limits::from_plan(&plan).cpus;
+        assert!(!before.contains(&7));
+        plan.devices.io_threads = vec![vmhost_plan::iothreads::IoThreadPlan {
+            index: 0,
+            name: "vmhost-io-0".into(),
+            role: vmhost_plan::iothreads::IoThreadRole::SupplementalPool,
+            devices: vec![],
+            host_cpus: vec![7],
+            exclusive: true,
+        }];
+        let mut want = before;
+        want.push(7);
+        want.sort_unstable();
+        assert_eq!(Limits::from_plan(&plan).cpus, want);
     }
 
     #[test]

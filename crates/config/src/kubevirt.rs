@@ -10,7 +10,8 @@ use serde_yaml_ng::{Mapping, Value};
 mod devices;
 
 use crate::spec::{
-    RawCpu, RawHugepages, RawNuma, RawRealtime, RawReservedOverhead, RawResourceList, RawSpec,
+    RawCpu, RawHugepages, RawIoThreads, RawNuma, RawRealtime, RawReservedOverhead, RawResourceList,
+    RawSpec,
 };
 
 /// KubeVirt's annotation that gives the isolated emulator a second PU for even parity.
@@ -32,14 +33,6 @@ pub struct Mapped {
 const UNSUPPORTED: &[(&str, &str)] = &[
     ("cpu.maxSockets", "CPU hotplug"),
     ("memory.maxGuest", "memory hotplug"),
-    (
-        "ioThreadsPolicy",
-        "IOThreads, which come with vmhost's virtio devices (issue 14)",
-    ),
-    (
-        "ioThreads",
-        "IOThreads, which come with vmhost's virtio devices (issue 14)",
-    ),
     (
         "launchSecurity",
         "SEV/TDX memory encryption (256Mi overhead term)",
@@ -285,9 +278,22 @@ fn map_domain(w: &mut Walker, domain: &Mapping, spec: &mut RawSpec) -> Result<()
             ));
         }
     }
-    for (key, v) in w.take(domain, "", &["cpu", "memory", "resources", "devices"]) {
+    let known = [
+        "cpu",
+        "memory",
+        "resources",
+        "devices",
+        "ioThreadsPolicy",
+        "ioThreads",
+    ];
+    for (key, v) in w.take(domain, "", &known) {
+        if key == "ioThreadsPolicy" {
+            spec.io_threads_policy = Some(w.string(v, key)?);
+            continue;
+        }
         let m = w.mapping(v, key)?;
         match key {
+            "ioThreads" => spec.io_threads = Some(map_io_threads(w, m)?),
             "cpu" => {
                 let parity = spec
                     .cpu
@@ -303,6 +309,14 @@ fn map_domain(w: &mut Walker, domain: &Mapping, spec: &mut RawSpec) -> Result<()
         }
     }
     Ok(())
+}
+
+fn map_io_threads(w: &mut Walker, m: &Mapping) -> Result<RawIoThreads, ConfigError> {
+    let mut t = RawIoThreads::default();
+    for (_, v) in w.take(m, "ioThreads.", &["supplementalPoolThreadCount"]) {
+        t.supplemental_pool_thread_count = Some(w.u32(v, "ioThreads.supplementalPoolThreadCount")?);
+    }
+    Ok(t)
 }
 
 fn lookup<'v>(map: &'v Mapping, dotted: &str) -> Option<&'v Value> {

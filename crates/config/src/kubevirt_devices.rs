@@ -49,13 +49,22 @@ pub(super) fn map_devices(
 fn map_disk(w: &mut Walker, v: &Value, path: &str) -> Result<RawDisk, ConfigError> {
     let m = w.mapping(v, path)?;
     let mut disk = RawDisk::default();
-    let known = ["name", "disk", "cdrom", "lun", "serial", "cache"];
+    let known = [
+        "name",
+        "disk",
+        "cdrom",
+        "lun",
+        "serial",
+        "cache",
+        "dedicatedIOThread",
+    ];
     for (key, v) in w.take(m, &format!("{path}."), &known) {
         let field = format!("{path}.{key}");
         match key {
             "name" => disk.name = w.string(v, &field)?,
             "serial" => disk.serial = Some(w.string(v, &field)?),
             "cache" => disk.cache = Some(w.string(v, &field)?),
+            "dedicatedIOThread" => disk.dedicated_io_thread = w.bool(v, &field)?,
             "lun" => return Err(w.err(
                 &field,
                 "is a SCSI LUN passthrough, which vmhost does not have; use disk: {bus: virtio}"

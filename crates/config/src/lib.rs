@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod devices;
+pub mod iothreads;
 mod kubevirt;
 mod mac;
 mod quantity;
@@ -24,6 +25,7 @@ mod vcpumask;
 use std::path::{Path, PathBuf};
 
 pub use devices::{Binding, DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec};
+pub use iothreads::{IoThreadsPolicy, IoThreadsSpec};
 pub use mac::{MacAddress, MacError};
 pub use quantity::{format_bytes, Quantity, QuantityError};
 pub use spec::RawSpec;

@@ -36,6 +36,20 @@ pub struct RawSpec {
     /// Networks the interfaces attach to (`spec.networks`).
     #[serde(default)]
     pub networks: Vec<RawNetwork>,
+    /// How many device I/O threads there are (`spec.domain.ioThreadsPolicy`): `shared`,
+    /// `auto` or `supplementalPool`.
+    pub io_threads_policy: Option<String>,
+    /// I/O thread options (`spec.domain.ioThreads`).
+    pub io_threads: Option<RawIoThreads>,
+}
+
+/// `io_threads` section (`spec.domain.ioThreads`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIoThreads {
+    /// Threads of the `supplementalPool` policy, each on a PU of its own with dedicated
+    /// placement.
+    pub supplemental_pool_thread_count: Option<u32>,
 }
 
 /// `cpu` section.
@@ -174,6 +188,10 @@ pub struct RawDisk {
     pub serial: Option<String>,
     /// Host caching: `none` (default, O_DIRECT) or `writeback`.
     pub cache: Option<String>,
+    /// Serve this disk on an I/O thread of its own (KubeVirt's `dedicatedIOThread`; virtio
+    /// bus only).
+    #[serde(default)]
+    pub dedicated_io_thread: bool,
 }
 
 /// `volumes[]`: exactly one source per volume.

@@ -392,13 +392,6 @@ fn kubevirt_realtime_mask_is_mapped_and_needs_an_isolated_emulator() {
 }
 
 #[test]
-fn io_threads_refusal_points_at_the_virtio_work() {
-    let vmi = VMI.replace("    cpu:\n", "    ioThreadsPolicy: auto\n    cpu:\n");
-    let err = from_yaml_str(&vmi, "vmi.yaml").unwrap_err().to_string();
-    assert!(err.contains("virtio devices"), "{err}");
-}
-
-#[test]
 fn memory_quantities_that_are_not_whole_pages_are_accepted() {
     for (q, exact) in [
         ("1G", 1_000_000_000u64),

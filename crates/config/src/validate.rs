@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::devices::{check_devices, DeviceSpec};
+use crate::iothreads::{check_io_threads, IoThreadsSpec};
 use crate::quantity::format_bytes;
 use crate::spec::RawSpec;
 use crate::Quantity;
@@ -97,7 +98,8 @@ fn camel(prefix: &str, toml_path: &str) -> String {
             c => out.push(c),
         }
     }
-    out
+    // KubeVirt spells this one with a capital IO.
+    out.replace("dedicatedIoThread", "dedicatedIOThread")
 }
 
 /// The guest CPU topology.
@@ -291,6 +293,8 @@ pub struct VmSpec {
     pub cgroup: Option<String>,
     /// Disks, NICs and entropy.
     pub devices: DeviceSpec,
+    /// Device I/O threads (`io_threads_policy`, `io_threads`, dedicated disks).
+    pub io_threads: IoThreadsSpec,
 }
 
 impl VmSpec {
@@ -403,6 +407,7 @@ pub fn validate(raw: &RawSpec, dialect: &Dialect) -> Result<VmSpec, Vec<SpecErro
     let memory = check_memory(&mut c, raw, &resources);
     let boot = check_boot(&mut c, raw);
     let devices = check_devices(&mut c, raw, &name);
+    let io_threads = check_io_threads(&mut c, raw);
     if let Some(cg) = raw
         .resources
         .cgroup
@@ -436,6 +441,7 @@ pub fn validate(raw: &RawSpec, dialect: &Dialect) -> Result<VmSpec, Vec<SpecErro
             boot,
             cgroup: raw.resources.cgroup.clone(),
             devices,
+            io_threads,
         }),
         _ => Err(c.errors),
     }

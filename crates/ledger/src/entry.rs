@@ -84,6 +84,9 @@ pub struct Entry {
     pub emulator_pus: Vec<u32>,
     /// True when `emulator_pus` are held for the emulator alone.
     pub emulator_isolated: bool,
+    /// PUs held by the supplemental I/O thread pool (one per thread; dedicated placement).
+    #[serde(default)]
+    pub io_pool_pus: Vec<u32>,
     /// Hugepages reserved, per node and page size.
     pub hugepages: Vec<HugepageReservation>,
     /// Guest memory per host node and page size.
@@ -117,6 +120,13 @@ impl Entry {
             floating_cpus: plan.floating_cpus.clone(),
             emulator_pus: plan.emulator.host_cpus.clone(),
             emulator_isolated: plan.emulator.isolated,
+            io_pool_pus: plan
+                .devices
+                .io_threads
+                .iter()
+                .filter(|t| t.exclusive)
+                .flat_map(|t| t.host_cpus.iter().copied())
+                .collect(),
             hugepages: plan
                 .envelope
                 .hugepages
@@ -139,10 +149,11 @@ impl Entry {
         }
     }
 
-    /// The PUs this VM holds exclusively: its pinned vCPUs' PUs plus its isolated emulator PUs.
-    /// Empty for a shared (floating) VM.
+    /// The PUs this VM holds exclusively: its pinned vCPUs' PUs plus its isolated emulator PUs
+    /// and its supplemental I/O pool's PUs. Empty for a shared (floating) VM.
     pub fn dedicated_pus(&self) -> BTreeSet<u32> {
         let mut pus: BTreeSet<u32> = self.vcpu_pus.iter().flatten().copied().collect();
+        pus.extend(self.io_pool_pus.iter().copied());
         if self.emulator_isolated {
             pus.extend(self.emulator_pus.iter().copied());
         }
@@ -287,6 +298,7 @@ mod tests {
             floating_cpus: vec![],
             emulator_pus: vec![4],
             emulator_isolated: true,
+            io_pool_pus: Vec::new(),
             hugepages: vec![HugepageReservation {
                 node: Some(0),
                 page_size_bytes: 1 << 30,
@@ -299,6 +311,15 @@ mod tests {
             }],
             api_socket: Some("/run/vmhost/web-1.sock".into()),
         }
+    }
+
+    #[test]
+    fn supplemental_io_pool_pus_are_held() {
+        let mut e = sample();
+        e.io_pool_pus = vec![5, 6];
+        assert_eq!(e.dedicated_pus(), BTreeSet::from([2, 3, 4, 5, 6]));
+        let text = encode(&e).expect("encode");
+        assert_eq!(decode(&text), Ok(e));
     }
 
     #[test]

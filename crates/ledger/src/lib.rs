@@ -505,7 +505,8 @@ fn check_conflicts(entry: &Entry, live: &[Entry]) -> Result<(), LedgerError> {
         .iter()
         .flatten()
         .chain(&entry.floating_cpus)
-        .chain(&entry.emulator_pus);
+        .chain(&entry.emulator_pus)
+        .chain(&entry.io_pool_pus);
     for pu in used {
         if let Some(holder) = live.iter().find(|e| e.dedicated_pus().contains(pu)) {
             return Err(LedgerError::PuConflict {

@@ -13,6 +13,7 @@ fn entry_for(name: &str, pid: u32, proc_start_ticks: u64) -> Entry {
         floating_cpus: vec![],
         emulator_pus: vec![0],
         emulator_isolated: false,
+        io_pool_pus: Vec::new(),
         hugepages: vec![],
         memory: vec![],
         api_socket: None,

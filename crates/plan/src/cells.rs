@@ -44,8 +44,17 @@ pub fn guest_vcpus(spec: &VmSpec) -> Vec<VcpuPlacement> {
         .collect()
 }
 
-/// Places the vCPUs of a dedicated VM; returns the isolated emulator's PUs (empty when the
-/// emulator is not isolated or could not be placed).
+/// PUs a dedicated VM holds besides its vCPUs.
+#[derive(Debug, Default)]
+pub struct ExtraPus {
+    /// The isolated emulator's PUs.
+    pub emulator: Vec<u32>,
+    /// The supplemental I/O thread pool's PUs, one per thread.
+    pub io_pool: Vec<u32>,
+}
+
+/// Places the vCPUs of a dedicated VM; returns the supplemental I/O pool's and the isolated
+/// emulator's PUs (empty when there are none or they could not be placed).
 pub fn place_dedicated(
     spec: &VmSpec,
     host: &HostTopology,
@@ -53,37 +62,33 @@ pub fn place_dedicated(
     vcpus: &mut [VcpuPlacement],
     reasons: &mut Vec<Reason>,
     notes: &mut Vec<String>,
-) -> Vec<u32> {
+) -> ExtraPus {
     let t = spec.cpu.topology.threads;
     let n = spec.vcpus();
-    let emu = spec.cpu.emulator_pus();
-    let need = n + emu;
+    let (emu, io) = (spec.emulator_pus(), spec.io_pus());
+    let need = n + io + emu;
     let available = free.total();
-    let detail = match emu {
-        0 => format!("{n} vCPUs"),
-        1 => format!("{n} vCPUs + 1 isolated emulator thread"),
-        _ => format!("{n} vCPUs + 2 PUs of the isolated emulator thread (even parity)"),
-    };
+    let detail = need_detail(n, io, emu);
     if available < need {
         reasons.push(Reason::Cpus {
             needed: need,
             available,
             detail,
         });
-        return Vec::new();
+        return ExtraPus::default();
     }
     let stats = memory::node_stats(spec, host, free);
     let req = Request {
         groups: n / t,
         threads: t,
         cores_per_socket: spec.cpu.topology.cores,
-        emulator: emu,
+        emulator: emu + io,
         pages: memory::guest_pages(spec),
         passthrough: spec.cpu.numa_passthrough,
     };
     let Some(choice) = nodeset::choose(&stats, host, &req) else {
         reasons.push(memory::no_node_set(spec, host, &stats, &req, &detail));
-        return Vec::new();
+        return ExtraPus::default();
     };
     let mut pus: Vec<(u32, u32)> = Vec::new(); // (pu, node) in vCPU order
     for &(node, g) in choice.take.iter().filter(|&&(_, g)| g > 0) {
@@ -113,16 +118,42 @@ pub fn place_dedicated(
         v.host_node = Some(node);
     }
     let Some(home) = pus.first().map(|&(_, node)| node) else {
-        return Vec::new();
+        return ExtraPus::default();
     };
-    place_emulator(host, free, home, emu, notes).unwrap_or_else(|| {
-        reasons.push(Reason::Cpus {
-            needed: need,
-            available,
-            detail,
-        });
-        Vec::new()
-    })
+    // KubeVirt pins the supplemental pool before the emulator thread.
+    let io_pool = place_emulator(
+        host,
+        free,
+        home,
+        io,
+        "the supplemental I/O threads run",
+        notes,
+    );
+    let emulator = place_emulator(host, free, home, emu, "the emulator thread runs", notes);
+    if let (Some(io_pool), Some(emulator)) = (io_pool, emulator) {
+        return ExtraPus { emulator, io_pool };
+    }
+    reasons.push(Reason::Cpus {
+        needed: need,
+        available,
+        detail,
+    });
+    ExtraPus::default()
+}
+
+/// What a dedicated VM's PUs are for: `n` vCPUs, `io` supplemental I/O thread PUs, `emu`
+/// isolated emulator PUs.
+fn need_detail(n: u32, io: u32, emu: u32) -> String {
+    let mut detail = format!("{n} vCPUs");
+    if io > 0 {
+        detail.push_str(&format!(" + {io} supplemental I/O thread PUs"));
+    }
+    match emu {
+        0 => {}
+        1 => detail.push_str(" + 1 isolated emulator thread"),
+        _ => detail.push_str(" + 2 PUs of the isolated emulator thread (even parity)"),
+    }
+    detail
 }
 
 /// Without passthrough, guest cores no node has room for straddle nodes: the set's leftovers.
@@ -150,12 +181,14 @@ fn take_straddling(
     );
 }
 
-/// The isolated emulator's `count` PUs: on vCPU 0's node `home` when it has room.
+/// `count` PUs for the isolated emulator (or the supplemental I/O pool, `what`): on vCPU 0's
+/// node `home` when it has room.
 fn place_emulator(
     host: &HostTopology,
     free: &mut FreePus,
     home: u32,
     count: u32,
+    what: &str,
     notes: &mut Vec<String>,
 ) -> Option<Vec<u32>> {
     let mut out: Vec<u32> = Vec::new();
@@ -170,7 +203,7 @@ fn place_emulator(
             .iter()
             .find_map(|&(node, _)| free.take_emulator(node, near).map(|pu| (node, pu)))?;
         notes.push(format!(
-            "the emulator thread runs on node{node}: vCPU 0's node{home} has no PU left"
+            "{what} on node{node}: vCPU 0's node{home} has no PU left"
         ));
         out.push(pu);
     }

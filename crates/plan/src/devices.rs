@@ -57,6 +57,9 @@ pub struct DevicePlan {
     pub spec: DeviceSpec,
     /// One slot per device, in spec order.
     pub slots: Vec<VirtioSlot>,
+    /// The device I/O threads, the devices each serves and their PUs (filled in by the
+    /// planner: [`crate::iothreads`]).
+    pub io_threads: Vec<crate::iothreads::IoThreadPlan>,
 }
 
 impl DevicePlan {
@@ -83,7 +86,11 @@ impl DevicePlan {
                 gsi: VIRTIO_GSI_BASE + i,
             })
             .collect();
-        DevicePlan { spec, slots }
+        DevicePlan {
+            spec,
+            slots,
+            io_threads: Vec::new(),
+        }
     }
 
     /// Whether the VM has no virtio device.

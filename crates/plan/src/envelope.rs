@@ -53,6 +53,8 @@ fn term_field(term: &str) -> &'static str {
         "overhead_ratio" => "--overhead-ratio",
         "page_tables" => "resources.requests.memory",
         "kvm_page_tables" | "vmm_page_tables" => "memory.guest",
+        "io_threads" => "io_threads",
+        "virtio_blk" | "virtio_net" | "virtio_rng" => "devices",
         _ => "cpu.sockets",
     }
 }
@@ -69,7 +71,35 @@ pub const VMHOST_PER_VCPU: u64 = 64 << 10;
 /// page each (`VmPTE` and `SecPageTables` both grow by guest RAM / 512).
 pub const VMHOST_PTE_BYTES: u64 = 8;
 
-/// KubeVirt's fixed per-VMI process terms (name, bytes), amd64.
+/// vmhost: private memory per device I/O thread (its stack in use and its epoll event
+/// buffer), taken as the vCPU thread's term until calibrated separately.
+pub const VMHOST_PER_IO_THREAD: u64 = 64 << 10;
+/// vmhost: the largest virtio-blk request (`seg_max` 254 × `size_max` 128 KiB,
+/// `vmhost_devices::block::BLOCK_MAX_REQUEST`): a disk's request buffer grows to it.
+pub const VIRTIO_BLK_MAX_REQUEST: u64 = 254 * 128 * 1024;
+/// vmhost: O_DIRECT alignment (`vmhost_devices::sys::DIRECT_ALIGN`).
+pub const DIRECT_ALIGN: u64 = 4096;
+/// vmhost: the largest frame a virtio-net device buffers, with its 12-byte header
+/// (`vmhost_devices::net::MAX_FRAME`); each NIC has one receive and one transmit buffer.
+pub const VIRTIO_NET_MAX_FRAME: u64 = 12 + 65_550;
+/// vmhost: a virtio-rng device's buffer (`vmhost_devices::rng::RNG_MAX_REQUEST`).
+pub const VIRTIO_RNG_BUFFER: u64 = 64 * 1024;
+
+/// vmhost: the most host memory one disk's buffers take: the request buffer and, with
+/// `cache = "none"`, the scratch buffer that unaligned direct I/O widens to whole 4 KiB blocks
+/// (a request plus a block on each side; one block with `writeback`).
+pub fn virtio_blk_bytes(cache: vmhost_config::DiskCache) -> u64 {
+    let scratch = match cache {
+        vmhost_config::DiskCache::None => VIRTIO_BLK_MAX_REQUEST + 2 * DIRECT_ALIGN,
+        vmhost_config::DiskCache::Writeback => DIRECT_ALIGN,
+    };
+    VIRTIO_BLK_MAX_REQUEST + scratch
+}
+
+/// KubeVirt's fixed per-VMI process terms (name, bytes), amd64. The `iothread` term is
+/// KubeVirt's "static overhead for IOThread": one 8Mi whatever the policy and the number of
+/// IOThreads (`hypervisorbackend.go`: `overhead.Add(resource.MustParse("8Mi"))`), and KubeVirt
+/// adds no term for virtio disks, NICs or entropy.
 pub const KUBEVIRT_FIXED: [(&str, u64); 6] = [
     ("virt_launcher_monitor", 25 * MI),
     ("virt_launcher", 100 * MI),
@@ -122,8 +152,38 @@ fn vmhost_terms(spec: &VmSpec, terms: &mut BTreeMap<String, u64>) -> Result<(), 
         "the vCPU term",
     )?;
     terms.insert("vcpus".into(), vcpus);
+    device_terms(spec, terms)?;
     if spec.memory.added_overhead_bytes > 0 {
         terms.insert("added_overhead".into(), spec.memory.added_overhead_bytes);
+    }
+    Ok(())
+}
+
+/// vmhost's device terms: each I/O thread, and each device's buffers at their largest.
+fn device_terms(spec: &VmSpec, terms: &mut BTreeMap<String, u64>) -> Result<(), SizeOverflow> {
+    let plan = crate::devices::DevicePlan::new(spec.devices.clone());
+    let threads = crate::iothreads::assign(spec, &plan.slots).len() as u64;
+    let what = "the I/O thread term";
+    if threads > 0 {
+        let bytes = mul(VMHOST_PER_IO_THREAD, threads, "io_threads", what)?;
+        terms.insert("io_threads".into(), bytes);
+    }
+    let disks = spec
+        .devices
+        .disks
+        .iter()
+        .map(|d| virtio_blk_bytes(d.cache))
+        .sum::<u64>();
+    if disks > 0 {
+        terms.insert("virtio_blk".into(), disks);
+    }
+    let nics = spec.devices.interfaces.len() as u64;
+    if nics > 0 {
+        let per_nic = (2 * VIRTIO_NET_MAX_FRAME).div_ceil(4096) * 4096;
+        terms.insert("virtio_net".into(), per_nic * nics);
+    }
+    if spec.devices.rng {
+        terms.insert("virtio_rng".into(), VIRTIO_RNG_BUFFER);
     }
     Ok(())
 }
@@ -249,15 +309,18 @@ pub fn envelope(
     };
     let vcpus = spec.vcpus();
     let (cpus, dedicated_cpus) = if spec.cpu.dedicated_cpu_placement {
-        let n = vcpus + spec.cpu.emulator_pus();
+        // KubeVirt: vCPUs + supplementalPoolThreadCount (+ the isolated emulator's PUs).
+        let n = vcpus + spec.io_pus() + spec.emulator_pus();
         (f64::from(n), n)
     } else {
-        // KubeVirt: the CPU request, else vCPUs / cpuAllocationRatio (10).
+        // KubeVirt: the CPU request, else (vCPUs + supplementalPoolThreadCount) /
+        // cpuAllocationRatio (10).
+        let pool = spec.io_threads.supplemental_pool_thread_count;
         let millis = spec
             .resources
             .requests
             .cpu_millis
-            .unwrap_or(u64::from(vcpus) * 100);
+            .unwrap_or((u64::from(vcpus) + u64::from(pool)) * 100);
         #[allow(clippy::cast_precision_loss)]
         (millis as f64 / 1000.0, 0)
     };

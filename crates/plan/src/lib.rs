@@ -30,6 +30,7 @@
 mod cells;
 pub mod devices;
 pub mod envelope;
+pub mod iothreads;
 mod memory;
 mod model;
 mod nodeset;
@@ -105,9 +106,12 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
     let mut notes = Vec::new();
     let mut vcpus = cells::guest_vcpus(spec);
     let mut free = placement::FreePus::new(host, &opts.held_cpus);
+    let mut io_pool = Vec::new();
     let (floating_cpus, emulator) = if spec.cpu.dedicated_cpu_placement {
-        let emu =
+        let extra =
             cells::place_dedicated(spec, host, &mut free, &mut vcpus, &mut reasons, &mut notes);
+        io_pool = extra.io_pool;
+        let emu = extra.emulator;
         let isolated = spec.cpu.isolate_emulator_thread;
         let host_cpus = if isolated {
             if emu.len() == 2 {
@@ -156,6 +160,8 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
             },
         )
     };
+    let devices =
+        iothreads::device_plan(spec, &emulator, &io_pool, &free, &mut reasons, &mut notes);
     let backing = match &spec.memory.hugepages {
         Some(h) => Backing::Hugetlb {
             page_size_bytes: h.page_size_bytes,
@@ -207,7 +213,7 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
             || spec.devices.rng)
     {
         notes.push(
-            "virtio devices are attached to Linux guests only: the built-in payload runs without them"
+            "virtio devices are attached to Linux guests only: the built-in payload runs without them (and without their I/O threads)"
                 .into(),
         );
     }
@@ -221,7 +227,7 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
         guest_cells,
         backing,
         boot: spec.boot.clone(),
-        devices: devices::DevicePlan::new(spec.devices.clone()),
+        devices,
         realtime,
         notes,
     };

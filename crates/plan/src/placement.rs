@@ -82,6 +82,13 @@ impl FreePus {
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 
+    /// The free PUs, ascending.
+    pub fn remaining(&self) -> Vec<u32> {
+        let mut pus: Vec<u32> = self.cores.iter().flat_map(|c| c.free.clone()).collect();
+        pus.sort_unstable();
+        pus
+    }
+
     /// All free PUs.
     pub fn total(&self) -> u32 {
         u32::try_from(self.cores.iter().map(|c| c.free.len()).sum::<usize>()).unwrap_or(u32::MAX)

@@ -161,6 +161,7 @@ pub fn render_text(o: &Outcome) -> String {
         );
     }
     render_devices(&mut s, &p.devices);
+    crate::iothreads::render(&mut s, &p.devices);
     for n in &p.notes {
         let _ = writeln!(s, "  note: {n}");
     }

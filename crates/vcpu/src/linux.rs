@@ -77,18 +77,12 @@ pub(crate) fn prepare_linux(
             .device_dir
             .clone()
             .unwrap_or_else(std::env::temp_dir);
-        let virtio = crate::virtio::attach(
-            &fd,
-            &plan.devices,
-            &plan.name,
-            ram.guest_memory(),
-            &dir,
-            &plan.emulator.host_cpus,
-        )
-        .map_err(|source| VmError::Virtio {
-            vm: vm(),
-            source: Box::new(source),
-        })?;
+        let virtio =
+            crate::virtio::attach(&fd, &plan.devices, &plan.name, ram.guest_memory(), &dir)
+                .map_err(|source| VmError::Virtio {
+                    vm: vm(),
+                    source: Box::new(source),
+                })?;
         for line in virtio.describe() {
             tracing::info!("{line}");
         }

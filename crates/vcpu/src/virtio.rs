@@ -2,7 +2,8 @@
 //! [`vmhost_plan::devices::DevicePlan`], the host side is prepared
 //! ([`vmhost_devices::host::HostDevices`]), the device's interrupt eventfd becomes an irqfd on
 //! the slot's GSI, each queue's `QueueNotify` write becomes an ioeventfd (the queue index as
-//! data match) that the I/O thread serves, and the transport goes on the MMIO bus at the
+//! data match) that the slot's planned I/O thread serves (`vmhost-io-<n>`, pinned to the
+//! plan's PUs before it serves anything), and the transport goes on the MMIO bus at the
 //! slot's base for the vCPUs' register accesses.
 //!
 //! A Linux guest gets its devices here ([`crate::linux`]); the MMIO exit handler consults
@@ -21,10 +22,8 @@ use vmhost_devices::mmio::QUEUE_NOTIFY_OFFSET;
 use vmhost_devices::worker::{IoSource, IoThread, WorkerError};
 use vmhost_devices::{Interrupt, MmioError, MmioTransport};
 use vmhost_plan::devices::DevicePlan;
+use vmhost_plan::iothreads::IO_THREAD_PREFIX;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-
-/// Name of the device I/O thread.
-pub const IO_THREAD_NAME: &str = "vmhost-io";
 
 /// Why the devices could not be attached.
 #[derive(Debug, thiserror::Error)]
@@ -83,15 +82,49 @@ pub enum VirtioError {
     /// The I/O thread could not start.
     #[error("virtio I/O thread")]
     Io(#[source] WorkerError),
+    /// An I/O thread could not be pinned to its planned PUs.
+    #[error("cannot pin I/O thread {thread} to PUs {cpus:?}")]
+    Pin {
+        /// Thread name.
+        thread: String,
+        /// The planned PUs.
+        cpus: Vec<u32>,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An I/O thread ended before it reported that it was pinned.
+    #[error("I/O thread {0} ended before it started serving")]
+    NoStart(String),
+    /// The plan gives a device no I/O thread (a bug in the plan).
+    #[error("the plan gives the virtio device at {base:#x} no I/O thread")]
+    Unserved {
+        /// The slot's base.
+        base: u64,
+    },
 }
 
-/// The attached devices of one VM; dropping it stops the I/O thread and removes the run's
+/// A running device I/O thread, as the placement view lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IoThreadInfo {
+    /// Thread name (`vmhost-io-<n>`).
+    pub name: String,
+    /// Kernel thread id.
+    pub tid: i32,
+    /// PUs it was pinned to (empty: it kept the VMM's affinity).
+    pub cpus: Vec<u32>,
+    /// Guest-physical bases of the devices it serves.
+    pub device_bases: Vec<u64>,
+}
+
+/// The attached devices of one VM; dropping it stops the I/O threads and removes the run's
 /// scratch files.
 #[derive(Debug)]
 pub struct VirtioAttachment {
     bus: MmioBus,
-    // Field order is drop order: the thread stops before the run's files go.
-    io: Option<IoThread>,
+    // Field order is drop order: the threads stop (IoThread's Drop) before the run's files go.
+    _io: Vec<IoThread>,
+    io_info: Vec<IoThreadInfo>,
     describe: Vec<String>,
     // Held for its scratch files (removed on drop); a Mutex so the attachment is Sync.
     _host: Mutex<HostDevices>,
@@ -108,9 +141,9 @@ impl VirtioAttachment {
         self.bus.write(gpa, data)
     }
 
-    /// The I/O thread (to pin it and list it in the placement view).
-    pub fn io_thread(&self) -> Option<&std::thread::Thread> {
-        self.io.as_ref().and_then(IoThread::thread)
+    /// The running I/O threads, in plan order.
+    pub fn io_threads(&self) -> &[IoThreadInfo] {
+        &self.io_info
     }
 
     /// One line per device for the operator.
@@ -120,15 +153,15 @@ impl VirtioAttachment {
 }
 
 /// Attaches `plan`'s devices of VM `vm` to `fd` over guest memory `mem`; scratch images go to
-/// `run_dir`; the I/O thread is pinned to `io_cpus` (none: it keeps the caller's affinity).
-/// The VM needs an in-kernel irqchip (irqfds).
+/// `run_dir`. Each device is served by its planned I/O thread, pinned to the plan's PUs; a
+/// plan without I/O threads (made by hand, not by the planner) gets one thread,
+/// `vmhost-io-0`, with the caller's affinity. The VM needs an in-kernel irqchip (irqfds).
 pub fn attach(
     fd: &VmFd,
     plan: &DevicePlan,
     vm: &str,
     mem: &GuestMemoryMmap,
     run_dir: &Path,
-    io_cpus: &[u32],
 ) -> Result<VirtioAttachment, VirtioError> {
     let mut host =
         HostDevices::prepare(&plan.spec, vm, run_dir).map_err(|source| VirtioError::Host {
@@ -145,7 +178,7 @@ pub fn attach(
     let prepared = std::mem::take(&mut host.devices);
     let describe = prepared.iter().map(|d| d.describe.clone()).collect();
     let mut bus = MmioBus::default();
-    let mut sources = Vec::new();
+    let mut per_slot = Vec::new();
     for (slot, prepared) in plan.slots.iter().zip(prepared) {
         let base = slot.base;
         let evt =
@@ -160,6 +193,7 @@ pub fn attach(
             .map_err(|source| VirtioError::Transport { base, source })?;
         let transport = Arc::new(Mutex::new(transport));
         let notify = IoEventAddress::Mmio(base + QUEUE_NOTIFY_OFFSET);
+        let mut sources = Vec::new();
         for queue in 0..queues {
             let event = evt()?;
             let index = u32::try_from(queue).unwrap_or(u32::MAX);
@@ -178,28 +212,84 @@ pub fn attach(
                 fd,
             });
         }
+        per_slot.push(sources);
         bus.insert(base, transport).map_err(VirtioError::Bus)?;
     }
-    let io = if sources.is_empty() {
-        None
-    } else {
-        let cpus = io_cpus.to_vec();
-        let pin = move || {
-            if !cpus.is_empty() {
-                if let Err(e) = crate::sys::pin_current_thread(&cpus) {
-                    tracing::warn!(error = %e, ?cpus, "cannot pin the virtio I/O thread");
-                }
-            }
-        };
-        let io = IoThread::spawn_with(IO_THREAD_NAME, sources, pin).map_err(VirtioError::Io)?;
-        Some(io)
-    };
+    let (io, io_info) = spawn_io_threads(plan, per_slot)?;
     Ok(VirtioAttachment {
         bus,
-        io,
+        _io: io,
+        io_info,
         describe,
         _host: Mutex::new(host),
     })
+}
+
+/// The planned I/O threads (or one unpinned thread for a hand-made plan), each with the
+/// sources of its devices; every thread reports its tid once pinned, before this returns.
+fn spawn_io_threads(
+    plan: &DevicePlan,
+    mut per_slot: Vec<Vec<IoSource>>,
+) -> Result<(Vec<IoThread>, Vec<IoThreadInfo>), VirtioError> {
+    let threads: Vec<(String, Vec<u32>, Vec<usize>)> = if plan.io_threads.is_empty() {
+        if per_slot.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let all = (0..per_slot.len()).collect();
+        vec![(format!("{IO_THREAD_PREFIX}0"), Vec::new(), all)]
+    } else {
+        let t = plan.io_threads.iter();
+        t.map(|t| (t.name.clone(), t.host_cpus.clone(), t.devices.clone()))
+            .collect()
+    };
+    if let Some(slot) = (0..per_slot.len()).find(|i| !threads.iter().any(|t| t.2.contains(i))) {
+        let base = plan.slots.get(slot).map_or(0, |s| s.base);
+        return Err(VirtioError::Unserved { base });
+    }
+    let mut io = Vec::new();
+    let mut info = Vec::new();
+    for (name, cpus, devices) in threads {
+        let sources = devices
+            .iter()
+            .filter_map(|&i| per_slot.get_mut(i).map(std::mem::take))
+            .flatten()
+            .collect();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let pin_to = cpus.clone();
+        let init = move || {
+            let pinned = if pin_to.is_empty() {
+                Ok(())
+            } else {
+                crate::sys::pin_current_thread(&pin_to)
+            };
+            // The receiver waits for this; if it is gone, attach failed anyway.
+            let _ = tx.send((crate::sys::gettid(), pinned));
+        };
+        // Pushed before the handshake: on an error below, dropping `io` stops every thread.
+        io.push(IoThread::spawn_with(&name, sources, init).map_err(VirtioError::Io)?);
+        let tid = match rx.recv() {
+            Ok((tid, Ok(()))) => tid,
+            Ok((_, Err(source))) => {
+                return Err(VirtioError::Pin {
+                    thread: name,
+                    cpus,
+                    source,
+                })
+            }
+            Err(_) => return Err(VirtioError::NoStart(name)),
+        };
+        let device_bases = devices
+            .iter()
+            .filter_map(|&i| plan.slots.get(i).map(|s| s.base))
+            .collect();
+        info.push(IoThreadInfo {
+            name,
+            tid,
+            cpus,
+            device_bases,
+        });
+    }
+    Ok((io, info))
 }
 
 #[cfg(test)]

@@ -76,9 +76,11 @@ fn a_guest_queue_notify_reaches_the_device_through_the_ioeventfd() {
         rng: true,
         ..DeviceSpec::default()
     });
-    let cpu = crate::sys::current_affinity().unwrap()[0];
-    let att = attach(&vm, &plan, "t", &mem, dir.path(), &[cpu]).unwrap();
-    assert_eq!(att.io_thread().and_then(|t| t.name()), Some(IO_THREAD_NAME));
+    let att = attach(&vm, &plan, "t", &mem, dir.path()).unwrap();
+    let io = att.io_threads();
+    assert_eq!(io.len(), 1, "a hand-made plan gets one I/O thread");
+    assert_eq!(io[0].name, "vmhost-io-0");
+    assert_eq!(io[0].device_bases, [BASE]);
     assert_eq!(att.describe(), ["rng: getrandom"]);
     handshake(&att);
     // One 64-byte device-writable buffer, made available.
@@ -163,7 +165,7 @@ fn a_missing_image_fails_attach_with_the_disk_named() {
         disks: vec![disk],
         ..DeviceSpec::default()
     });
-    let err = attach(&vm, &plan, "t", &mem, dir.path(), &[]).unwrap_err();
+    let err = attach(&vm, &plan, "t", &mem, dir.path()).unwrap_err();
     let chain = format!(
         "{err}: {}",
         std::error::Error::source(&err)
@@ -171,4 +173,148 @@ fn a_missing_image_fails_attach_with_the_disk_named() {
             .unwrap_or_default()
     );
     assert!(chain.contains("disk root"), "{chain}");
+}
+
+/// Plans `toml` on this host (the discovered topology).
+fn plan_here(toml: &str) -> vmhost_plan::Plan {
+    let spec = vmhost_config::from_toml_str(toml, "t.toml").unwrap().spec;
+    let host = vmhost_topology::discover().unwrap();
+    vmhost_plan::plan(&spec, &host, &vmhost_plan::PlanOptions::default())
+        .into_result()
+        .unwrap()
+}
+
+/// `Cpus_allowed_list` of thread `tid` of this process, expanded.
+fn allowed(tid: i32) -> Vec<u32> {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    vmhost_topology::cpulist::parse(&list).unwrap()
+}
+
+/// Thread names (`comm`) of this process.
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect()
+}
+
+const TWO_DISKS_RNG: &str = r#"
+io_threads_policy = "shared"
+[cpu]
+cores = 1
+[memory]
+guest = "64Mi"
+[devices]
+rng = {}
+[[devices.disks]]
+name = "a"
+[[devices.disks]]
+name = "b"
+dedicated_io_thread = true
+[[volumes]]
+name = "a"
+empty_disk = { capacity = "1Mi" }
+[[volumes]]
+name = "b"
+empty_disk = { capacity = "1Mi" }
+"#;
+
+#[test]
+fn each_planned_io_thread_serves_its_devices_pinned_to_its_pus() {
+    if !vmhost_testsupport::need_kvm("each_planned_io_thread_serves_its_devices_pinned_to_its_pus")
+    {
+        return;
+    }
+    let mut plan = plan_here(TWO_DISKS_RNG);
+    // Pin each thread to one PU of this process's affinity, different where there are two.
+    let mine = crate::sys::current_affinity().unwrap();
+    for (i, t) in plan.devices.io_threads.iter_mut().enumerate() {
+        t.host_cpus = vec![mine[i % mine.len()]];
+    }
+    let kvm = Kvm::new().unwrap();
+    let vm = kvm.create_vm().unwrap();
+    vm.create_irq_chip().unwrap();
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let att = attach(&vm, &plan.devices, "t", &mem, dir.path()).unwrap();
+    let io = att.io_threads();
+    assert_eq!(io.len(), 2);
+    let bases: Vec<u64> = plan.devices.slots.iter().map(|s| s.base).collect();
+    assert_eq!(io[0].name, "vmhost-io-0");
+    assert_eq!(io[0].device_bases, [bases[0], bases[2]], "disk a and rng");
+    assert_eq!(io[1].name, "vmhost-io-1");
+    assert_eq!(io[1].device_bases, [bases[1]], "the dedicated disk b");
+    for (t, planned) in io.iter().zip(&plan.devices.io_threads) {
+        assert_eq!(t.cpus, planned.host_cpus);
+        assert_eq!(allowed(t.tid), planned.host_cpus, "{} read back", t.name);
+        let comm = std::fs::read_to_string(format!("/proc/self/task/{}/comm", t.tid)).unwrap();
+        assert_eq!(comm.trim(), t.name);
+    }
+    let tids: Vec<i32> = io.iter().map(|t| t.tid).collect();
+    drop(att);
+    for tid in tids {
+        assert!(
+            !std::path::Path::new(&format!("/proc/self/task/{tid}")).exists(),
+            "I/O thread {tid} stopped with the attachment"
+        );
+    }
+}
+
+#[test]
+fn an_io_thread_that_cannot_be_pinned_fails_attach_and_leaves_no_thread() {
+    if !vmhost_testsupport::need_kvm(
+        "an_io_thread_that_cannot_be_pinned_fails_attach_and_leaves_no_thread",
+    ) {
+        return;
+    }
+    let mut plan = plan_here(TWO_DISKS_RNG);
+    plan.devices.io_threads[0].name = "vmhost-io-pinok".into();
+    plan.devices.io_threads[1].name = "vmhost-io-nopin".into();
+    // No machine here has PU 4000: sched_setaffinity refuses the set.
+    plan.devices.io_threads[1].host_cpus = vec![4000];
+    let kvm = Kvm::new().unwrap();
+    let vm = kvm.create_vm().unwrap();
+    vm.create_irq_chip().unwrap();
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let err = attach(&vm, &plan.devices, "t", &mem, dir.path()).unwrap_err();
+    assert!(
+        matches!(&err, VirtioError::Pin { thread, cpus, .. } if thread == "vmhost-io-nopin" && cpus == &[4000]),
+        "{err:?}"
+    );
+    let names = thread_names();
+    assert!(
+        !names
+            .iter()
+            .any(|n| n == "vmhost-io-pinok" || n == "vmhost-io-nopin"),
+        "threads left behind: {names:?}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "scratch disks removed"
+    );
+}
+
+/// The planner's per-device overhead terms use the devices' own buffer sizes.
+#[test]
+fn overhead_constants_match_the_devices() {
+    use vmhost_plan::envelope::*;
+    assert_eq!(
+        VIRTIO_BLK_MAX_REQUEST,
+        vmhost_devices::block::BLOCK_MAX_REQUEST
+    );
+    assert_eq!(VIRTIO_NET_MAX_FRAME, vmhost_devices::net::MAX_FRAME as u64);
+    assert_eq!(
+        VIRTIO_RNG_BUFFER,
+        vmhost_devices::rng::RNG_MAX_REQUEST as u64
+    );
+    assert_eq!(DIRECT_ALIGN, vmhost_config::devices::DIRECT_BLOCK);
 }
