@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
@@ -469,6 +469,8 @@ fn listen(path: &Path) -> Result<UnixListener, BackendError> {
     }
     let listener = UnixListener::bind(path).map_err(bind_err)?;
     listener.set_nonblocking(true).map_err(bind_err)?;
+    // Like the control API socket: only the owner (the VMM's user) may connect.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
     Ok(listener)
 }
 
