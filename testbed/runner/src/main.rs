@@ -16,6 +16,7 @@ mod linux_tests;
 mod memory_tests;
 mod topology_tests;
 mod vm;
+mod vsock_tests;
 
 use std::time::Instant;
 
@@ -108,6 +109,10 @@ const TWO_NODE: &[Test] = &[
         linux_tests::bzimage_two_vcpus_sigterm_exit_130,
     ),
     ("linux_boot_time_vs_qemu", linux_bench::boot_time_vs_qemu),
+    (
+        "vsock_linux_guest_echo_both_ways",
+        vsock_tests::linux_guest_echo_both_ways,
+    ),
 ];
 
 /// The tests of the 4-node host (4 × 2 PUs, 1 GiB per node, asymmetric distances).

@@ -418,10 +418,7 @@ impl Backend {
                     self.last_served = key;
                     return Some((hdr, n));
                 }
-                Ok(FromHost::Eof) => {
-                    conn.state = State::Closing;
-                    conn.header(cid, Op::Shutdown)
-                }
+                Ok(FromHost::Eof) => conn.header(cid, Op::Shutdown),
                 Ok(FromHost::NeedCredit) => conn.header(cid, Op::CreditRequest),
                 Err(e) => {
                     debug!(

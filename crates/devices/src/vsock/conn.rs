@@ -61,10 +61,8 @@ pub enum ConnError {
 pub enum State {
     /// Host-initiated: REQUEST sent to the guest, waiting for its RESPONSE.
     Connecting,
-    /// Data flows.
+    /// Data flows (in the directions neither side shut down).
     Established,
-    /// The host closed its stream; SHUTDOWN sent to the guest, waiting for its RST.
-    Closing,
 }
 
 /// What reading the host stream for the guest produced.
@@ -72,7 +70,7 @@ pub enum State {
 pub enum FromHost {
     /// `n` bytes are in the buffer.
     Data(usize),
-    /// The host closed the stream.
+    /// The host will send no more (end of stream: it closed or shut down its writing side).
     Eof,
     /// Data may wait but the guest has no credit; ask it for some (once per exhaustion).
     NeedCredit,
@@ -98,6 +96,7 @@ pub struct Connection {
     pending: VecDeque<u8>,
     peer_shutdown: u32,
     write_shut: bool,
+    host_eof: bool,
     credit_requested: bool,
 }
 
@@ -117,6 +116,7 @@ impl Connection {
             pending: VecDeque::new(),
             peer_shutdown: 0,
             write_shut: false,
+            host_eof: false,
             credit_requested: false,
         }
     }
@@ -153,7 +153,9 @@ impl Connection {
             len: 0,
             kind: TYPE_STREAM,
             op: op as u16,
-            flags: if op == Op::Shutdown { SHUTDOWN_BOTH } else { 0 },
+            // vmhost shuts down only its sending side (the host's end of stream); the guest
+            // may go on sending until it closes.
+            flags: if op == Op::Shutdown { SHUTDOWN_SEND } else { 0 },
             buf_alloc: CONN_BUF_ALLOC,
             fwd_cnt: self.fwd_cnt,
         }
@@ -227,7 +229,10 @@ impl Connection {
 
     /// Reads host bytes for the guest into `buf`, within the guest's credit.
     pub fn to_guest(&mut self, buf: &mut [u8]) -> Result<FromHost, ConnError> {
-        if self.state != State::Established || self.peer_shutdown & SHUTDOWN_RCV != 0 {
+        if self.state != State::Established
+            || self.host_eof
+            || self.peer_shutdown & SHUTDOWN_RCV != 0
+        {
             return Ok(FromHost::Nothing);
         }
         let credit = usize::try_from(self.peer_credit()).unwrap_or(usize::MAX);
@@ -241,7 +246,10 @@ impl Connection {
         }
         loop {
             return match self.stream.read(&mut buf[..want]) {
-                Ok(0) => Ok(FromHost::Eof),
+                Ok(0) => {
+                    self.host_eof = true;
+                    Ok(FromHost::Eof)
+                }
                 Ok(n) => {
                     // n <= want <= credit, a u32.
                     self.rx_cnt = self.rx_cnt.wrapping_add(u32::try_from(n).unwrap_or(0));

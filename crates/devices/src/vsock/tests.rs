@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::conn::CONN_BUF_ALLOC;
-use super::packet::{Op, HOST_CID, SHUTDOWN_BOTH, TYPE_STREAM};
+use super::packet::{Op, HOST_CID, SHUTDOWN_BOTH, SHUTDOWN_SEND, TYPE_STREAM};
 use super::*;
 use crate::testutil::{memory, TestQueue, DATA};
 
@@ -353,8 +353,11 @@ fn host_close_sends_shutdown_and_guest_shutdown_closes_the_host_stream() {
     drop(host);
     let got = g.recv(&mut dev);
     assert_eq!(op(&got[0].0), Some(Op::Shutdown));
-    assert_eq!(got[0].0.flags, SHUTDOWN_BOTH);
-    g.send(&mut dev, hdr(Op::Rst, 52, port, 0), &[]);
+    assert_eq!(got[0].0.flags, SHUTDOWN_SEND, "the host sends no more");
+    // The guest's data has nowhere to go: RST.
+    g.send(&mut dev, hdr(Op::Rw, 52, port, 2), b"hi");
+    let got = g.recv(&mut dev);
+    assert_eq!(op(&got[0].0), Some(Op::Rst));
     assert_eq!(dev.backend().connections(), 0);
 
     let (mut host, port) = host_connection(&mut dev, &mut g, &path);
@@ -365,6 +368,30 @@ fn host_close_sends_shutdown_and_guest_shutdown_closes_the_host_stream() {
     assert_eq!(op(&got[0].0), Some(Op::Rst), "the device ends it");
     let mut buf = [0u8; 4];
     assert_eq!(host.read(&mut buf).unwrap(), 0);
+}
+
+#[test]
+fn a_host_half_close_still_carries_the_guest_reply() {
+    let (mut dev, _dir, path) = device();
+    let mem = memory();
+    let mut g = Guest::new(&mem);
+    let (mut host, port) = host_connection(&mut dev, &mut g, &path);
+    host.write_all(b"request").unwrap();
+    host.shutdown(std::net::Shutdown::Write).unwrap();
+    let got = g.recv(&mut dev);
+    let ops: Vec<_> = got.iter().map(|(h, _)| (op(h), h.flags)).collect();
+    assert_eq!(
+        ops,
+        [(Some(Op::Rw), 0), (Some(Op::Shutdown), SHUTDOWN_SEND)]
+    );
+    g.send(&mut dev, hdr(Op::Rw, 52, port, 5), b"reply");
+    let mut shut = hdr(Op::Shutdown, 52, port, 0);
+    shut.flags = SHUTDOWN_BOTH;
+    g.send(&mut dev, shut, &[]);
+    let mut all = Vec::new();
+    host.read_to_end(&mut all).unwrap();
+    assert_eq!(all, b"reply", "the reply, then EOF");
+    assert_eq!(op(&g.recv(&mut dev)[0].0), Some(Op::Rst));
 }
 
 #[test]
