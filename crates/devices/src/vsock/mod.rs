@@ -48,8 +48,8 @@ const HDR: u64 = HDR_LEN as u64;
 /// Why a vsock device could not be made (host errors).
 #[derive(Debug, thiserror::Error)]
 pub enum VsockError {
-    /// The CID is reserved.
-    #[error("guest CID {0} is reserved; use 3 or more")]
+    /// The CID is reserved or not a guest address.
+    #[error("guest CID {0} is reserved or out of range; use 3 to 4294967294")]
     ReservedCid(u64),
     /// The Unix socket could not be set up.
     #[error("vsock")]
@@ -70,7 +70,7 @@ impl Vsock {
     /// A device for guest `cid` listening on the Unix socket `path` (removed when the device
     /// is dropped).
     pub fn new(cid: u64, path: &Path) -> Result<Self, VsockError> {
-        if cid < MIN_GUEST_CID || cid > u64::from(u32::MAX) {
+        if cid < MIN_GUEST_CID || cid >= u64::from(u32::MAX) {
             return Err(VsockError::ReservedCid(cid));
         }
         Ok(Vsock {
