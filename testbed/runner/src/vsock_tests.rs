@@ -164,12 +164,14 @@ fn connect_and_echo(socket: &Path) -> Result<(u32, Vec<u8>), String> {
     Ok((port, back))
 }
 
-/// One Linux guest with a vsock device: an echo from the host through `CONNECT`, an echo from
-/// the guest through `<socket>_6000`, exit 0, the socket removed.
+/// One Linux guest with a vsock device (`autoattach_vsock`: CID 3, `<run dir>/linvsock.vsock`):
+/// an echo from the host through `CONNECT`, an echo from the guest through `<socket>_6000`,
+/// exit 0, the socket removed.
 pub fn linux_guest_echo_both_ways(env: &Env) -> Outcome {
     let a = assets(env)?;
     host::set_2m_pools(&[128, 0])?;
-    let socket = env.work.join("linvsock.vsock");
+    // KubeVirt's autoattachVSOCK in TOML: CID 3, the socket named after the VM in the run dir.
+    let socket = env.run_dir.join("linvsock.vsock");
     let _ = std::fs::remove_file(&socket);
     let g2h = echo_listener(PathBuf::from(format!("{}_6000", socket.display())))?;
     let mut toml = linux_spec(
@@ -181,10 +183,7 @@ pub fn linux_guest_echo_both_ways(env: &Env) -> Outcome {
         &a.initrd,
         "vsock",
     );
-    toml.push_str(&format!(
-        "[devices.vsock]\ncid = 3\nsocket = \"{}\"\n",
-        socket.display()
-    ));
+    toml.push_str("[devices]\nautoattach_vsock = true\n");
     let spec = env.spec("linvsock", &toml)?;
     let vm = env.start(
         "linvsock",
