@@ -566,3 +566,76 @@ fn the_io_thread_serves_a_host_connection_without_a_guest_notification() {
     assert_eq!(op(&Header::from_bytes(&raw)), Some(Op::Request));
     io.stop().unwrap();
 }
+
+/// xorshift64: a deterministic stream of test values.
+struct Rand(u64);
+
+impl Rand {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[(self.next() % from.len() as u64) as usize]
+    }
+}
+
+#[test]
+fn random_guest_packets_never_break_the_device() {
+    let (mut dev, _dir, path) = device();
+    let _listener = UnixListener::bind(format!("{}_6000", path.display())).unwrap();
+    let mem = memory();
+    let mut r = Rand(0x5eed_1234_abcd_0001);
+    let mut hosts = Vec::new();
+    for round in 0..20 {
+        // Fresh rings every round (the test queues hold 256 descriptors).
+        let mut g = Guest::new(&mem);
+        // Take what the last round left for the guest.
+        loop {
+            g.post_rx(4);
+            if g.recv(&mut dev).len() < 4 {
+                break;
+            }
+        }
+        let (host, port) = host_connection(&mut dev, &mut g, &path);
+        hosts.push(host);
+        for i in 0..40 {
+            let len = r.pick(&[0u32, 1, 7, 100, MAX_PAYLOAD, MAX_PAYLOAD + 1, u32::MAX]);
+            let h = Header {
+                src_cid: r.pick(&[CID, CID, CID, 2, 0, u64::MAX]),
+                dst_cid: r.pick(&[HOST_CID, HOST_CID, HOST_CID, CID, 1 << 40]),
+                src_port: r.pick(&[52, 40000, 1, u32::MAX]),
+                dst_port: r.pick(&[port, 6000, 7000, 1 << 30, 0]),
+                len,
+                kind: r.pick(&[TYPE_STREAM, TYPE_STREAM, 0, 2, u16::MAX]),
+                op: r.pick(&[0u16, 1, 2, 3, 4, 5, 5, 5, 6, 7, 8, u16::MAX]),
+                flags: r.pick(&[0, 1, 2, 3, u32::MAX]),
+                buf_alloc: r.pick(&[0, 1, 4096, 1 << 18, u32::MAX]),
+                fwd_cnt: r.pick(&[0, 1, u32::MAX]),
+            };
+            let payload = vec![0xa5u8; r.pick(&[0usize, 1, 7, 100])];
+            g.send(&mut dev, h, &payload);
+            g.post_rx(2);
+            for (out, _) in g.recv(&mut dev) {
+                assert_eq!(
+                    (out.src_cid, out.dst_cid, out.kind),
+                    (HOST_CID, CID, TYPE_STREAM),
+                    "round {round} packet {i}: {out:?}"
+                );
+                assert!(op(&out).is_some(), "round {round} packet {i}: {out:?}");
+            }
+        }
+    }
+    // Still serving: a new host connection goes through.
+    let mut g = Guest::new(&mem);
+    loop {
+        g.post_rx(4);
+        if g.recv(&mut dev).len() < 4 {
+            break;
+        }
+    }
+    host_connection(&mut dev, &mut g, &path);
+}
