@@ -45,10 +45,10 @@ const TAG_STREAM: u64 = 2;
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// Another process listens on the path.
-    #[error("vsock socket {0} is in use by another process; stop it or choose another path")]
+    #[error("{0} is in use: another process listens on it; stop that process (another VM?) or choose another devices.vsock.socket")]
     InUse(PathBuf),
     /// Something other than a socket is at the path.
-    #[error("vsock socket {0} exists and is not a socket; remove it or choose another path")]
+    #[error("{0} exists and is not a socket; remove it or choose another devices.vsock.socket")]
     NotASocket(PathBuf),
     /// bind(2) or listen(2) failed.
     #[error("cannot listen on vsock socket {path}")]

@@ -52,7 +52,7 @@ pub enum VsockError {
     #[error("guest CID {0} is reserved or out of range; use 3 to 4294967294")]
     ReservedCid(u64),
     /// The Unix socket could not be set up.
-    #[error("vsock")]
+    #[error("cannot expose the vsock device on its Unix socket")]
     Backend(#[source] BackendError),
 }
 
