@@ -219,12 +219,14 @@ fn cmd_acpi(cli: &Cli, args: &AcpiArgs) -> Result<u8> {
     Ok(0)
 }
 
-/// A vsock device without a socket path gets `<run dir>/<vm name>.vsock` (KubeVirt's
-/// `autoattachVSOCK`, or `[devices.vsock]` without `socket`).
+/// A vsock device on a Unix socket without a path gets `<run dir>/<vm name>.vsock` (KubeVirt's
+/// `autoattachVSOCK`, or `[devices.vsock]` without `socket`); vhost has no socket.
 fn resolve_vsock_socket(spec: &mut vmhost_config::VmSpec, run_dir: &std::path::Path) {
     let name = spec.name.clone();
     if let Some(v) = spec.devices.vsock.as_mut() {
-        v.socket = Some(v.socket_in(run_dir, &name));
+        if v.backend == vmhost_config::VsockBackend::Unix {
+            v.socket = Some(v.socket_in(run_dir, &name));
+        }
     }
 }
 

@@ -32,7 +32,7 @@ pub use validate::{
     validate, BootSpec, CpuSpec, CpuTopology, Dialect, HugepageSpec, MemorySpec, Payload,
     ResourceList, Resources, SpecError, VmSpec, ARCH_PAGE_SIZES, MAX_MEMORY_BYTES, MAX_VCPUS,
 };
-pub use vsock::VsockSpec;
+pub use vsock::{VsockBackend, VsockSpec};
 
 /// A spec loaded and validated, with the warnings to show the user.
 #[derive(Debug, Clone)]

@@ -29,6 +29,20 @@ pub struct RawVsock {
     pub cid: Option<u64>,
     /// The Unix socket (default `<run dir>/<vm name>.vsock`).
     pub socket: Option<PathBuf>,
+    /// `unix` (default: vmhost's device on a Unix socket) or `vhost` (the kernel's
+    /// vhost-vsock, host side `AF_VSOCK`).
+    pub backend: Option<String>,
+}
+
+/// Where the host side of the vsock device lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VsockBackend {
+    /// vmhost's device, exposed on a Unix socket (Firecracker's hybrid vsock).
+    #[default]
+    Unix,
+    /// The kernel's vhost-vsock: host programs use `AF_VSOCK`; the CID is host-wide.
+    Vhost,
 }
 
 /// A resolved virtio-vsock device.
@@ -37,12 +51,15 @@ pub struct VsockSpec {
     /// The guest's context ID.
     pub cid: u64,
     /// The Unix socket; `None`: `<run dir>/<vm name>.vsock`, filled in by the VMM, which
-    /// knows its run directory ([`VsockSpec::socket_in`]).
+    /// knows its run directory ([`VsockSpec::socket_in`]). Always `None` with vhost.
     pub socket: Option<PathBuf>,
+    /// The back end.
+    pub backend: VsockBackend,
 }
 
 impl VsockSpec {
     /// The socket path, with `run_dir` for a derived one.
+    /// (Meaningless with the vhost back end, which has no socket.)
     pub fn socket_in(&self, run_dir: &Path, vm: &str) -> PathBuf {
         self.socket
             .clone()
@@ -78,12 +95,35 @@ pub(crate) fn check_vsock(
             "use a CID from 3 to 4294967294, e.g. 3",
         );
     }
+    let backend = match raw.backend.as_deref().unwrap_or("unix") {
+        "unix" => VsockBackend::Unix,
+        "vhost" => VsockBackend::Vhost,
+        other => {
+            c.fail(
+                "devices.vsock.backend",
+                format!("{other:?}"),
+                "is not a vsock back end",
+                "use \"unix\" (a Unix socket, the default) or \"vhost\" (the kernel's vhost-vsock)",
+            );
+            VsockBackend::Unix
+        }
+    };
     if let Some(path) = &raw.socket {
-        check_socket_path(c, path);
+        if backend == VsockBackend::Vhost {
+            c.fail(
+                "devices.vsock.socket",
+                format!("{:?}", path.display().to_string()),
+                "the kernel's vhost-vsock has no Unix socket: host programs connect with AF_VSOCK to (cid, port)",
+                "remove socket, or use backend = \"unix\"",
+            );
+        } else {
+            check_socket_path(c, path);
+        }
     }
     Some(VsockSpec {
         cid,
         socket: raw.socket,
+        backend,
     })
 }
 

@@ -57,7 +57,8 @@ fn kubevirt_autoattach_vsock_adds_the_device() {
         spec.devices.vsock,
         Some(VsockSpec {
             cid: 3,
-            socket: None
+            socket: None,
+            backend: VsockBackend::Unix,
         })
     );
     let off = yaml.replace("autoattachVSOCK: true", "autoattachVSOCK: false");
@@ -133,4 +134,33 @@ fn autoattach_false_with_a_vsock_table_contradicts() {
 fn unknown_vsock_keys_are_errors() {
     let r = from_toml_str(&toml("[devices.vsock]\nport = 5"), "t.toml");
     assert!(matches!(r, Err(ConfigError::Toml { .. })), "{r:?}");
+}
+
+#[test]
+fn the_vhost_backend_resolves_and_has_no_socket() {
+    let spec = from_toml_str(
+        &toml("[devices.vsock]\ncid = 7\nbackend = \"vhost\""),
+        "t.toml",
+    )
+    .unwrap()
+    .spec;
+    let v = spec.devices.vsock.unwrap();
+    assert_eq!((v.cid, v.backend, v.socket), (7, VsockBackend::Vhost, None));
+    let errs = errors(from_toml_str(
+        &toml("[devices.vsock]\nbackend = \"vhost\"\nsocket = \"/tmp/x.vsock\""),
+        "t.toml",
+    ));
+    assert!(
+        errs.iter()
+            .any(|e| e.field == "devices.vsock.socket" && e.rule.contains("AF_VSOCK")),
+        "{errs:?}"
+    );
+    let errs = errors(from_toml_str(
+        &toml("[devices.vsock]\nbackend = \"qemu\""),
+        "t.toml",
+    ));
+    assert!(
+        errs.iter().any(|e| e.field == "devices.vsock.backend"),
+        "{errs:?}"
+    );
 }

@@ -11,7 +11,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use tracing::warn;
-use vmhost_config::{DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec};
+use vmhost_config::{DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec, VsockBackend};
 
 use crate::block::{Block, BlockConfig, BlockError};
 use crate::device::VirtioDevice;
@@ -19,6 +19,7 @@ use crate::disk::CacheMode;
 use crate::net::{Net, NetError, Tap};
 use crate::rng::Rng;
 use crate::seed::{NoCloudSeed, SeedError};
+use crate::vsock::vhost::{VhostError, VhostVsock};
 use crate::vsock::{Vsock, VsockError};
 
 /// Name pattern of the taps vmhost creates (the kernel fills in the number).
@@ -72,6 +73,15 @@ pub enum HostError {
         /// The cause.
         #[source]
         source: NetError,
+    },
+    /// The kernel's vhost-vsock could not be set up.
+    #[error("devices.vsock (backend vhost, CID {cid})")]
+    Vhost {
+        /// The guest CID.
+        cid: u64,
+        /// The cause.
+        #[source]
+        source: VhostError,
     },
     /// The vsock device's Unix socket could not be set up.
     #[error("devices.vsock.socket {path}")]
@@ -190,7 +200,23 @@ impl HostDevices {
                 describe: "rng: getrandom".into(),
             });
         }
-        if let Some(v) = &spec.vsock {
+        if let Some(v) = spec
+            .vsock
+            .as_ref()
+            .filter(|v| v.backend == VsockBackend::Vhost)
+        {
+            let vhost =
+                VhostVsock::new(v.cid).map_err(|source| HostError::Vhost { cid: v.cid, source })?;
+            let fd = vhost.poll_fd();
+            self.devices.push(PreparedDevice {
+                device: Box::new(vhost),
+                backend: Some((fd, crate::vsock::RX)),
+                describe: format!(
+                    "vsock: guest CID {} on the kernel's vhost-vsock (host side AF_VSOCK)",
+                    v.cid
+                ),
+            });
+        } else if let Some(v) = &spec.vsock {
             // The device owns the socket and removes it when it is dropped (VM stop).
             let path = v.socket_in(run_dir, vm);
             let vsock = Vsock::new(v.cid, &path).map_err(|source| HostError::Vsock {

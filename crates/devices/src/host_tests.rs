@@ -180,6 +180,7 @@ fn vsock_listens_in_the_run_dir_and_its_socket_goes_at_stop() {
         vsock: Some(vmhost_config::VsockSpec {
             cid: 3,
             socket: None,
+            backend: Default::default(),
         }),
         ..DeviceSpec::default()
     };
@@ -200,4 +201,32 @@ fn vsock_listens_in_the_run_dir_and_its_socket_goes_at_stop() {
     assert!(sock.exists(), "the running VM keeps its socket");
     drop(host);
     assert!(!sock.exists(), "removed at stop");
+}
+
+#[test]
+fn the_vhost_backend_needs_the_kernels_vhost_vsock() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = DeviceSpec {
+        vsock: Some(vmhost_config::VsockSpec {
+            cid: 0x7654_3210,
+            socket: None,
+            backend: vmhost_config::VsockBackend::Vhost,
+        }),
+        ..DeviceSpec::default()
+    };
+    let got = HostDevices::prepare(&spec, "web", dir.path());
+    if std::path::Path::new(crate::vsock::vhost::VHOST_VSOCK_PATH).exists() {
+        // A host with vhost-vsock: the device claims the CID; no socket is made.
+        let host = got.unwrap();
+        assert_eq!(host.devices[0].device.device_type(), 19);
+        assert!(!dir.path().join("web.vsock").exists());
+    } else {
+        let err = got.unwrap_err();
+        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(matches!(err, HostError::Vhost { .. }), "{err:?}");
+        assert!(
+            chain.contains("/dev/vhost-vsock") && chain.contains("backend = \"unix\""),
+            "{chain}"
+        );
+    }
 }

@@ -129,6 +129,7 @@ mod tests {
             vsock: Some(vmhost_config::VsockSpec {
                 cid: 3,
                 socket: None,
+                backend: Default::default(),
             }),
         };
         let p = DevicePlan::new(spec);

@@ -230,6 +230,10 @@ fn render_devices(s: &mut String, d: &crate::devices::DevicePlan) {
             }
             VirtioKind::Rng => "rng: host getrandom".to_string(),
             VirtioKind::Vsock => match &d.spec.vsock {
+                Some(v) if v.backend == vmhost_config::VsockBackend::Vhost => format!(
+                    "vsock: guest CID {} on the kernel's vhost-vsock (host side AF_VSOCK)",
+                    v.cid
+                ),
                 Some(v) => format!(
                     "vsock: guest CID {}, Unix socket {}",
                     v.cid,

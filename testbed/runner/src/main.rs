@@ -16,6 +16,7 @@ mod linux_tests;
 mod memory_tests;
 mod topology_tests;
 mod vm;
+mod vsock_af;
 mod vsock_tests;
 
 use std::time::Instant;
@@ -112,6 +113,10 @@ const TWO_NODE: &[Test] = &[
     (
         "vsock_linux_guest_echo_both_ways",
         vsock_tests::linux_guest_echo_both_ways,
+    ),
+    (
+        "vsock_vhost_linux_guest_echo_both_ways",
+        vsock_tests::vhost_linux_guest_echo_both_ways,
     ),
 ];
 

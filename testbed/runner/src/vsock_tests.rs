@@ -93,22 +93,9 @@ fn echo_listener(
             .set_nonblocking(false)
             .and_then(|()| stream.set_read_timeout(Some(LIMIT)));
         setup.map_err(|e| format!("guest connection setup: {e}"))?;
-        let mut got = Vec::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = stream
-                .read(&mut buf)
-                .map_err(|e| format!("reading the guest's bytes after {}: {e}", got.len()))?;
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-            stream
-                .write_all(&buf[..n])
-                .map_err(|e| format!("echoing to the guest: {e}"))?;
-        }
+        let got = echo_until_eof(&mut stream);
         let _ = std::fs::remove_file(&path);
-        Ok(got)
+        got
     }))
 }
 
@@ -144,24 +131,85 @@ fn connect_and_echo(socket: &Path) -> Result<(u32, Vec<u8>), String> {
         .strip_prefix("OK ")
         .and_then(|p| p.parse::<u32>().ok())
         .ok_or_else(|| format!("vmhost answered {text:?}, want \"OK <port>\\n\""))?;
-    let mut writer = s
+    let writer = s
         .try_clone()
         .map_err(|e| format!("clone the stream: {e}"))?;
+    let back = send_and_read_back(s, writer, |w| {
+        w.shutdown(std::net::Shutdown::Write)
+            .map_err(|e| format!("shutdown(SHUT_WR): {e}"))
+    })?;
+    Ok((port, back))
+}
+
+/// Echoes what the peer sends until it shuts its side; returns what it sent.
+fn echo_until_eof<S: Read + Write>(stream: &mut S) -> Result<Vec<u8>, String> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = stream
+            .read(&mut buf)
+            .map_err(|e| format!("reading the guest's bytes after {}: {e}", got.len()))?;
+        if n == 0 {
+            return Ok(got);
+        }
+        got.extend_from_slice(&buf[..n]);
+        stream
+            .write_all(&buf[..n])
+            .map_err(|e| format!("echoing to the guest: {e}"))?;
+    }
+}
+
+/// Sends [`HOST_TO_GUEST`] pattern bytes through `writer` (then `finish`, the half close) on a
+/// thread while reading the echo from `reader` until EOF.
+fn send_and_read_back<R: Read, W: Write + Send + 'static>(
+    mut reader: R,
+    mut writer: W,
+    finish: fn(&W) -> Result<(), String>,
+) -> Result<Vec<u8>, String> {
     let sender = std::thread::spawn(move || -> Result<(), String> {
         let data: Vec<u8> = (0..HOST_TO_GUEST).map(pattern).collect();
         writer
             .write_all(&data)
             .map_err(|e| format!("sending to the guest: {e}"))?;
-        writer
-            .shutdown(std::net::Shutdown::Write)
-            .map_err(|e| format!("shutdown(SHUT_WR): {e}"))
+        finish(&writer)
     });
     let mut back = Vec::new();
-    let read = s.read_to_end(&mut back);
+    let read = reader.read_to_end(&mut back);
     let sent = sender.join().map_err(|_| "the sender thread panicked")?;
     read.map_err(|e| format!("reading the echo after {} bytes: {e}", back.len()))?;
     sent?;
-    Ok((port, back))
+    Ok(back)
+}
+
+/// The echoes' bytes, the guest's own account, and exit 0 after its poweroff.
+fn check_both_ways(env: &Env, vm: &Running, out: &Path, back: &[u8], received: &[u8]) -> Outcome {
+    ensure!(
+        back.len() == HOST_TO_GUEST && mismatch(back).is_none(),
+        "host → guest echo: {} of {HOST_TO_GUEST} bytes back, first difference at {:?}",
+        back.len(),
+        mismatch(back)
+    );
+    ensure!(
+        received.len() == GUEST_TO_HOST && mismatch(received).is_none(),
+        "guest → host: the listener got {} of {GUEST_TO_HOST} bytes, first difference at {:?}",
+        received.len(),
+        mismatch(received)
+    );
+    let code = env.wait(vm.pid)?;
+    let serial = std::fs::read_to_string(out).unwrap_or_default();
+    ensure!(
+        serial.contains(&format!("GUEST vsock_served={HOST_TO_GUEST}"))
+            && serial.contains(&format!("GUEST vsock_g2h=ok bytes={GUEST_TO_HOST}")),
+        "the guest's own account: {}",
+        tail(&serial)
+    );
+    ensure!(
+        code == 0,
+        "exit {code} after the guest powered off: {}; stderr: {}",
+        tail(&serial),
+        vm.stderr()
+    );
+    Ok(())
 }
 
 /// One Linux guest with a vsock device (`autoattach_vsock`: CID 3, `<run dir>/linvsock.vsock`):
@@ -194,37 +242,54 @@ pub fn linux_guest_echo_both_ways(env: &Env) -> Outcome {
     wait_for_console(&vm, &out, "GUEST-VSOCK-LISTENING port=5000")?;
     let (port, back) = connect_and_echo(&socket)?;
     ensure!(port >= 1 << 30, "host port {port}, want one from 2^30 on");
-    ensure!(
-        back.len() == HOST_TO_GUEST && mismatch(&back).is_none(),
-        "host → guest echo: {} of {HOST_TO_GUEST} bytes back, first difference at {:?}",
-        back.len(),
-        mismatch(&back)
-    );
     let received = g2h.join().map_err(|_| "the listener thread panicked")??;
-    ensure!(
-        received.len() == GUEST_TO_HOST && mismatch(&received).is_none(),
-        "guest → host: the listener got {} of {GUEST_TO_HOST} bytes, first difference at {:?}",
-        received.len(),
-        mismatch(&received)
-    );
-    let code = env.wait(vm.pid)?;
-    let serial = std::fs::read_to_string(&out).unwrap_or_default();
-    ensure!(
-        serial.contains(&format!("GUEST vsock_served={HOST_TO_GUEST}"))
-            && serial.contains(&format!("GUEST vsock_g2h=ok bytes={GUEST_TO_HOST}")),
-        "the guest's own account: {}",
-        tail(&serial)
-    );
-    ensure!(
-        code == 0,
-        "exit {code} after the guest powered off: {}; stderr: {}",
-        tail(&serial),
-        vm.stderr()
-    );
+    check_both_ways(env, &vm, &out, &back, &received)?;
     ensure!(
         !socket.exists(),
         "{} is still there after the VM stopped",
         socket.display()
     );
     Ok(())
+}
+
+/// The same guest and echoes on `backend = "vhost"`: the kernel's vhost-vsock serves the queues,
+/// the host side is `AF_VSOCK` (the test connects to CID 3 port 5000 and listens on port 6000),
+/// the guest powers off (exit 0).
+pub fn vhost_linux_guest_echo_both_ways(env: &Env) -> Outcome {
+    ensure!(
+        Path::new("/dev/vhost-vsock").exists(),
+        "/dev/vhost-vsock is missing in the emulated host (vhost_vsock did not load)"
+    );
+    let a = assets(env)?;
+    host::set_2m_pools(&[128, 0])?;
+    let listener = crate::vsock_af::listen(6000)?;
+    let g2h = std::thread::spawn(move || {
+        let mut s = crate::vsock_af::accept(&listener, LIMIT * 2)?;
+        echo_until_eof(&mut s)
+    });
+    let mut toml = linux_spec(
+        "linvhost",
+        (1, 2),
+        "",
+        "256Mi",
+        &a.vmlinux,
+        &a.initrd,
+        "vsock",
+    );
+    toml.push_str("[devices.vsock]\ncid = 3\nbackend = \"vhost\"\n");
+    let spec = env.spec("linvhost", &toml)?;
+    let vm = env.start(
+        "linvhost",
+        env.command(&["--config", &spec.to_string_lossy()]),
+        2,
+    )?;
+    let out = env.work.join("linvhost.out");
+    wait_for_console(&vm, &out, "GUEST-VSOCK-LISTENING port=5000")?;
+    let s = crate::vsock_af::connect(3, 5000, LIMIT)?;
+    let writer = s
+        .try_clone()
+        .map_err(|e| format!("clone the vsock stream: {e}"))?;
+    let back = send_and_read_back(s, writer, crate::vsock_af::shutdown_write)?;
+    let received = g2h.join().map_err(|_| "the listener thread panicked")??;
+    check_both_ways(env, &vm, &out, &back, &received)
 }

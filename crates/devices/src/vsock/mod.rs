@@ -6,6 +6,8 @@
 //! - [`backend`]: the Unix sockets (`<path>` for host-initiated connections, `<path>_<port>`
 //!   for guest-initiated ones), the connection table and the packets waiting for the guest.
 //! - [`event`]: the event queue.
+//! - [`vhost`]: the other back end, the kernel's vhost-vsock (`backend = "vhost"`), whose host
+//!   side is `AF_VSOCK` instead of a Unix socket.
 //!
 //! Queues: 0 receive (device → guest), 1 transmit (guest → device), 2 event. The
 //! configuration space is the guest's 64-bit CID. A transmit chain must be device-readable
@@ -18,6 +20,8 @@ pub mod backend;
 pub mod conn;
 pub mod event;
 pub mod packet;
+pub mod vhost;
+mod vhost_sys;
 
 use std::os::fd::RawFd;
 use std::path::Path;
