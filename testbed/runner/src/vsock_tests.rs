@@ -252,9 +252,27 @@ pub fn linux_guest_echo_both_ways(env: &Env) -> Outcome {
     Ok(())
 }
 
+/// A second VM asking vhost-vsock for CID 3 while the first holds it: exit 1 naming the field.
+fn cid_taken_is_refused(env: &Env, kernel: &Path) -> Outcome {
+    let toml = format!(
+        "name = \"linvhost2\"\n[cpu]\ncores = 1\n[memory]\nguest = \"256Mi\"\n\
+         [boot]\nkernel = \"{}\"\n[devices.vsock]\ncid = 3\nbackend = \"vhost\"\n",
+        kernel.display()
+    );
+    let spec = env.spec("linvhost2", &toml)?;
+    let out = env.run(&["--config", &spec.to_string_lossy()])?;
+    ensure!(
+        out.code == 1 && out.stderr.contains("devices.vsock.cid") && out.stderr.contains("taken"),
+        "a second VM on CID 3: exit {}, want 1 naming devices.vsock.cid; stderr: {}",
+        out.code,
+        out.stderr
+    );
+    Ok(())
+}
+
 /// The same guest and echoes on `backend = "vhost"`: the kernel's vhost-vsock serves the queues,
 /// the host side is `AF_VSOCK` (the test connects to CID 3 port 5000 and listens on port 6000),
-/// the guest powers off (exit 0).
+/// a second VM cannot take CID 3, the guest powers off (exit 0).
 pub fn vhost_linux_guest_echo_both_ways(env: &Env) -> Outcome {
     ensure!(
         Path::new("/dev/vhost-vsock").exists(),
@@ -285,6 +303,7 @@ pub fn vhost_linux_guest_echo_both_ways(env: &Env) -> Outcome {
     )?;
     let out = env.work.join("linvhost.out");
     wait_for_console(&vm, &out, "GUEST-VSOCK-LISTENING port=5000")?;
+    cid_taken_is_refused(env, &a.vmlinux)?;
     let s = crate::vsock_af::connect(3, 5000, LIMIT)?;
     let writer = s
         .try_clone()
