@@ -319,17 +319,30 @@ fn a_guest_sending_past_its_credit_is_reset() {
     let mem = memory();
     let mut g = Guest::new(&mem);
     let (mut host, port) = host_connection(&mut dev, &mut g, &path);
-    // The host reads nothing: its socket buffer fills, then the connection's 256 KiB.
+    // The host reads nothing: its socket buffer fills (at most wmem_default bytes), then the
+    // connection's 256 KiB. Enough 64 KiB packets for both, in rounds of fresh rings.
+    let wmem: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_default")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(1 << 20);
+    let packets = (wmem + CONN_BUF_ALLOC as usize) / MAX_PAYLOAD as usize + 4;
     let chunk = vec![1u8; MAX_PAYLOAD as usize];
     let mut reset = false;
-    for _ in 0..40 {
-        g.send(&mut dev, hdr(Op::Rw, 52, port, MAX_PAYLOAD), &chunk);
-        if g.recv(&mut dev).iter().any(|(h, _)| op(h) == Some(Op::Rst)) {
-            reset = true;
-            break;
+    'rounds: for _ in 0..packets.div_ceil(16) {
+        let mut g = Guest::new(&mem);
+        for _ in 0..16 {
+            g.post_rx(2);
+            g.send(&mut dev, hdr(Op::Rw, 52, port, MAX_PAYLOAD), &chunk);
+            if g.recv(&mut dev).iter().any(|(h, _)| op(h) == Some(Op::Rst)) {
+                reset = true;
+                break 'rounds;
+            }
         }
     }
-    assert!(reset, "RST once the guest outran its credit");
+    assert!(
+        reset,
+        "RST once the guest outran its credit ({packets} packets sent)"
+    );
     assert_eq!(dev.backend().connections(), 0);
     host.set_nonblocking(true).unwrap();
     let mut sink = vec![0u8; 1 << 20];
