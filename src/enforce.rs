@@ -27,7 +27,8 @@ pub const EXIT_LIMIT: u8 = 5;
 /// The VMM's cgroup while the VM runs; removed when dropped.
 pub struct Enforcement {
     cgroup: Arc<Mutex<Option<Cgroup>>>,
-    /// Files the limit exit removes (the API socket): `process::exit` runs no destructor.
+    /// Files the limit exit removes (the API and vsock sockets): `process::exit` runs no
+    /// destructor.
     leftovers: Arc<Mutex<Vec<PathBuf>>>,
     /// The envelope's PUs, the cpuset once guest RAM is prefaulted.
     envelope_cpus: Vec<u32>,
@@ -36,7 +37,7 @@ pub struct Enforcement {
 impl Enforcement {
     /// Creates cgroup `vmhost/<name>` with the plan's limits, moves this process into it and
     /// starts the limit watch. `release` runs (ledger release) before the process exits on
-    /// the limit.
+    /// the limit, which also removes the vsock socket of the plan's vsock device.
     pub fn enter(
         name: &str,
         plan: &Plan,
@@ -44,6 +45,12 @@ impl Enforcement {
         release: (PathBuf, String),
         api_socket: Option<PathBuf>,
     ) -> Result<Arc<Self>> {
+        let vsock_socket = plan
+            .devices
+            .spec
+            .vsock
+            .as_ref()
+            .and_then(|v| v.socket.clone());
         // The pid the ledger admitted the VM under (the supervisor's, after a fork).
         let ledger_pid = std::process::id();
         let mut limits = Limits::from_plan(plan);
@@ -75,6 +82,7 @@ impl Enforcement {
                 ledger: release.clone(),
                 ledger_pid,
                 api_socket,
+                vsock_socket: vsock_socket.clone(),
             };
             cg = crate::supervise::split(cg, &leftovers)?;
         }
@@ -84,7 +92,8 @@ impl Enforcement {
             .oom_watch()
             .context("watching the cgroup's memory limit")?;
         let cgroup = Arc::new(Mutex::new(Some(cg)));
-        let leftovers: Arc<Mutex<Vec<PathBuf>>> = Arc::default();
+        let leftovers: Arc<Mutex<Vec<PathBuf>>> =
+            Arc::new(Mutex::new(vsock_socket.into_iter().collect()));
         let (shared, files) = (Arc::clone(&cgroup), Arc::clone(&leftovers));
         watch
             .spawn(move |event| {

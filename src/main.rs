@@ -162,7 +162,8 @@ fn load_spec(cli: &Cli) -> Result<LoadedSpec> {
 }
 
 fn cmd_plan(cli: &Cli, args: &PlanArgs) -> Result<u8> {
-    let spec = load_spec(cli)?;
+    let mut spec = load_spec(cli)?;
+    resolve_vsock_socket(&mut spec.spec, &vms::run_dir(cli.run_dir.as_deref()));
     let host = host::load(&args.host).context("loading the host topology")?;
     let mut opts = plan_options(args);
     if args.host.topology.is_none() {
@@ -234,12 +235,24 @@ fn cmd_acpi(cli: &Cli, args: &AcpiArgs) -> Result<u8> {
     Ok(0)
 }
 
+/// A vsock device on a Unix socket without a path gets `<run dir>/<vm name>.vsock` (KubeVirt's
+/// `autoattachVSOCK`, or `[devices.vsock]` without `socket`); vhost has no socket.
+fn resolve_vsock_socket(spec: &mut vmhost_config::VmSpec, run_dir: &std::path::Path) {
+    let name = spec.name.clone();
+    if let Some(v) = spec.devices.vsock.as_mut() {
+        if v.backend == vmhost_config::VsockBackend::Unix {
+            v.socket = Some(v.socket_in(run_dir, &name));
+        }
+    }
+}
+
 /// The main job: admit the VM through the host ledger, then run it.
 fn cmd_run(cli: &Cli) -> Result<u8> {
-    let spec = load_spec(cli)?;
+    let mut spec = load_spec(cli)?;
     check_boot_inputs(&spec.spec.boot)?;
     let host = host::load(&Default::default()).context("discovering this host's topology")?;
     let run_dir = vms::run_dir(cli.run_dir.as_deref());
+    resolve_vsock_socket(&mut spec.spec, &run_dir);
     let opts = plan_options(&PlanArgs::default());
     let api = cli.api_socket.clone();
     let (plan, admission) = vms::admit(&run_dir, &spec.spec, &host, &opts, api.clone())?;

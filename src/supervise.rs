@@ -30,6 +30,8 @@ pub struct Leftovers {
     pub ledger_pid: u32,
     /// The control API socket the VMM serves, if any.
     pub api_socket: Option<PathBuf>,
+    /// The vsock device's Unix socket, if the VM has one.
+    pub vsock_socket: Option<PathBuf>,
 }
 
 /// Forks the VMM off a supervisor. Returns the cgroup in the child (the VMM), which goes on
@@ -104,10 +106,12 @@ fn supervise(
     std::process::exit(i32::from(code))
 }
 
-/// Removes what a killed VMM left: its API socket and its ledger entry.
+/// Removes what a killed VMM left: its API and vsock sockets and its ledger entry.
 fn clean_up(l: &Leftovers) {
-    if let Some(sock) = l.api_socket.as_deref().filter(|p| Path::new(p).exists()) {
-        let _ = std::fs::remove_file(sock);
+    for sock in [&l.api_socket, &l.vsock_socket] {
+        if let Some(sock) = sock.as_deref().filter(|p| Path::new(p).exists()) {
+            let _ = std::fs::remove_file(sock);
+        }
     }
     match vmhost_ledger::Ledger::open(&l.ledger.0) {
         Ok(ledger) => {

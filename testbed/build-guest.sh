@@ -2,7 +2,8 @@
 # Builds the initramfs of the Linux guests the emulated-host tests boot, cached in
 # target/testbed/guest/:
 #   initramfs.cpio  busybox-static, testbed/guest/init as /init, and the modules it loads
-#                   (evdev + button for the ACPI power button, pvpanic + pvpanic-mmio)
+#                   (evdev + button for the ACPI power button, pvpanic + pvpanic-mmio,
+#                   virtio_mmio + vmw_vsock_virtio_transport), and /bin/vsock-test
 #   qemu/           this machine's qemu-system-x86_64 with its shared libraries and loader
 #                   (lib/) and the firmware a direct kernel boot needs (share/): the baseline of
 #                   the boot-time benchmark, run inside the emulated host as
@@ -24,7 +25,11 @@ bash "$root/crates/boot/scripts/fetch-test-kernel.sh" >/dev/null
 kdir="${VMHOST_TEST_KERNEL_DIR:-$root/target/test-kernel}"
 kpkg="$(cat "$kdir/VERSION")"
 modules=(evdev button pvpanic-mmio)
+# vsock test: the virtio-mmio transport (found through the DSDT) and the vsock driver, plus the
+# static helper testbed/guest/vsock-test.c (busybox has no AF_VSOCK).
+modules+=(virtio_mmio vmw_vsock_virtio_transport)
 inputs="$kpkg busybox-static ${modules[*]} $(cat "$root/testbed/guest/init" "$0" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
+inputs+=" vsock-test:$(sha256sum < "$root/testbed/guest/vsock-test.c" | cut -c1-16)"
 mkdir -p "$out"
 qemu_bundle() { # this machine's QEMU, its libraries and firmware, for the emulated host
     local q d="$out/qemu"
@@ -60,6 +65,8 @@ copy_modules "$work/kernel" "$rootfs" "${modules[@]}"
 dpkg-deb -x "$bdeb" "$work/busybox"
 cp "$work/busybox/bin/busybox" "$rootfs/bin/busybox"
 install -m 0755 "$root/testbed/guest/init" "$rootfs/init"
+command -v gcc >/dev/null || die "gcc not found (the vsock test helper is a static C program): apt-get install gcc libc6-dev"
+gcc -static -O2 -Wall -o "$rootfs/bin/vsock-test" "$root/testbed/guest/vsock-test.c"
 python3 "$root/testbed/mkcpio.py" "$rootfs" "$out/initramfs.cpio.tmp"
 mv "$out/initramfs.cpio.tmp" "$out/initramfs.cpio"
 echo "$inputs" > "$out/VERSION"

@@ -1,4 +1,4 @@
-//! Disks, volumes, interfaces, networks and entropy: [`RawSpec`] → [`DeviceSpec`].
+//! Disks, volumes, interfaces, networks, entropy and vsock ([`crate::vsock`]): [`RawSpec`] → [`DeviceSpec`].
 //!
 //! Disks pair with volumes and interfaces with networks by name, as in KubeVirt. Paths are
 //! checked here (an image that is missing, a directory or a FIFO is a spec error naming the
@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::spec::{RawDisk, RawInterface, RawSpec, RawVolume};
 use crate::validate::Checker;
+use crate::vsock::{check_vsock, VsockSpec};
 use crate::MacAddress;
 
 /// Bytes of a disk serial the guest can read (virtio-blk GET_ID).
@@ -116,15 +117,19 @@ pub struct DeviceSpec {
     pub interfaces: Vec<InterfaceSpec>,
     /// A virtio-rng device.
     pub rng: bool,
+    /// A virtio-vsock device.
+    pub vsock: Option<VsockSpec>,
 }
 
 /// Checks and resolves the devices of `raw` for VM `vm`.
 pub(crate) fn check_devices(c: &mut Checker<'_>, raw: &RawSpec, vm: &str) -> DeviceSpec {
     let disks = check_disks(c, raw);
     let interfaces = check_interfaces(c, raw, vm);
+    let vsock = check_vsock(c, raw.devices.vsock.as_ref(), raw.devices.autoattach_vsock);
     let count = raw.devices.disks.len()
         + raw.devices.interfaces.len()
-        + usize::from(raw.devices.rng.is_some());
+        + usize::from(raw.devices.rng.is_some())
+        + usize::from(vsock.is_some());
     if count > MAX_DEVICES {
         c.fail(
             "devices",
@@ -137,6 +142,7 @@ pub(crate) fn check_devices(c: &mut Checker<'_>, raw: &RawSpec, vm: &str) -> Dev
         disks,
         interfaces,
         rng: raw.devices.rng.is_some(),
+        vsock,
     }
 }
 

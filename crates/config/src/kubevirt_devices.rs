@@ -1,4 +1,4 @@
-//! KubeVirt `devices.{disks,interfaces,rng}`, `volumes` and `networks` → the raw spec's
+//! KubeVirt `devices.{disks,interfaces,rng,autoattachVSOCK}`, `volumes` and `networks` → the raw spec's
 //! device fields. Shapes vmhost cannot serve on a standalone host (`lun` disks, SR-IOV,
 //! Multus, containerDisk, PVCs) are passed on or refused with the field named; validation
 //! then reports them like TOML errors.
@@ -18,13 +18,20 @@ pub(super) fn map_devices(
     m: &Mapping,
     spec: &mut RawSpec,
 ) -> Result<(), ConfigError> {
-    let known = ["autoattachGraphicsDevice", "disks", "interfaces", "rng"];
+    let known = [
+        "autoattachGraphicsDevice",
+        "autoattachVSOCK",
+        "disks",
+        "interfaces",
+        "rng",
+    ];
     for (key, v) in w.take(m, "devices.", &known) {
         let path = format!("devices.{key}");
         match key {
             "autoattachGraphicsDevice" => {
                 spec.devices.autoattach_graphics_device = Some(w.bool(v, &path)?);
             }
+            "autoattachVSOCK" => spec.devices.autoattach_vsock = Some(w.bool(v, &path)?),
             "disks" => {
                 for (i, d) in w.seq(v, &path)?.iter().enumerate() {
                     let disk = map_disk(w, d, &format!("{path}[{i}]"))?;

@@ -21,6 +21,7 @@ mod quantity;
 pub mod spec;
 mod validate;
 mod vcpumask;
+pub mod vsock;
 
 use std::path::{Path, PathBuf};
 
@@ -33,6 +34,7 @@ pub use validate::{
     validate, BootSpec, CpuSpec, CpuTopology, Dialect, HugepageSpec, MemorySpec, Payload,
     ResourceList, Resources, SpecError, VmSpec, ARCH_PAGE_SIZES, MAX_MEMORY_BYTES, MAX_VCPUS,
 };
+pub use vsock::{VsockBackend, VsockSpec};
 
 /// A spec loaded and validated, with the warnings to show the user.
 #[derive(Debug, Clone)]

@@ -166,6 +166,10 @@ pub struct RawDevices {
     pub interfaces: Vec<RawInterface>,
     /// `rng = {}` adds a virtio-rng device.
     pub rng: Option<RawEmpty>,
+    /// KubeVirt's `autoattachVSOCK`: a virtio-vsock device with the default CID and socket.
+    pub autoattach_vsock: Option<bool>,
+    /// A virtio-vsock device on a Unix socket (`[devices.vsock]`).
+    pub vsock: Option<crate::vsock::RawVsock>,
 }
 
 /// An empty table (`{}`): KubeVirt's presence-only fields (`rng`, `bridge`, `pod`).

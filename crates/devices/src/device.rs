@@ -95,6 +95,20 @@ pub trait VirtioDevice: Send {
         let _ = features;
     }
 
+    /// DRIVER_OK with the queues as the driver set them up, for a device whose queues are
+    /// served elsewhere (the kernel's vhost). `Err` puts the device into NEEDS_RESET with the
+    /// message. The default calls [`VirtioDevice::activate`].
+    fn activate_queues(
+        &mut self,
+        features: u64,
+        queues: &[Queue],
+        mem: &GuestMemoryMmap,
+    ) -> Result<(), String> {
+        let _ = (queues, mem);
+        self.activate(features);
+        Ok(())
+    }
+
     /// Processes the available buffers of queue `index`. Returns whether buffers were used
     /// (so the transport raises the queue interrupt).
     fn process_queue(

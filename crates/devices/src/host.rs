@@ -1,6 +1,7 @@
 //! The apply step of the devices: from the plan's resolved [`DeviceSpec`] to device objects,
 //! making what the host needs on the way — a `DiskOrCreate` image, an empty disk, a
-//! cloud-init seed, a tap. Files made only for this run (empty disks, seeds) are removed when
+//! cloud-init seed, a tap, a vsock Unix socket (owned by the device, removed when it is
+//! dropped). Files made only for this run (empty disks, seeds) are removed when
 //! the [`HostDevices`] is dropped (VM stop); if preparing fails half-way, everything made so
 //! far is removed too (a created `DiskOrCreate` image included), so a refused start leaves
 //! nothing behind. Failures here are host errors (exit 1), not spec errors.
@@ -10,7 +11,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use tracing::warn;
-use vmhost_config::{DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec};
+use vmhost_config::{DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec, VsockBackend};
 
 use crate::block::{Block, BlockConfig, BlockError};
 use crate::device::VirtioDevice;
@@ -18,6 +19,8 @@ use crate::disk::CacheMode;
 use crate::net::{Net, NetError, Tap};
 use crate::rng::Rng;
 use crate::seed::{NoCloudSeed, SeedError};
+use crate::vsock::vhost::{VhostError, VhostVsock};
+use crate::vsock::{Vsock, VsockError};
 
 /// Name pattern of the taps vmhost creates (the kernel fills in the number).
 pub const TAP_PATTERN: &str = "vmhost%d";
@@ -71,6 +74,24 @@ pub enum HostError {
         #[source]
         source: NetError,
     },
+    /// The kernel's vhost-vsock could not be set up.
+    #[error("devices.vsock (backend vhost, CID {cid})")]
+    Vhost {
+        /// The guest CID.
+        cid: u64,
+        /// The cause.
+        #[source]
+        source: VhostError,
+    },
+    /// The vsock device's Unix socket could not be set up.
+    #[error("devices.vsock.socket {path}")]
+    Vsock {
+        /// The socket.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: VsockError,
+    },
 }
 
 /// One prepared device, in plan slot order.
@@ -94,7 +115,7 @@ impl std::fmt::Debug for PreparedDevice {
 /// The devices of one VM and the files made for this run.
 #[derive(Debug, Default)]
 pub struct HostDevices {
-    /// Disks, then NICs, then rng: the order of the plan's slots.
+    /// Disks, then NICs, then rng, then vsock: the order of the plan's slots.
     pub devices: Vec<PreparedDevice>,
     /// Removed on drop (VM stop).
     scratch: Vec<PathBuf>,
@@ -103,7 +124,8 @@ pub struct HostDevices {
 }
 
 impl HostDevices {
-    /// Prepares every device of `spec` for VM `vm`; run-time files go to `run_dir`.
+    /// Prepares every device of `spec` for VM `vm`; run-time files go to `run_dir`, and so
+    /// does a vsock socket whose path the spec left to the VMM (`<run_dir>/<vm>.vsock`).
     pub fn prepare(spec: &DeviceSpec, vm: &str, run_dir: &Path) -> Result<Self, HostError> {
         let mut out = HostDevices::default();
         match out.prepare_all(spec, vm, run_dir) {
@@ -176,6 +198,41 @@ impl HostDevices {
                 device: Box::new(Rng::new()),
                 backend: None,
                 describe: "rng: getrandom".into(),
+            });
+        }
+        if let Some(v) = spec
+            .vsock
+            .as_ref()
+            .filter(|v| v.backend == VsockBackend::Vhost)
+        {
+            let vhost =
+                VhostVsock::new(v.cid).map_err(|source| HostError::Vhost { cid: v.cid, source })?;
+            let fd = vhost.poll_fd();
+            self.devices.push(PreparedDevice {
+                device: Box::new(vhost),
+                backend: Some((fd, crate::vsock::RX)),
+                describe: format!(
+                    "vsock: guest CID {} on the kernel's vhost-vsock (host side AF_VSOCK)",
+                    v.cid
+                ),
+            });
+        } else if let Some(v) = &spec.vsock {
+            // The device owns the socket and removes it when it is dropped (VM stop).
+            let path = v.socket_in(run_dir, vm);
+            let vsock = Vsock::new(v.cid, &path).map_err(|source| HostError::Vsock {
+                path: path.clone(),
+                source,
+            })?;
+            let fd = vsock.poll_fd();
+            self.devices.push(PreparedDevice {
+                device: Box::new(vsock),
+                backend: Some((fd, crate::vsock::RX)),
+                describe: format!(
+                    "vsock: guest CID {}, Unix socket {} (host ports: {}_<port>)",
+                    v.cid,
+                    path.display(),
+                    path.display()
+                ),
             });
         }
         Ok(())

@@ -43,6 +43,7 @@ fn prepares_disks_and_rng_and_removes_run_files_at_stop() {
         ],
         interfaces: Vec::new(),
         rng: true,
+        ..DeviceSpec::default()
     };
     let host = HostDevices::prepare(&spec, "web", dir.path()).unwrap();
     let types: Vec<u32> = host
@@ -102,6 +103,8 @@ fn a_failure_half_way_leaves_nothing_behind() {
         ],
         interfaces: Vec::new(),
         rng: false,
+
+        ..DeviceSpec::default()
     };
     let err = HostDevices::prepare(&spec, "web", dir.path()).unwrap_err();
     assert!(
@@ -167,4 +170,63 @@ fn a_stale_empty_disk_from_a_killed_run_is_replaced() {
     );
     drop(host);
     assert!(!stale.exists());
+}
+
+#[test]
+fn vsock_listens_in_the_run_dir_and_its_socket_goes_at_stop() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = DeviceSpec {
+        vsock: Some(vmhost_config::VsockSpec {
+            cid: 3,
+            socket: None,
+            backend: Default::default(),
+        }),
+        ..DeviceSpec::default()
+    };
+    let host = HostDevices::prepare(&spec, "web", dir.path()).unwrap();
+    let sock = dir.path().join("web.vsock");
+    assert_eq!(host.devices[0].device.device_type(), 19);
+    assert!(
+        host.devices[0].backend.is_some(),
+        "the I/O thread watches it"
+    );
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok());
+    // A second VM on the same socket: a host error naming the field and the path.
+    let err = HostDevices::prepare(&spec, "web", dir.path()).unwrap_err();
+    assert!(matches!(err, HostError::Vsock { .. }), "{err:?}");
+    assert!(err.to_string().contains("devices.vsock.socket"), "{err}");
+    assert!(sock.exists(), "the running VM keeps its socket");
+    drop(host);
+    assert!(!sock.exists(), "removed at stop");
+}
+
+#[test]
+fn the_vhost_backend_needs_the_kernels_vhost_vsock() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = DeviceSpec {
+        vsock: Some(vmhost_config::VsockSpec {
+            cid: 0x7654_3210,
+            socket: None,
+            backend: vmhost_config::VsockBackend::Vhost,
+        }),
+        ..DeviceSpec::default()
+    };
+    let got = HostDevices::prepare(&spec, "web", dir.path());
+    if std::path::Path::new(crate::vsock::vhost::VHOST_VSOCK_PATH).exists() {
+        // A host with vhost-vsock: the device claims the CID; no socket is made.
+        let host = got.unwrap();
+        assert_eq!(host.devices[0].device.device_type(), 19);
+        assert!(!dir.path().join("web.vsock").exists());
+    } else {
+        let err = got.unwrap_err();
+        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(matches!(err, HostError::Vhost { .. }), "{err:?}");
+        assert!(
+            chain.contains("/dev/vhost-vsock") && chain.contains("backend = \"unix\""),
+            "{chain}"
+        );
+    }
 }

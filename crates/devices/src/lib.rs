@@ -1,7 +1,7 @@
 //! vmhost's virtio devices and their virtio-mmio transport.
 //!
 //! - [`mmio`]: the virtio-mmio v2 register file and device status state machine, KVM-free.
-//! - [`block`] (over [`disk`]), [`net`], [`rng`]: the devices, one module each.
+//! - [`block`] (over [`disk`]), [`net`], [`rng`], [`vsock`]: the devices, one module each.
 //! - [`chain`]: descriptor chains checked before a device reads them; malformed guest input
 //!   becomes a [`DeviceError`] and the transport puts the device into NEEDS_RESET.
 //! - [`interrupt`]: interrupt status plus the eventfd (irqfd) that raises the GSI.
@@ -35,6 +35,7 @@ pub mod net;
 pub mod rng;
 pub mod seed;
 mod sys;
+pub mod vsock;
 pub mod worker;
 
 #[cfg(test)]
@@ -47,3 +48,4 @@ pub use interrupt::{Interrupt, InterruptError};
 pub use mmio::{MmioError, MmioTransport, MMIO_MAGIC, MMIO_VERSION, MMIO_WINDOW_SIZE};
 pub use net::{Net, NetError, NetStats, Tap};
 pub use rng::Rng;
+pub use vsock::{Vsock, VsockError};

@@ -296,7 +296,14 @@ impl MmioTransport {
                 ));
                 return;
             }
-            self.device.activate(self.driver_features);
+            if let Err(why) =
+                self.device
+                    .activate_queues(self.driver_features, &self.queues, &self.mem)
+            {
+                self.status = value | kept;
+                self.fail(&why);
+                return;
+            }
         }
         self.status = value | kept;
     }

@@ -134,6 +134,56 @@ pub fn tun_set_vnet_hdr_size(fd: BorrowedFd<'_>, size: usize) -> io::Result<()> 
     Ok(())
 }
 
+/// Connects a non-blocking Unix stream socket to `path` without waiting: a listener whose
+/// backlog is full gives `WouldBlock` instead of stalling the I/O thread (std's `connect`
+/// blocks there).
+pub fn unix_connect_nonblocking(
+    path: &std::path::Path,
+) -> io::Result<std::os::unix::net::UnixStream> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+
+    // SAFETY: sockaddr_un is a plain C struct of integers and a byte array; all zeroes is a
+    // valid (empty) value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let bytes = path.as_os_str().as_bytes();
+    // Room for the terminating NUL.
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "Unix socket path too long",
+        ));
+    }
+    // AF_UNIX (1) fits sa_family_t.
+    addr.sun_family = libc::sa_family_t::try_from(libc::AF_UNIX).unwrap_or(1);
+    for (dst, &src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = src as libc::c_char;
+    }
+    // SAFETY: socket(2) takes no pointers; the result is checked before use.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new socket this function owns; OwnedFd closes it on every path.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    // At most sizeof(sockaddr_un), 110 bytes.
+    let len = libc::socklen_t::try_from(len).unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: `addr` is a valid sockaddr_un that outlives the call, `len` does not exceed its
+    // size (checked above), and `fd` is the open socket owned by `owned`.
+    let rc = unsafe { libc::connect(fd, std::ptr::addr_of!(addr).cast::<libc::sockaddr>(), len) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(std::os::unix::net::UnixStream::from(owned))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,6 @@
 //! Where each virtio device goes in the guest: one 4 KiB virtio-mmio window in the MMIO hole
 //! and one I/O APIC pin per device, assigned in spec order (disks, then interfaces, then
-//! rng). The VMM builds its MMIO bus and the ACPI tables from the same slots, so the DSDT and
+//! rng, then vsock). The VMM builds its MMIO bus and the ACPI tables from the same slots, so the DSDT and
 //! the `virtio_mmio.device=` command-line fallback always agree with the bus.
 
 use serde::Serialize;
@@ -25,6 +25,8 @@ pub enum VirtioKind {
     Net(usize),
     /// `devices.rng`.
     Rng,
+    /// `devices.vsock` (or KubeVirt's `autoattachVSOCK`).
+    Vsock,
 }
 
 /// One device's window and interrupt.
@@ -76,7 +78,8 @@ impl DevicePlan {
         let kinds = (0..spec.disks.len())
             .map(VirtioKind::Disk)
             .chain((0..spec.interfaces.len()).map(VirtioKind::Net))
-            .chain(spec.rng.then_some(VirtioKind::Rng));
+            .chain(spec.rng.then_some(VirtioKind::Rng))
+            .chain(spec.vsock.is_some().then_some(VirtioKind::Vsock));
         let slots = kinds
             .take(MAX_VIRTIO_DEVICES)
             .zip(0u32..)
@@ -130,6 +133,11 @@ mod tests {
                 tap: None,
             }],
             rng: true,
+            vsock: Some(vmhost_config::VsockSpec {
+                cid: 3,
+                socket: None,
+                backend: Default::default(),
+            }),
         };
         let p = DevicePlan::new(spec);
         let got: Vec<(VirtioKind, u64, u32)> =
@@ -141,12 +149,14 @@ mod tests {
                 (VirtioKind::Disk(1), 0xd000_1000, 17),
                 (VirtioKind::Net(0), 0xd000_2000, 18),
                 (VirtioKind::Rng, 0xd000_3000, 19),
+                (VirtioKind::Vsock, 0xd000_4000, 20),
             ]
         );
         assert_eq!(
             p.cmdline(),
             "virtio_mmio.device=4K@0xd0000000:16 virtio_mmio.device=4K@0xd0001000:17 \
-             virtio_mmio.device=4K@0xd0002000:18 virtio_mmio.device=4K@0xd0003000:19"
+             virtio_mmio.device=4K@0xd0002000:18 virtio_mmio.device=4K@0xd0003000:19 \
+             virtio_mmio.device=4K@0xd0004000:20"
         );
     }
 

@@ -230,6 +230,22 @@ fn render_devices(s: &mut String, d: &crate::devices::DevicePlan) {
                 format!("interface {}: {tap}, MAC {}", n.name, n.mac)
             }
             VirtioKind::Rng => "rng: host getrandom".to_string(),
+            VirtioKind::Vsock => match &d.spec.vsock {
+                Some(v) if v.backend == vmhost_config::VsockBackend::Vhost => format!(
+                    "vsock: guest CID {} on the kernel's vhost-vsock (host side AF_VSOCK)",
+                    v.cid
+                ),
+                Some(v) => format!(
+                    "vsock: guest CID {}, Unix socket {}",
+                    v.cid,
+                    v.socket
+                        .as_ref()
+                        .map_or("<run dir>/<vm>.vsock".to_string(), |p| p
+                            .display()
+                            .to_string())
+                ),
+                None => "vsock".to_string(),
+            },
         };
         let _ = writeln!(s, "    {what} at {:#x}, GSI {}", slot.base, slot.gsi);
     }

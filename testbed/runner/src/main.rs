@@ -16,6 +16,8 @@ mod linux_tests;
 mod memory_tests;
 mod topology_tests;
 mod vm;
+mod vsock_af;
+mod vsock_tests;
 
 use std::time::Instant;
 
@@ -106,6 +108,14 @@ const TWO_NODE: &[Test] = &[
     (
         "linux_bzimage_two_vcpus_sigterm_exit_130",
         linux_tests::bzimage_two_vcpus_sigterm_exit_130,
+    ),
+    (
+        "vsock_linux_guest_echo_both_ways",
+        vsock_tests::linux_guest_echo_both_ways,
+    ),
+    (
+        "vsock_vhost_linux_guest_echo_both_ways",
+        vsock_tests::vhost_linux_guest_echo_both_ways,
     ),
 ];
 

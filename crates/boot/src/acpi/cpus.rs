@@ -116,8 +116,11 @@ pub(super) fn dsdt(plan: &Plan) -> Vec<u8> {
         .collect();
     let children: Vec<&dyn Aml> = devices.iter().map(|d| d as &dyn Aml).collect();
     let platform = RawAml(super::devices::devices_aml());
+    // The virtio-mmio devices (LNRO0005): Debian's kernel has no virtio_mmio.device=.
+    let virtio = RawAml(super::virtio::virtio_mmio_aml(&plan.devices.slots));
     let mut children = children;
     children.push(&platform);
+    children.push(&virtio);
     let scope = Scope::new("\\_SB_".into(), children);
     let mut t = Sdt::new(
         *b"DSDT",
