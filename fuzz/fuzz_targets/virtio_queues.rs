@@ -1,8 +1,8 @@
 //! What a guest controls on a virtio-mmio device: every byte of its memory (descriptor tables,
 //! available rings, request headers, buffers) and any register access after a normal driver
 //! start. The device is a virtio-blk over a scratch image (read-write or read-only), a
-//! virtio-rng, or a virtio-net over a datagram socket playing the tap (with one frame waiting
-//! to be received). Never a panic, an out-of-bounds access or a hang.
+//! virtio-rng, a virtio-net over a datagram socket playing the tap (with one frame waiting
+//! to be received), or a virtio-vsock on its Unix socket (guest CID 3). Never a panic, an out-of-bounds access or a hang.
 //!
 //! Input: `[device, queue size, n_ops, n_ops × (op, a, b, c, d, e), guest memory image...]`.
 #![no_main]
@@ -19,7 +19,7 @@ use virtio_bindings::virtio_mmio::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmhost_devices::mmio::DRIVER_INIT_SEQUENCE;
 use vmhost_devices::{
-    Block, BlockConfig, CacheMode, Interrupt, MmioTransport, Net, Rng, VirtioDevice,
+    Block, BlockConfig, CacheMode, Interrupt, MmioTransport, Net, Rng, VirtioDevice, Vsock,
     MMIO_WINDOW_SIZE,
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -47,7 +47,7 @@ fn image() -> &'static PathBuf {
 }
 
 fn device(kind: u8) -> Option<(Box<dyn VirtioDevice>, Option<UnixDatagram>)> {
-    match kind % 4 {
+    match kind % 5 {
         0 | 1 => {
             let config = BlockConfig {
                 path: image().clone(),
@@ -58,6 +58,11 @@ fn device(kind: u8) -> Option<(Box<dyn VirtioDevice>, Option<UnixDatagram>)> {
             Some((Box::new(Block::new(&config).ok()?), None))
         }
         2 => Some((Box::new(Rng::new()), None)),
+        3 => {
+            let path =
+                std::env::temp_dir().join(format!("vmhost-fuzz-{}.vsock", std::process::id()));
+            Some((Box::new(Vsock::new(3, &path).ok()?), None))
+        }
         _ => {
             let (a, b) = UnixDatagram::pair().ok()?;
             a.set_nonblocking(true).ok()?;
