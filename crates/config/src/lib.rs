@@ -29,7 +29,8 @@ pub use quantity::{format_bytes, Quantity, QuantityError};
 pub use spec::RawSpec;
 pub use validate::{
     validate, BootSpec, CpuSpec, CpuTopology, Dialect, HugepageSpec, MemorySpec, Payload,
-    ResourceList, Resources, SpecError, VmSpec, ARCH_PAGE_SIZES, MAX_MEMORY_BYTES, MAX_VCPUS,
+    ResourceList, Resources, SpecError, VirtioAnnounce, VmSpec, ARCH_PAGE_SIZES, MAX_MEMORY_BYTES,
+    MAX_VCPUS,
 };
 
 /// A spec loaded and validated, with the warnings to show the user.

@@ -256,7 +256,34 @@ pub enum BootSpec {
         initrd: Option<PathBuf>,
         /// Command line.
         cmdline: String,
+        /// How the kernel learns the virtio devices.
+        virtio_announce: VirtioAnnounce,
     },
+}
+
+/// How a Linux guest learns its virtio-mmio devices (`boot.virtio_announce`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VirtioAnnounce {
+    /// One `LNRO0005` device per slot in the DSDT (Linux's virtio_mmio driver probes them).
+    #[default]
+    Acpi,
+    /// `virtio_mmio.device=` parameters on the kernel command line, and none in the DSDT: for
+    /// kernels without ACPI (or booted with `acpi=off`).
+    Cmdline,
+}
+
+impl VirtioAnnounce {
+    /// The spec's spellings.
+    pub const NAMES: [&'static str; 2] = ["acpi", "cmdline"];
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "acpi" => Some(VirtioAnnounce::Acpi),
+            "cmdline" => Some(VirtioAnnounce::Cmdline),
+            _ => None,
+        }
+    }
 }
 
 impl BootSpec {
@@ -753,6 +780,22 @@ fn check_memory(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> Option<M
     })
 }
 
+/// `boot.virtio_announce`: absent is `acpi`.
+fn check_announce(c: &mut Checker<'_>, value: Option<&str>) -> VirtioAnnounce {
+    let Some(value) = value else {
+        return VirtioAnnounce::default();
+    };
+    VirtioAnnounce::parse(value).unwrap_or_else(|| {
+        c.fail(
+            "boot.virtio_announce",
+            format!("{value:?}"),
+            "is not a way to announce virtio devices",
+            format!("use one of {}", VirtioAnnounce::NAMES.join(", ")),
+        );
+        VirtioAnnounce::default()
+    })
+}
+
 fn check_boot(c: &mut Checker<'_>, raw: &RawSpec) -> Option<BootSpec> {
     let b = &raw.boot;
     match (&b.kernel, &b.payload) {
@@ -772,17 +815,20 @@ fn check_boot(c: &mut Checker<'_>, raw: &RawSpec) -> Option<BootSpec> {
                 .cmdline
                 .clone()
                 .unwrap_or_else(|| "console=ttyS0".to_string()),
+            virtio_announce: check_announce(c, b.virtio_announce.as_deref()),
         }),
         (None, p) => {
-            if b.initrd.is_some() || b.cmdline.is_some() {
+            if b.initrd.is_some() || b.cmdline.is_some() || b.virtio_announce.is_some() {
                 c.fail(
                     if b.initrd.is_some() {
                         "boot.initrd"
-                    } else {
+                    } else if b.cmdline.is_some() {
                         "boot.cmdline"
+                    } else {
+                        "boot.virtio_announce"
                     },
                     "(set)",
-                    "an initrd or command line needs boot.kernel",
+                    "an initrd, command line or virtio_announce needs boot.kernel",
                     "add boot.kernel or remove them",
                 );
             }
