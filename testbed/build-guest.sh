@@ -2,7 +2,8 @@
 # Builds the initramfs of the Linux guests the emulated-host tests boot, cached in
 # target/testbed/guest/:
 #   initramfs.cpio  busybox-static, testbed/guest/init as /init, and the modules it loads
-#                   (evdev + button for the ACPI power button, pvpanic + pvpanic-mmio)
+#                   (evdev + button for the ACPI power button, pvpanic + pvpanic-mmio), and
+#                   testbed/guest/devices.sh with the virtio/ext4/vfat modules it loads
 #   qemu/           this machine's qemu-system-x86_64 with its shared libraries and loader
 #                   (lib/) and the firmware a direct kernel boot needs (share/): the baseline of
 #                   the boot-time benchmark, run inside the emulated host as
@@ -24,7 +25,10 @@ bash "$root/crates/boot/scripts/fetch-test-kernel.sh" >/dev/null
 kdir="${VMHOST_TEST_KERNEL_DIR:-$root/target/test-kernel}"
 kpkg="$(cat "$kdir/VERSION")"
 modules=(evdev button pvpanic-mmio)
-inputs="$kpkg busybox-static ${modules[*]} $(cat "$root/testbed/guest/init" "$0" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
+# The virtio drivers and file systems of `vmhost.action=devices` (testbed/guest/devices.sh),
+# loaded by that script alone from lib/modules/devices/.
+device_modules=(virtio_mmio virtio_blk virtio_net virtio_rng ext4 crc32c_generic vfat nls_cp437 nls_ascii nls_utf8)
+inputs="$kpkg busybox-static ${modules[*]} ${device_modules[*]} $(cat "$root/testbed/guest/init" "$root/testbed/guest/devices.sh" "$0" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
 mkdir -p "$out"
 qemu_bundle() { # this machine's QEMU, its libraries and firmware, for the emulated host
     local q d="$out/qemu"
@@ -57,6 +61,9 @@ dpkg-deb -x "$kdeb" "$work/kernel"
 rootfs="$work/rootfs"
 mkdir -p "$rootfs"/{bin,dev,proc,sys,tmp,etc,lib/modules}
 copy_modules "$work/kernel" "$rootfs" "${modules[@]}"
+copy_modules "$work/kernel" "$work/devices" "${device_modules[@]}"
+mv "$work/devices/lib/modules" "$rootfs/lib/modules/devices"
+install -m 0755 "$root/testbed/guest/devices.sh" "$rootfs/devices.sh"
 dpkg-deb -x "$bdeb" "$work/busybox"
 cp "$work/busybox/bin/busybox" "$rootfs/bin/busybox"
 install -m 0755 "$root/testbed/guest/init" "$rootfs/init"

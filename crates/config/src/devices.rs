@@ -32,14 +32,19 @@ pub enum DiskCache {
     None,
     /// The host page cache; guest flushes become `fdatasync`.
     Writeback,
+    /// `cache` left out: O_DIRECT where the image's file system supports it and the image is
+    /// whole 4 KiB blocks, the page cache otherwise (KubeVirt's rule, decided when the image
+    /// is opened).
+    Auto,
 }
 
 impl DiskCache {
-    /// The spec's spelling (`none`, `writeback`).
+    /// The spec's spelling (`none`, `writeback`; `auto` when left out).
     pub fn as_str(self) -> &'static str {
         match self {
             DiskCache::None => "none",
             DiskCache::Writeback => "writeback",
+            DiskCache::Auto => "auto",
         }
     }
 }
@@ -239,7 +244,8 @@ fn check_disk(
             false
         }
     };
-    let cache = match disk.cache.as_deref().unwrap_or("none") {
+    let cache = match disk.cache.as_deref().unwrap_or("auto") {
+        "auto" => DiskCache::Auto,
         "none" => DiskCache::None,
         "writeback" => DiskCache::Writeback,
         other => {
@@ -247,9 +253,9 @@ fn check_disk(
                 &field("cache"),
                 format!("{other:?}"),
                 "is not a cache mode vmhost has",
-                "use \"none\" (O_DIRECT) or \"writeback\"",
+                "use \"none\" (O_DIRECT), \"writeback\", or leave it out",
             );
-            DiskCache::None
+            DiskCache::Auto
         }
     };
     let serial = disk

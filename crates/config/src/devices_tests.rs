@@ -79,7 +79,7 @@ pod = {{}}
                 create_bytes: None
             },
             read_only: false,
-            cache: DiskCache::None,
+            cache: DiskCache::Auto,
             serial: "root".into(),
         }
     );
@@ -168,13 +168,19 @@ fn cache_none_needs_an_image_of_whole_4k_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("odd.img");
     std::fs::write(&path, vec![0u8; 1000]).unwrap();
-    let e = errors(from_toml_str(&disk_toml(&path, ""), "t.toml"));
+    let e = errors(from_toml_str(
+        &disk_toml(&path, "cache = \"none\""),
+        "t.toml",
+    ));
     assert!(
         has(&e, "devices.disks[0].cache", "whole 4 KiB blocks"),
         "{e:?}"
     );
     let ok = from_toml_str(&disk_toml(&path, "cache = \"writeback\""), "t.toml");
     assert!(ok.is_ok(), "{ok:?}");
+    // Left out, the cache is decided when the image is opened (the page cache here).
+    let auto = from_toml_str(&disk_toml(&path, ""), "t.toml").unwrap();
+    assert_eq!(auto.spec.devices.disks[0].cache, DiskCache::Auto);
 }
 
 #[test]
