@@ -2,8 +2,9 @@
 # Builds the initramfs of the Linux guests the emulated-host tests boot, cached in
 # target/testbed/guest/:
 #   initramfs.cpio  busybox-static, testbed/guest/init as /init, and the modules it loads
-#                   (evdev + button for the ACPI power button, pvpanic + pvpanic-mmio), and
-#                   testbed/guest/devices.sh with the virtio/ext4/vfat modules it loads
+#                   (evdev + button for the ACPI power button, pvpanic + pvpanic-mmio)
+#   initramfs-devices.cpio  the same plus testbed/guest/devices.sh and the virtio, ext4 and
+#                   vfat modules it loads (lib/modules/devices/), for the virtio device tests
 #   qemu/           this machine's qemu-system-x86_64 with its shared libraries and loader
 #                   (lib/) and the firmware a direct kernel boot needs (share/): the baseline of
 #                   the boot-time benchmark, run inside the emulated host as
@@ -47,7 +48,7 @@ qemu_bundle() { # this machine's QEMU, its libraries and firmware, for the emula
     echo "qemu bundle in $d ($(du -sh "$d" | cut -f1))"
 }
 qemu_bundle
-if [[ -s "$out/initramfs.cpio" && "$(cat "$out/VERSION" 2>/dev/null)" == "$inputs" ]]; then
+if [[ -s "$out/initramfs.cpio" && -s "$out/initramfs-devices.cpio" && "$(cat "$out/VERSION" 2>/dev/null)" == "$inputs" ]]; then
     echo "guest initramfs up to date in $out"
     exit 0
 fi
@@ -61,13 +62,17 @@ dpkg-deb -x "$kdeb" "$work/kernel"
 rootfs="$work/rootfs"
 mkdir -p "$rootfs"/{bin,dev,proc,sys,tmp,etc,lib/modules}
 copy_modules "$work/kernel" "$rootfs" "${modules[@]}"
-copy_modules "$work/kernel" "$work/devices" "${device_modules[@]}"
-mv "$work/devices/lib/modules" "$rootfs/lib/modules/devices"
-install -m 0755 "$root/testbed/guest/devices.sh" "$rootfs/devices.sh"
 dpkg-deb -x "$bdeb" "$work/busybox"
 cp "$work/busybox/bin/busybox" "$rootfs/bin/busybox"
 install -m 0755 "$root/testbed/guest/init" "$rootfs/init"
 python3 "$root/testbed/mkcpio.py" "$rootfs" "$out/initramfs.cpio.tmp"
+# The device tests' initramfs: the same plus devices.sh and its modules (the other guests
+# boot without them, so their boot times do not change).
+copy_modules "$work/kernel" "$work/devices" "${device_modules[@]}"
+mv "$work/devices/lib/modules" "$rootfs/lib/modules/devices"
+install -m 0755 "$root/testbed/guest/devices.sh" "$rootfs/devices.sh"
+python3 "$root/testbed/mkcpio.py" "$rootfs" "$out/initramfs-devices.cpio.tmp"
+mv "$out/initramfs-devices.cpio.tmp" "$out/initramfs-devices.cpio"
 mv "$out/initramfs.cpio.tmp" "$out/initramfs.cpio"
 echo "$inputs" > "$out/VERSION"
 echo "guest initramfs built in $out ($(tr '\n' ' ' < "$rootfs/lib/modules/order"), $(du -h "$out/initramfs.cpio" | cut -f1))"

@@ -41,7 +41,7 @@ for suite in "${suites[@]}"; do
     # The Linux guests' kernel, initramfs and the QEMU baseline (testbed/build-guest.sh).
     mkdir -p "$share/guest"
     cp "$root/target/test-kernel/vmlinux" "$root/target/test-kernel/bzImage" "$share/guest/"
-    cp -a "$tb/guest/initramfs.cpio" "$tb/guest/qemu" "$share/guest/"
+    cp -a "$tb/guest/initramfs.cpio" "$tb/guest/initramfs-devices.cpio" "$tb/guest/qemu" "$share/guest/"
     cp "$root/target/x86_64-unknown-linux-gnu/release/vmhost" "$share/guest/vmhost-release"
     # The virtio device tests' disk images, new for every run.
     bash "$root/testbed/build-disks.sh" "$share/guest/virtio"

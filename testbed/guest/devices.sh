@@ -7,10 +7,11 @@
 # read-write) and `cloudinitdisk` (the NoCloud seed). The host is 10.0.2.1 on the tap; it
 # listens on 5001 (receives 64 MiB) and 5002 (sends 64 MiB). Last, a pattern is written to the
 # scratch disk and synced; then the guest idles until vmhost is killed.
+up() { cut -d' ' -f1 /proc/uptime; }
 for m in $(cat /lib/modules/devices/order); do
     insmod "/lib/modules/devices/$m" 2>/dev/null
 done
-echo "GUEST cmdline_virtio=$(grep -c virtio_mmio.device /proc/cmdline)"
+echo "GUEST cmdline_virtio=$(grep -c virtio_mmio.device /proc/cmdline) uptime=$(up)"
 # Give the drivers a moment to probe (the devices appear while the modules load).
 for i in $(seq 50); do
     [ "$(ls /sys/block | grep -c '^vd')" -ge 4 ] && [ -e /sys/class/net/eth0 ] && break
@@ -78,21 +79,26 @@ for i in $(seq 120); do
     ping -c 1 -W 1 10.0.2.1 >/dev/null 2>&1 && break
 done
 received=$(ping -c 3 -W 2 10.0.2.1 | grep -o '[0-9]* packets received' | cut -d' ' -f1)
-echo "GUEST ping received=${received:-0}"
+echo "GUEST ping received=${received:-0} uptime=$(up)"
 dd if=/dev/urandom of=/tmp/out bs=1048576 count=64 2>/dev/null
 out=$(sha256sum < /tmp/out | cut -c1-64)
+t0=$(up)
 nc 10.0.2.1 5001 < /tmp/out
-echo "GUEST net_out rc=$? bytes=$(wc -c < /tmp/out) sha256=$out"
+rc=$?
+echo "GUEST net_out rc=$rc bytes=$(wc -c < /tmp/out) sha256=$out start=$t0 end=$(up)"
 rm -f /tmp/out
-nc 10.0.2.1 5002 -e sh -c 'sha256sum > /tmp/in.sum'
-echo "GUEST net_in sha256=$(cut -c1-64 /tmp/in.sum 2>/dev/null)"
+t0=$(up)
+nc 10.0.2.1 5002 -e sh -c 'cat > /tmp/in'
+t1=$(up)
+echo "GUEST net_in bytes=$(wc -c < /tmp/in) sha256=$(sha256sum < /tmp/in | cut -c1-64) start=$t0 end=$t1"
+rm -f /tmp/in
 
 # Flush durability: a pattern at 1 MiB into the scratch disk, fsync'd and synced.
 scratch=$(dev_of scratch)
 dd if=/dev/urandom of=/tmp/pattern bs=4096 count=64 2>/dev/null
 if [ -n "$scratch" ] && dd if=/tmp/pattern of="/dev/$scratch" bs=4096 seek=256 conv=fsync 2>/dev/null; then
     sync
-    echo "GUEST-SYNCED offset=1048576 bytes=262144 sha256=$(sha256sum < /tmp/pattern | cut -c1-64)"
+    echo "GUEST-SYNCED uptime=$(up) offset=1048576 bytes=262144 sha256=$(sha256sum < /tmp/pattern | cut -c1-64)"
 else
     echo "GUEST-SYNCED failed=1 dev=$scratch"
 fi

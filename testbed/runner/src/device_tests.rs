@@ -285,7 +285,8 @@ fn run_session(env: &Env) -> Result<Session, String> {
     helpers.spawn(&["nc", "-l", "-p", "5002", "-e", "cat", &send])?;
 
     let yaml = env.work.join(format!("{VM}.yaml"));
-    let text = manifest(&a.vmlinux, &a.initrd, &dir, &scratch);
+    let initrd = env.work.join("guest/initramfs-devices.cpio");
+    let text = manifest(&a.vmlinux, &initrd, &dir, &scratch);
     std::fs::write(&yaml, text).map_err(|e| format!("write {}: {e}", yaml.display()))?;
     let plan = env.plan(&yaml)?;
     let mac = at(&plan, "/devices/spec/interfaces/0/mac")?
@@ -302,6 +303,14 @@ fn run_session(env: &Env) -> Result<Session, String> {
     env.signal(vm.pid, libc::SIGKILL)?;
     let killed_code = env.wait(vm.pid)?;
     helpers.wait_all(Duration::from_secs(10));
+    // The guest's report, for the log (the rng bytes left out).
+    for l in serial.lines().filter(|l| l.starts_with("GUEST")) {
+        let l = l.trim_end_matches('\r');
+        println!("     {}", l.split(" hex=").next().unwrap_or(l));
+    }
+    for l in vm.stderr().lines().filter(|l| !l.starts_with("warning: ")) {
+        println!("     vmhost: {l}");
+    }
     let lines = guest_lines(&serial);
     let synced = lines
         .iter()
@@ -511,6 +520,11 @@ pub fn net_ping_and_64mib_each_way(env: &Env) -> Outcome {
         s.net.1
     );
     let got = s.get("net_in", "sha256")?;
+    let bytes = s.get("net_in", "bytes")?;
+    ensure!(
+        bytes == NET_BYTES.to_string(),
+        "host → guest: the guest received {bytes} bytes, want {NET_BYTES}"
+    );
     ensure!(
         got == s.net.0,
         "host → guest: the host sent sha256 {}, the guest received {got}",
