@@ -217,11 +217,13 @@ fn render_devices(s: &mut String, d: &crate::devices::DevicePlan) {
                 } else {
                     "read-write"
                 };
-                format!(
-                    "disk {}: {source}, {mode}, cache {}",
-                    disk.name,
-                    disk.cache.as_str()
-                )
+                let cache = match disk.cache {
+                    vmhost_config::DiskCache::Auto => {
+                        "auto (none if the file system takes O_DIRECT)"
+                    }
+                    other => other.as_str(),
+                };
+                format!("disk {}: {source}, {mode}, cache {cache}", disk.name)
             }
             VirtioKind::Net(i) => {
                 let n = &d.spec.interfaces[i];

@@ -11,8 +11,8 @@
 //! - the manifest boots and every device is bound to its driver, probed from the DSDT's
 //!   `LNRO0005` devices alone (no `virtio_mmio.device=` on the command line);
 //! - every file of the ext4 image (built by `testbed/build-disks.sh`) has its checksum;
-//! - a pattern the guest wrote and synced to the scratch disk is in the image after vmhost is
-//!   SIGKILLed;
+//! - a pattern the guest wrote and synced to the scratch disk (a loop block device with cache
+//!   `none`, so O_DIRECT) is in its backing file after vmhost is SIGKILLed;
 //! - the read-only disk is read-only in the guest, a write fails, the image is unchanged;
 //! - the guest pings the host over the tap and 64 MiB go each way with equal checksums;
 //! - the NoCloud seed mounts and its `user-data` is the manifest's, byte for byte;
@@ -59,6 +59,8 @@ pub struct Session {
     killed_code: i32,
     /// Checksum of the scratch image at the offset the guest wrote.
     scratch_sha: String,
+    /// The open flags (octal, from `/proc/<vmm>/fdinfo`) of vmhost's fd on the scratch device.
+    scratch_flags: Option<u32>,
     /// Checksum of the manifest's `user-data`.
     user_data_sha: String,
 }
@@ -157,8 +159,36 @@ impl Drop for Helpers {
     }
 }
 
+/// A loop device over a file, detached on drop.
+struct Loop(String);
+
+impl Loop {
+    fn attach(file: &Path) -> Result<Self, String> {
+        let free = Command::new("losetup")
+            .arg("-f")
+            .output()
+            .map_err(|e| format!("losetup -f: {e}"))?;
+        let dev = String::from_utf8_lossy(&free.stdout).trim().to_string();
+        ensure!(
+            dev.starts_with("/dev/loop"),
+            "losetup -f found no free loop device ({dev:?}): is the loop module loaded? {}",
+            String::from_utf8_lossy(&free.stderr)
+        );
+        run(&["losetup", &dev, &file.to_string_lossy()])?;
+        Ok(Loop(dev))
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
+}
+
 /// The manifest: 1 socket × 2 dedicated cores, 384 MiB, the test kernel through
-/// `firmware.kernelBoot`, four disks, a bridge interface on the pod network, rng.
+/// `firmware.kernelBoot`, four disks (`scratch` is a loop block device with cache `none`:
+/// O_DIRECT, which the host's tmpfs files do not take), a bridge interface on the pod network,
+/// rng.
 fn manifest(kernel: &Path, initrd: &Path, dir: &Path, scratch: &Path) -> String {
     let user_data = serde_json::to_string(USER_DATA).unwrap_or_default();
     format!(
@@ -187,7 +217,7 @@ spec:
           disk: {{bus: virtio, readonly: true}}
         - name: scratch
           disk: {{bus: virtio}}
-          cache: writeback
+          cache: none
         - name: cloudinitdisk
           disk: {{bus: virtio}}
       interfaces:
@@ -202,7 +232,7 @@ spec:
     - name: golden
       hostDisk: {{path: {golden}, type: Disk}}
     - name: scratch
-      hostDisk: {{path: {scratch}, type: DiskOrCreate, capacity: 16Mi}}
+      hostDisk: {{path: {scratch}, type: Disk}}
     - name: cloudinitdisk
       cloudInitNoCloud:
         userData: {user_data}
@@ -263,8 +293,13 @@ fn run_session(env: &Env) -> Result<Session, String> {
         dir.display()
     );
     let golden_before = sha256(&dir.join("golden.img"))?;
+    // The scratch disk: 16 MiB behind a loop device (cache none needs O_DIRECT).
     let scratch = env.work.join("virtio-scratch.img");
     let _ = std::fs::remove_file(&scratch);
+    std::fs::File::create(&scratch)
+        .and_then(|f| f.set_len(16 << 20))
+        .map_err(|e| format!("create {}: {e}", scratch.display()))?;
+    let scratch_dev = Loop::attach(&scratch)?;
     let (to_guest, from_guest) = (
         env.work.join("virtio-to-guest.bin"),
         env.work.join("virtio-from-guest.sum"),
@@ -286,7 +321,7 @@ fn run_session(env: &Env) -> Result<Session, String> {
 
     let yaml = env.work.join(format!("{VM}.yaml"));
     let initrd = env.work.join("guest/initramfs-devices.cpio");
-    let text = manifest(&a.vmlinux, &initrd, &dir, &scratch);
+    let text = manifest(&a.vmlinux, &initrd, &dir, Path::new(&scratch_dev.0));
     std::fs::write(&yaml, text).map_err(|e| format!("write {}: {e}", yaml.display()))?;
     let plan = env.plan(&yaml)?;
     let mac = at(&plan, "/devices/spec/interfaces/0/mac")?
@@ -300,6 +335,7 @@ fn run_session(env: &Env) -> Result<Session, String> {
 
     let out = env.work.join(format!("{VM}.out"));
     let serial = wait_for(&out, "GUEST-SYNCED", &|| vm.stderr())?;
+    let scratch_flags = fd_flags(vm.vmm, &scratch_dev.0);
     env.signal(vm.pid, libc::SIGKILL)?;
     let killed_code = env.wait(vm.pid)?;
     helpers.wait_all(Duration::from_secs(10));
@@ -334,7 +370,26 @@ fn run_session(env: &Env) -> Result<Session, String> {
         net: (to_guest_sha, received.chars().take(64).collect()),
         killed_code,
         scratch_sha,
+        scratch_flags,
         user_data_sha,
+    })
+}
+
+/// The open flags of `pid`'s first fd on `path` (`flags:` in `/proc/<pid>/fdinfo/<fd>`, octal).
+fn fd_flags(pid: u32, path: &str) -> Option<u32> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    fds.filter_map(|e| e.ok()).find_map(|e| {
+        let target = std::fs::read_link(e.path()).ok()?;
+        if target.to_string_lossy() != path {
+            return None;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            e.file_name().to_string_lossy()
+        ))
+        .ok()?;
+        let flags = info.lines().find_map(|l| l.strip_prefix("flags:"))?;
+        u32::from_str_radix(flags.trim(), 8).ok()
     })
 }
 
@@ -470,6 +525,13 @@ pub fn flush_durability(env: &Env) -> Outcome {
         s.killed_code == -1,
         "vmhost exited {} instead of dying of SIGKILL",
         s.killed_code
+    );
+    ensure!(
+        s.scratch_flags
+            .is_some_and(|f| f & libc::O_DIRECT as u32 != 0),
+        "vmhost's fd on the scratch device (cache none) has flags {}, without O_DIRECT",
+        s.scratch_flags
+            .map_or_else(|| "(no fd found)".to_string(), |f| format!("{f:o}"))
     );
     ensure!(
         s.scratch_sha == want,
