@@ -28,8 +28,9 @@ use crate::linux_tests::assets;
 use crate::vm::{at, Env};
 use crate::{ensure, Outcome};
 
-/// The guest's whole run: boot, device checks, 128 MiB over the network (emulated host).
-const SESSION_LIMIT: Duration = Duration::from_secs(300);
+/// The guest's whole run: boot, device checks, 128 MiB over the network (about 45 s in the
+/// emulated host).
+const SESSION_LIMIT: Duration = Duration::from_secs(240);
 /// Bytes sent each way over the network.
 const NET_BYTES: u64 = 64 << 20;
 /// The host's address on the tap (the guest is 10.0.2.15).
@@ -339,11 +340,6 @@ fn run_session(env: &Env) -> Result<Session, String> {
     env.signal(vm.pid, libc::SIGKILL)?;
     let killed_code = env.wait(vm.pid)?;
     helpers.wait_all(Duration::from_secs(10));
-    // The guest's report, for the log (the rng bytes left out).
-    for l in serial.lines().filter(|l| l.starts_with("GUEST")) {
-        let l = l.trim_end_matches('\r');
-        println!("     {}", l.split(" hex=").next().unwrap_or(l));
-    }
     for l in vm.stderr().lines().filter(|l| !l.starts_with("warning: ")) {
         println!("     vmhost: {l}");
     }
@@ -393,11 +389,19 @@ fn fd_flags(pid: u32, path: &str) -> Option<u32> {
     })
 }
 
-/// Waits until the console log `out` contains `marker`.
+/// Waits until the console log `out` contains `marker`, echoing the console to the runner's
+/// output as it comes (the rng bytes left out), so a guest that hangs shows where.
 fn wait_for(out: &Path, marker: &str, stderr: &dyn Fn() -> String) -> Result<String, String> {
     let deadline = Instant::now() + SESSION_LIMIT;
+    let mut shown = 0;
     loop {
         let serial = std::fs::read_to_string(out).unwrap_or_default();
+        let complete = serial.rfind('\n').map_or(0, |i| i + 1);
+        for l in serial[shown.min(complete)..complete].lines() {
+            let l = l.trim_end_matches('\r');
+            println!("     {}", l.split(" hex=").next().unwrap_or(l));
+        }
+        shown = complete;
         if serial.contains(marker) {
             return Ok(serial);
         }
