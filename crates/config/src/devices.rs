@@ -6,7 +6,7 @@
 //! are made when the VM starts, so a refused spec leaves nothing behind.
 
 use std::collections::BTreeSet;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -524,8 +524,29 @@ impl ImageCheck<'_> {
                 "use cache = \"writeback\" or resize the image (truncate -s)",
             );
         }
+        if self.cache == DiskCache::None && kind.is_file() && !takes_o_direct(path) {
+            c.fail(
+                self.cache_field,
+                "\"none\"",
+                &format!(
+                    "the file system of {} does not support O_DIRECT",
+                    path.display()
+                ),
+                "leave cache out (the page cache is used there), use cache = \"writeback\", or move the image",
+            );
+        }
         true
     }
+}
+
+/// Whether `path` opens with O_DIRECT (read-only; nothing is written). Only EINVAL — the file
+/// system's answer — counts as no: other errors surface when the VM opens the image.
+fn takes_o_direct(path: &Path) -> bool {
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(path);
+    !matches!(opened, Err(e) if e.raw_os_error() == Some(libc::EINVAL))
 }
 
 fn check_interfaces(c: &mut Checker<'_>, raw: &RawSpec, vm: &str) -> Vec<InterfaceSpec> {
