@@ -74,6 +74,47 @@ pub enum DiskSource {
     },
 }
 
+/// How a Linux guest learns its virtio-mmio devices (`boot.virtio_announce`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VirtioAnnounce {
+    /// One `LNRO0005` device per slot in the DSDT (Linux's virtio_mmio driver probes them).
+    #[default]
+    Acpi,
+    /// `virtio_mmio.device=` parameters on the kernel command line, and none in the DSDT: for
+    /// kernels without ACPI (or booted with `acpi=off`).
+    Cmdline,
+}
+
+impl VirtioAnnounce {
+    /// The spec's spellings.
+    pub const NAMES: [&'static str; 2] = ["acpi", "cmdline"];
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "acpi" => Some(VirtioAnnounce::Acpi),
+            "cmdline" => Some(VirtioAnnounce::Cmdline),
+            _ => None,
+        }
+    }
+}
+
+/// `boot.virtio_announce`: absent is `acpi`.
+pub(crate) fn check_announce(c: &mut Checker<'_>, value: Option<&str>) -> VirtioAnnounce {
+    let Some(value) = value else {
+        return VirtioAnnounce::default();
+    };
+    VirtioAnnounce::parse(value).unwrap_or_else(|| {
+        c.fail(
+            "boot.virtio_announce",
+            format!("{value:?}"),
+            "is not a way to announce virtio devices",
+            format!("use one of {}", VirtioAnnounce::NAMES.join(", ")),
+        );
+        VirtioAnnounce::default()
+    })
+}
+
 /// A resolved virtio-blk disk.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DiskSpec {

@@ -23,14 +23,15 @@ mod vcpumask;
 
 use std::path::{Path, PathBuf};
 
-pub use devices::{Binding, DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec};
+pub use devices::{
+    Binding, DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec, VirtioAnnounce,
+};
 pub use mac::{MacAddress, MacError};
 pub use quantity::{format_bytes, Quantity, QuantityError};
 pub use spec::RawSpec;
 pub use validate::{
     validate, BootSpec, CpuSpec, CpuTopology, Dialect, HugepageSpec, MemorySpec, Payload,
-    ResourceList, Resources, SpecError, VirtioAnnounce, VmSpec, ARCH_PAGE_SIZES, MAX_MEMORY_BYTES,
-    MAX_VCPUS,
+    ResourceList, Resources, SpecError, VmSpec, ARCH_PAGE_SIZES, MAX_MEMORY_BYTES, MAX_VCPUS,
 };
 
 /// A spec loaded and validated, with the warnings to show the user.
