@@ -30,7 +30,8 @@ dev_of() { # dev_of SERIAL: the vdX whose GET_ID serial is SERIAL
 }
 for b in /sys/block/vd*; do
     [ -e "$b" ] || continue
-    echo "GUEST disk=${b##*/} serial=$(cat "$b/serial") ro=$(cat "$b/ro") sectors=$(cat "$b/size")"
+    # write_cache "write back": the driver saw VIRTIO_BLK_F_FLUSH and sends flushes.
+    echo "GUEST disk=${b##*/} serial=$(cat "$b/serial") ro=$(cat "$b/ro") sectors=$(cat "$b/size") write_cache=$(tr ' ' _ < "$b/queue/write_cache")"
 done
 
 # Entropy.

@@ -521,10 +521,22 @@ pub fn disk_checksums(env: &Env) -> Outcome {
     Ok(())
 }
 
-/// The pattern the guest wrote with `conv=fsync` and `sync` is in the image after SIGKILL.
+/// The guest's disk is in write-back mode (it sends FLUSH), and the pattern it wrote with
+/// `conv=fsync` and `sync` is in the image after SIGKILL.
 pub fn flush_durability(env: &Env) -> Outcome {
     let s = session(env)?;
     let want = s.get("offset", "sha256")?;
+    let scratch = s
+        .lines
+        .iter()
+        .find(|l| l.get("serial").map(String::as_str) == Some("scratch"))
+        .ok_or_else(|| format!("no scratch disk in the guest: {}", s.tail))?;
+    let cache = scratch.get("write_cache").cloned().unwrap_or_default();
+    ensure!(
+        cache == "write_back",
+        "the guest's scratch disk has write_cache {cache:?}: without \"write back\" Linux sends \
+         no FLUSH, and sync would not reach the device's fdatasync"
+    );
     ensure!(
         s.killed_code == -1,
         "vmhost exited {} instead of dying of SIGKILL",
