@@ -282,9 +282,25 @@ fn run(args: &[&str]) -> Outcome {
     Ok(())
 }
 
-fn run_session(env: &Env) -> Result<Session, String> {
-    let a = assets(env)?;
-    let dir = env.work.join("guest/virtio");
+/// The host's side of the session, ready before the VM starts.
+struct HostSide {
+    /// Checksums of the ext4 image's files.
+    files: BTreeMap<String, String>,
+    /// The read-only image's checksum before the run.
+    golden_before: String,
+    /// The scratch disk's backing file and its loop device.
+    scratch: (std::path::PathBuf, Loop),
+    /// Checksum of the 64 MiB the host sends.
+    to_guest_sha: String,
+    /// Where the host writes the checksum of what it received.
+    from_guest: std::path::PathBuf,
+    /// Checksum of the manifest's `user-data`.
+    user_data_sha: String,
+    /// The two `nc` endpoints.
+    helpers: Helpers,
+}
+
+fn prepare_host(env: &Env, dir: &Path) -> Result<HostSide, String> {
     let mut files = BTreeMap::new();
     checksums(&dir.join("files"), &dir.join("files"), &mut files)?;
     ensure!(
@@ -313,16 +329,41 @@ fn run_session(env: &Env) -> Result<Session, String> {
     let user_data_file = env.work.join("virtio-user-data");
     std::fs::write(&user_data_file, USER_DATA).map_err(|e| e.to_string())?;
     let user_data_sha = sha256(&user_data_file)?;
-
     let mut helpers = Helpers(Vec::new());
     let recv = format!("sha256sum > '{}'", from_guest.display());
     helpers.spawn(&["nc", "-l", "-p", "5001", "-e", "sh", "-c", &recv])?;
     let send = to_guest.to_string_lossy().into_owned();
     helpers.spawn(&["nc", "-l", "-p", "5002", "-e", "cat", &send])?;
+    Ok(HostSide {
+        files,
+        golden_before,
+        scratch: (scratch, scratch_dev),
+        to_guest_sha,
+        from_guest,
+        user_data_sha,
+        helpers,
+    })
+}
 
+/// Checksum of the scratch image where the guest's `GUEST-SYNCED` line says it wrote.
+fn scratch_written(lines: &[BTreeMap<String, String>], scratch: &Path) -> Result<String, String> {
+    let synced = lines.iter().find(|l| l.contains_key("offset"));
+    match synced.and_then(|l| Some((l.get("offset")?, l.get("bytes")?))) {
+        Some((off, len)) => shell(&format!(
+            "dd if='{}' bs=4096 skip=$(({off} / 4096)) count=$(({len} / 4096)) 2>/dev/null | sha256sum",
+            scratch.display()
+        )),
+        None => Ok(String::new()),
+    }
+}
+
+fn run_session(env: &Env) -> Result<Session, String> {
+    let a = assets(env)?;
+    let dir = env.work.join("guest/virtio");
+    let mut host = prepare_host(env, &dir)?;
     let yaml = env.work.join(format!("{VM}.yaml"));
     let initrd = env.work.join("guest/initramfs-devices.cpio");
-    let text = manifest(&a.vmlinux, &initrd, &dir, Path::new(&scratch_dev.0));
+    let text = manifest(&a.vmlinux, &initrd, &dir, Path::new(&host.scratch.1 .0));
     std::fs::write(&yaml, text).map_err(|e| format!("write {}: {e}", yaml.display()))?;
     let plan = env.plan(&yaml)?;
     let mac = at(&plan, "/devices/spec/interfaces/0/mac")?
@@ -336,38 +377,30 @@ fn run_session(env: &Env) -> Result<Session, String> {
 
     let out = env.work.join(format!("{VM}.out"));
     let serial = wait_for(&out, "GUEST-SYNCED", &|| vm.stderr())?;
-    let scratch_flags = fd_flags(vm.vmm, &scratch_dev.0);
+    let scratch_flags = fd_flags(vm.vmm, &host.scratch.1 .0);
     env.signal(vm.pid, libc::SIGKILL)?;
     let killed_code = env.wait(vm.pid)?;
-    helpers.wait_all(Duration::from_secs(10));
+    host.helpers.wait_all(Duration::from_secs(10));
     for l in vm.stderr().lines().filter(|l| !l.starts_with("warning: ")) {
         println!("     vmhost: {l}");
     }
     let lines = guest_lines(&serial);
-    let synced = lines
-        .iter()
-        .find(|l| l.contains_key("offset"))
-        .cloned()
-        .unwrap_or_default();
-    let scratch_sha = match (synced.get("offset"), synced.get("bytes")) {
-        (Some(off), Some(len)) => shell(&format!(
-            "dd if='{}' bs=4096 skip=$(({off} / 4096)) count=$(({len} / 4096)) 2>/dev/null | sha256sum",
-            scratch.display()
-        ))?,
-        _ => String::new(),
-    };
-    let received = std::fs::read_to_string(&from_guest).unwrap_or_default();
+    let scratch_sha = scratch_written(&lines, &host.scratch.0)?;
+    let received = std::fs::read_to_string(&host.from_guest).unwrap_or_default();
     Ok(Session {
-        lines,
         tail: format!("{}; stderr: {}", tail(&serial), vm.stderr()),
+        lines,
         mac,
-        files,
-        golden: (golden_before, sha256(&dir.join("golden.img"))?),
-        net: (to_guest_sha, received.chars().take(64).collect()),
+        files: std::mem::take(&mut host.files),
+        golden: (host.golden_before.clone(), sha256(&dir.join("golden.img"))?),
+        net: (
+            host.to_guest_sha.clone(),
+            received.chars().take(64).collect(),
+        ),
         killed_code,
         scratch_sha,
         scratch_flags,
-        user_data_sha,
+        user_data_sha: host.user_data_sha.clone(),
     })
 }
 
