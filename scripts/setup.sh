@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what vmhost needs to build and test on Debian 12 (run as root; idempotent).
 set -euo pipefail
-pkgs=(pkg-config libhwloc-dev libudev-dev hwloc qemu-system-x86 acpica-tools kmod mtools dosfstools)
+pkgs=(pkg-config libhwloc-dev libudev-dev hwloc qemu-system-x86 acpica-tools kmod mtools dosfstools e2fsprogs)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

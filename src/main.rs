@@ -279,6 +279,7 @@ fn check_boot_inputs(boot: &vmhost_config::BootSpec) -> Result<()> {
         kernel,
         initrd,
         cmdline,
+        ..
     } = boot
     {
         vmhost_boot::check_linux_inputs(kernel, initrd.as_deref(), cmdline).map_err(|e| {

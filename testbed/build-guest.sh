@@ -4,6 +4,8 @@
 #   initramfs.cpio  busybox-static, testbed/guest/init as /init, and the modules it loads
 #                   (evdev + button for the ACPI power button, pvpanic + pvpanic-mmio,
 #                   virtio_mmio + vmw_vsock_virtio_transport), and /bin/vsock-test
+#   initramfs-devices.cpio  the same plus testbed/guest/devices.sh and the virtio, ext4 and
+#                   vfat modules it loads (lib/modules/devices/), for the virtio device tests
 #   qemu/           this machine's qemu-system-x86_64 with its shared libraries and loader
 #                   (lib/) and the firmware a direct kernel boot needs (share/): the baseline of
 #                   the boot-time benchmark, run inside the emulated host as
@@ -28,7 +30,10 @@ modules=(evdev button pvpanic-mmio)
 # vsock test: the virtio-mmio transport (found through the DSDT) and the vsock driver, plus the
 # static helper testbed/guest/vsock-test.c (busybox has no AF_VSOCK).
 modules+=(virtio_mmio vmw_vsock_virtio_transport)
-inputs="$kpkg busybox-static ${modules[*]} $(cat "$root/testbed/guest/init" "$0" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
+# The virtio drivers and file systems of `vmhost.action=devices` (testbed/guest/devices.sh),
+# loaded by that script alone from lib/modules/devices/.
+device_modules=(virtio_mmio virtio_blk virtio_net virtio_rng ext4 crc32c_generic vfat nls_cp437 nls_ascii nls_utf8)
+inputs="$kpkg busybox-static ${modules[*]} ${device_modules[*]} $(cat "$root/testbed/guest/init" "$root/testbed/guest/devices.sh" "$0" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
 inputs+=" vsock-test:$(sha256sum < "$root/testbed/guest/vsock-test.c" | cut -c1-16)"
 mkdir -p "$out"
 qemu_bundle() { # this machine's QEMU, its libraries and firmware, for the emulated host
@@ -48,7 +53,7 @@ qemu_bundle() { # this machine's QEMU, its libraries and firmware, for the emula
     echo "qemu bundle in $d ($(du -sh "$d" | cut -f1))"
 }
 qemu_bundle
-if [[ -s "$out/initramfs.cpio" && "$(cat "$out/VERSION" 2>/dev/null)" == "$inputs" ]]; then
+if [[ -s "$out/initramfs.cpio" && -s "$out/initramfs-devices.cpio" && "$(cat "$out/VERSION" 2>/dev/null)" == "$inputs" ]]; then
     echo "guest initramfs up to date in $out"
     exit 0
 fi
@@ -68,6 +73,13 @@ install -m 0755 "$root/testbed/guest/init" "$rootfs/init"
 command -v gcc >/dev/null || die "gcc not found (the vsock test helper is a static C program): apt-get install gcc libc6-dev"
 gcc -static -O2 -Wall -o "$rootfs/bin/vsock-test" "$root/testbed/guest/vsock-test.c"
 python3 "$root/testbed/mkcpio.py" "$rootfs" "$out/initramfs.cpio.tmp"
+# The device tests' initramfs: the same plus devices.sh and its modules (the other guests
+# boot without them, so their boot times do not change).
+copy_modules "$work/kernel" "$work/devices" "${device_modules[@]}"
+mv "$work/devices/lib/modules" "$rootfs/lib/modules/devices"
+install -m 0755 "$root/testbed/guest/devices.sh" "$rootfs/devices.sh"
+python3 "$root/testbed/mkcpio.py" "$rootfs" "$out/initramfs-devices.cpio.tmp"
+mv "$out/initramfs-devices.cpio.tmp" "$out/initramfs-devices.cpio"
 mv "$out/initramfs.cpio.tmp" "$out/initramfs.cpio"
 echo "$inputs" > "$out/VERSION"
 echo "guest initramfs built in $out ($(tr '\n' ' ' < "$rootfs/lib/modules/order"), $(du -h "$out/initramfs.cpio" | cut -f1))"

@@ -2,8 +2,8 @@
 # Builds the emulated host's boot image from Debian packages, cached under target/testbed/:
 #   image/bzImage        the host kernel: the same linux-image-6.1.0-*-amd64 package as the
 #                        test kernel (crates/boot/scripts/fetch-test-kernel.sh)
-#   image/initramfs.cpio busybox-static, numactl (+ its libraries), the KVM and virtio/9p
-#                        modules in load order, and testbed/init as /init
+#   image/initramfs.cpio busybox-static, numactl (+ its libraries), the KVM, virtio/9p, tun,
+#                        vhost and loop modules in load order, and testbed/init as /init
 #   image/VERSION        what the image was built from (a changed input rebuilds it)
 # Needs apt-get, dpkg-deb, depmod/modprobe (kmod) and python3. Downloads only from Debian's
 # package archive.
@@ -32,7 +32,7 @@ if [[ -z "$kpkg" ]]; then
 fi
 [[ -n "$kpkg" ]] || die "no linux-image-6.1.0-*-amd64 package known to apt (run apt-get update)"
 
-modules=(kvm-amd 9p 9pnet_virtio virtio_pci virtio_blk virtio_net virtio_console tun vhost_vsock vhost_net)
+modules=(kvm-amd 9p 9pnet_virtio virtio_pci virtio_blk virtio_net virtio_console tun vhost_vsock vhost_net loop)
 inputs="$kpkg busybox-static numactl libnuma1 ${modules[*]} $(cat "$root/testbed/init" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
 if [[ -s "$img/initramfs.cpio" && -s "$img/bzImage" && "$(cat "$img/VERSION" 2>/dev/null)" == "$inputs" ]]; then
     echo "testbed image up to date in $img ($kpkg)"

@@ -46,10 +46,12 @@ for suite in "${suites[@]}"; do
     # The Linux guests' kernel, initramfs and the QEMU baseline (testbed/build-guest.sh).
     mkdir -p "$share/guest"
     cp "$root/target/test-kernel/vmlinux" "$root/target/test-kernel/bzImage" "$share/guest/"
-    cp -a "$tb/guest/initramfs.cpio" "$tb/guest/qemu" "$share/guest/"
+    cp -a "$tb/guest/initramfs.cpio" "$tb/guest/initramfs-devices.cpio" "$tb/guest/qemu" "$share/guest/"
     if [[ "$suite" == bench ]]; then
         cp "$root/target/x86_64-unknown-linux-gnu/release/vmhost" "$share/guest/vmhost-release"
     fi
+    # The virtio device tests' disk images, new for every run.
+    bash "$root/testbed/build-disks.sh" "$share/guest/virtio"
     cat > "$share/run" <<RUN
 #!/bin/sh
 # 1 GiB pages: boot.sh reserves one per node on the kernel command line, which now and then

@@ -258,7 +258,7 @@ fn kubevirt_and_vmhost_models_side_by_side() {
     assert!(stderr(&o).contains("ignoring KubeVirt fields that do not change resources: spec.terminationGracePeriodSeconds\n"), "{}", stderr(&o));
     let text = stdout(&o);
     for line in [
-        "disk cloudinitdisk: cloud-init NoCloud seed, read-write, cache none at 0xd0000000, GSI 16",
+        "disk cloudinitdisk: cloud-init NoCloud seed, read-write, cache auto (none if the file system takes O_DIRECT) at 0xd0000000, GSI 16",
         "rng: host getrandom at 0xd0001000, GSI 17",
         "virtio devices are attached to Linux guests only",
     ] {

@@ -285,6 +285,7 @@ fn map_domain(w: &mut Walker, domain: &Mapping, spec: &mut RawSpec) -> Result<()
         "devices",
         "ioThreadsPolicy",
         "ioThreads",
+        "firmware",
     ];
     for (key, v) in w.take(domain, "", &known) {
         if key == "ioThreadsPolicy" {
@@ -305,6 +306,7 @@ fn map_domain(w: &mut Walker, domain: &Mapping, spec: &mut RawSpec) -> Result<()
             }
             "memory" => map_memory(w, m, spec)?,
             "resources" => map_resources(w, m, spec)?,
+            "firmware" => map_firmware(w, m, spec)?,
             _ => devices::map_devices(w, m, spec)?,
         }
     }
@@ -317,6 +319,34 @@ fn map_io_threads(w: &mut Walker, m: &Mapping) -> Result<RawIoThreads, ConfigErr
         t.supplemental_pool_thread_count = Some(w.u32(v, "ioThreads.supplementalPoolThreadCount")?);
     }
     Ok(t)
+}
+
+/// `firmware.kernelBoot`: KubeVirt boots `container.kernelPath` and `container.initrdPath` out
+/// of a container image with `kernelArgs` as the command line. A standalone host has no image
+/// to pull, so vmhost reads the two paths as files on this host (`container.image` and the
+/// other firmware fields are listed as ignored).
+fn map_firmware(w: &mut Walker, m: &Mapping, spec: &mut RawSpec) -> Result<(), ConfigError> {
+    for (_, v) in w.take(m, "firmware.", &["kernelBoot"]) {
+        let kb = w.mapping(v, "firmware.kernelBoot")?;
+        for (key, v) in w.take(kb, "firmware.kernelBoot.", &["kernelArgs", "container"]) {
+            let path = format!("firmware.kernelBoot.{key}");
+            if key == "kernelArgs" {
+                spec.boot.cmdline = Some(w.string(v, &path)?);
+                continue;
+            }
+            let c = w.mapping(v, &path)?;
+            let known = ["kernelPath", "initrdPath"];
+            for (key, v) in w.take(c, "firmware.kernelBoot.container.", &known) {
+                let path = format!("firmware.kernelBoot.container.{key}");
+                let file = Some(w.string(v, &path)?.into());
+                match key {
+                    "kernelPath" => spec.boot.kernel = file,
+                    _ => spec.boot.initrd = file,
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn lookup<'v>(map: &'v Mapping, dotted: &str) -> Option<&'v Value> {

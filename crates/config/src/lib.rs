@@ -25,7 +25,9 @@ pub mod vsock;
 
 use std::path::{Path, PathBuf};
 
-pub use devices::{Binding, DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec};
+pub use devices::{
+    Binding, DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec, VirtioAnnounce,
+};
 pub use iothreads::{IoThreadsPolicy, IoThreadsSpec};
 pub use mac::{MacAddress, MacError};
 pub use quantity::{format_bytes, Quantity, QuantityError};

@@ -289,4 +289,6 @@ pub struct RawBoot {
     pub initrd: Option<PathBuf>,
     /// Kernel command line.
     pub cmdline: Option<String>,
+    /// How the kernel learns the virtio devices: `acpi` (default) or `cmdline`.
+    pub virtio_announce: Option<String>,
 }

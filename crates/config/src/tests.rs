@@ -432,3 +432,63 @@ fn relative_kernel_and_initrd_paths_resolve_against_the_spec_file() {
     assert_eq!(kernel, dir.join("specs/../k/vmlinux"));
     assert_eq!(initrd, Some(std::path::PathBuf::from("/abs/initrd")));
 }
+
+#[test]
+fn virtio_announce_defaults_to_acpi_and_names_its_choices() {
+    let base = "[memory]\nguest = \"64Mi\"\n[boot]\nkernel = \"/k\"\n";
+    let announce = |extra: &str| match from_toml_str(&format!("{base}{extra}"), "t.toml")
+        .unwrap()
+        .spec
+        .boot
+    {
+        BootSpec::Kernel {
+            virtio_announce, ..
+        } => virtio_announce,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(announce(""), crate::VirtioAnnounce::Acpi);
+    assert_eq!(
+        announce("virtio_announce = \"cmdline\"\n"),
+        crate::VirtioAnnounce::Cmdline
+    );
+    let e = toml_err(&format!("{base}virtio_announce = \"dsdt\"\n"));
+    assert_eq!(e[0].field, "boot.virtio_announce");
+    assert_eq!(e[0].value, "\"dsdt\"");
+    assert!(e[0].fix.contains("acpi, cmdline"), "{}", e[0]);
+    let e = toml_err("[memory]\nguest = \"64Mi\"\n[boot]\nvirtio_announce = \"acpi\"\n");
+    assert_eq!(e[0].field, "boot.virtio_announce");
+}
+
+#[test]
+fn kubevirt_kernel_boot_reads_the_container_paths_on_this_host() {
+    let vmi = VMI.replace(
+        "    memory:\n      guest: 4Gi",
+        "    firmware:\n      kernelBoot:\n        kernelArgs: console=ttyS0 quiet\n        \
+         container:\n          image: quay.io/x/kernel:1\n          kernelPath: /boot/vmlinux\n          \
+         initrdPath: /boot/initrd.cpio\n    memory:\n      guest: 4Gi",
+    );
+    let l = from_yaml_str(&vmi, "vmi.yaml").unwrap();
+    assert_eq!(
+        l.spec.boot,
+        BootSpec::Kernel {
+            kernel: "/boot/vmlinux".into(),
+            initrd: Some("/boot/initrd.cpio".into()),
+            cmdline: "console=ttyS0 quiet".into(),
+            virtio_announce: crate::VirtioAnnounce::Acpi,
+        }
+    );
+    let warned = l.warnings.join(" ");
+    assert!(
+        warned.contains("spec.domain.firmware.kernelBoot.container.image"),
+        "{warned}"
+    );
+    let bad = VMI.replace(
+        "    memory:\n      guest: 4Gi",
+        "    firmware:\n      kernelBoot:\n        container:\n          kernelPath: 7\n    memory:\n      guest: 4Gi",
+    );
+    let e = from_yaml_str(&bad, "vmi.yaml").unwrap_err().to_string();
+    assert!(
+        e.contains("spec.domain.firmware.kernelBoot.container.kernelPath"),
+        "{e}"
+    );
+}

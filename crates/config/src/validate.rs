@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::devices::{check_devices, DeviceSpec};
+use crate::devices::{check_announce, check_devices, DeviceSpec, VirtioAnnounce};
 use crate::iothreads::{check_io_threads, IoThreadsSpec};
 use crate::quantity::format_bytes;
 use crate::spec::RawSpec;
@@ -258,6 +258,8 @@ pub enum BootSpec {
         initrd: Option<PathBuf>,
         /// Command line.
         cmdline: String,
+        /// How the kernel learns the virtio devices.
+        virtio_announce: VirtioAnnounce,
     },
 }
 
@@ -778,17 +780,20 @@ fn check_boot(c: &mut Checker<'_>, raw: &RawSpec) -> Option<BootSpec> {
                 .cmdline
                 .clone()
                 .unwrap_or_else(|| "console=ttyS0".to_string()),
+            virtio_announce: check_announce(c, b.virtio_announce.as_deref()),
         }),
         (None, p) => {
-            if b.initrd.is_some() || b.cmdline.is_some() {
+            if b.initrd.is_some() || b.cmdline.is_some() || b.virtio_announce.is_some() {
                 c.fail(
                     if b.initrd.is_some() {
                         "boot.initrd"
-                    } else {
+                    } else if b.cmdline.is_some() {
                         "boot.cmdline"
+                    } else {
+                        "boot.virtio_announce"
                     },
                     "(set)",
-                    "an initrd or command line needs boot.kernel",
+                    "an initrd, command line or virtio_announce needs boot.kernel",
                     "add boot.kernel or remove them",
                 );
             }

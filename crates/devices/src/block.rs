@@ -132,6 +132,15 @@ impl Block {
         self.capacity
     }
 
+    /// The cache mode in effect: `none` (O_DIRECT) or `writeback`.
+    pub fn cache_mode(&self) -> &'static str {
+        if self.image.is_direct() {
+            "none"
+        } else {
+            "writeback"
+        }
+    }
+
     /// Request counters.
     pub fn stats(&self) -> BlockStats {
         self.stats

@@ -161,6 +161,7 @@ impl HostDevices {
                 cache: match disk.cache {
                     DiskCache::None => CacheMode::None,
                     DiskCache::Writeback => CacheMode::Writeback,
+                    DiskCache::Auto => CacheMode::Auto,
                 },
                 serial: disk.serial.clone(),
             };
@@ -168,20 +169,21 @@ impl HostDevices {
                 disk: disk.name.clone(),
                 source,
             })?;
+            let describe = format!(
+                "disk {}: {} ({}, cache {})",
+                disk.name,
+                path.display(),
+                if disk.read_only {
+                    "read-only"
+                } else {
+                    "read-write"
+                },
+                block.cache_mode()
+            );
             self.devices.push(PreparedDevice {
                 device: Box::new(block),
                 backend: None,
-                describe: format!(
-                    "disk {}: {} ({}, cache {})",
-                    disk.name,
-                    path.display(),
-                    if disk.read_only {
-                        "read-only"
-                    } else {
-                        "read-write"
-                    },
-                    disk.cache.as_str()
-                ),
+                describe,
             });
         }
         for iface in &spec.interfaces {

@@ -1,10 +1,14 @@
 //! Where each virtio device goes in the guest: one 4 KiB virtio-mmio window in the MMIO hole
 //! and one I/O APIC pin per device, assigned in spec order (disks, then interfaces, then
 //! rng, then vsock). The VMM builds its MMIO bus and the ACPI tables from the same slots, so the DSDT and
-//! the `virtio_mmio.device=` command-line fallback always agree with the bus.
+//! the `virtio_mmio.device=` command-line fallback always agree with the bus. Exactly one of
+//! them announces the devices (`boot.virtio_announce`): [`crate::Plan::virtio_acpi_slots`] and
+//! [`crate::Plan::virtio_cmdline`] never both return something.
 
 use serde::Serialize;
-use vmhost_config::DeviceSpec;
+use vmhost_config::{BootSpec, DeviceSpec, VirtioAnnounce};
+
+use crate::Plan;
 
 /// First virtio-mmio window (inside the 32-bit MMIO hole, below the I/O APIC and LAPIC).
 pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
@@ -105,6 +109,37 @@ impl DevicePlan {
     pub fn cmdline(&self) -> String {
         let parts: Vec<String> = self.slots.iter().map(VirtioSlot::cmdline).collect();
         parts.join(" ")
+    }
+}
+
+impl Plan {
+    /// How a Linux guest learns its devices; `None` for a built-in payload (it has no
+    /// virtio drivers and gets no devices).
+    pub fn virtio_announce(&self) -> Option<VirtioAnnounce> {
+        match &self.boot {
+            BootSpec::Kernel {
+                virtio_announce, ..
+            } => Some(*virtio_announce),
+            BootSpec::Payload { .. } => None,
+        }
+    }
+
+    /// The slots the DSDT announces as `LNRO0005` devices: all of them unless
+    /// `boot.virtio_announce = "cmdline"`.
+    pub fn virtio_acpi_slots(&self) -> &[VirtioSlot] {
+        match self.virtio_announce() {
+            Some(VirtioAnnounce::Acpi) => &self.devices.slots,
+            _ => &[],
+        }
+    }
+
+    /// The `virtio_mmio.device=` parameters to append to the kernel command line: empty unless
+    /// `boot.virtio_announce = "cmdline"` (a device announced twice would be probed twice).
+    pub fn virtio_cmdline(&self) -> String {
+        match self.virtio_announce() {
+            Some(VirtioAnnounce::Cmdline) => self.devices.cmdline(),
+            _ => String::new(),
+        }
     }
 }
 

@@ -87,10 +87,13 @@ pub const VIRTIO_RNG_BUFFER: u64 = 64 * 1024;
 
 /// vmhost: the most host memory one disk's buffers take: the request buffer and, with
 /// `cache = "none"`, the scratch buffer that unaligned direct I/O widens to whole 4 KiB blocks
-/// (a request plus a block on each side; one block with `writeback`).
+/// (a request plus a block on each side; one block with `writeback`). A cache left out may turn
+/// out to be `none` when the image is opened, so it is counted as `none`.
 pub fn virtio_blk_bytes(cache: vmhost_config::DiskCache) -> u64 {
     let scratch = match cache {
-        vmhost_config::DiskCache::None => VIRTIO_BLK_MAX_REQUEST + 2 * DIRECT_ALIGN,
+        vmhost_config::DiskCache::None | vmhost_config::DiskCache::Auto => {
+            VIRTIO_BLK_MAX_REQUEST + 2 * DIRECT_ALIGN
+        }
         vmhost_config::DiskCache::Writeback => DIRECT_ALIGN,
     };
     VIRTIO_BLK_MAX_REQUEST + scratch

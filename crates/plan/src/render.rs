@@ -160,7 +160,7 @@ pub fn render_text(o: &Outcome) -> String {
             rt.priority
         );
     }
-    render_devices(&mut s, &p.devices);
+    render_devices(&mut s, &p.devices, p.virtio_announce());
     crate::iothreads::render(&mut s, &p.devices);
     for n in &p.notes {
         let _ = writeln!(s, "  note: {n}");
@@ -182,13 +182,22 @@ fn mib(b: u64) -> f64 {
 }
 
 /// One line per virtio device: what it is and where the guest finds it.
-fn render_devices(s: &mut String, d: &crate::devices::DevicePlan) {
+fn render_devices(
+    s: &mut String,
+    d: &crate::devices::DevicePlan,
+    announce: Option<vmhost_config::VirtioAnnounce>,
+) {
     use crate::devices::VirtioKind;
-    use vmhost_config::DiskSource;
+    use vmhost_config::{DiskSource, VirtioAnnounce};
     if d.slots.is_empty() {
         return;
     }
-    let _ = writeln!(s, "\n  virtio devices (virtio-mmio):");
+    let how = match announce {
+        Some(VirtioAnnounce::Acpi) => ", announced in the DSDT as LNRO0005 devices",
+        Some(VirtioAnnounce::Cmdline) => ", announced with virtio_mmio.device= on the command line",
+        None => "",
+    };
+    let _ = writeln!(s, "\n  virtio devices (virtio-mmio{how}):");
     for slot in &d.slots {
         let what = match slot.device {
             VirtioKind::Disk(i) => {
@@ -218,11 +227,13 @@ fn render_devices(s: &mut String, d: &crate::devices::DevicePlan) {
                 } else {
                     "read-write"
                 };
-                format!(
-                    "disk {}: {source}, {mode}, cache {}",
-                    disk.name,
-                    disk.cache.as_str()
-                )
+                let cache = match disk.cache {
+                    vmhost_config::DiskCache::Auto => {
+                        "auto (none if the file system takes O_DIRECT)"
+                    }
+                    other => other.as_str(),
+                };
+                format!("disk {}: {source}, {mode}, cache {cache}", disk.name)
             }
             VirtioKind::Net(i) => {
                 let n = &d.spec.interfaces[i];

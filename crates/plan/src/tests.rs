@@ -799,3 +799,34 @@ proptest! {
         prop_assert_eq!(o.fits, holds, "reasons {:?} notes {:?}", o.reasons, o.plan.notes);
     }
 }
+
+/// The plan says how a Linux guest learns its virtio devices: the DSDT by default, the command
+/// line with `boot.virtio_announce = "cmdline"` — and never both.
+#[test]
+fn plan_names_how_virtio_devices_are_announced() {
+    let h = host("package:1 numa:1 core:2 pu:1", "");
+    let text = |announce: &str| {
+        let s = spec(&format!(
+            "[memory]\nguest = \"256Mi\"\n[devices]\nrng = {{}}\n[boot]\nkernel = \"/k\"\n{announce}"
+        ));
+        let o = plan(&s, &h, &PlanOptions::default());
+        let text = render_text(&o);
+        let p = o.into_result().unwrap();
+        (text, p.virtio_acpi_slots().len(), p.virtio_cmdline())
+    };
+    let (acpi, slots, cmdline) = text("");
+    assert!(
+        acpi.contains("virtio devices (virtio-mmio, announced in the DSDT as LNRO0005 devices):"),
+        "{acpi}"
+    );
+    assert_eq!((slots, cmdline.as_str()), (1, ""));
+    let (cmd, slots, cmdline) = text("virtio_announce = \"cmdline\"\n");
+    assert!(
+        cmd.contains("announced with virtio_mmio.device= on the command line"),
+        "{cmd}"
+    );
+    assert_eq!(
+        (slots, cmdline.as_str()),
+        (0, "virtio_mmio.device=4K@0xd0000000:16")
+    );
+}

@@ -39,8 +39,9 @@ pub(crate) fn prepare_linux(
     let layout = ram.guest_layout();
     let acpi = build_acpi(plan, layout, ACPI_START)
         .map_err(|source| VmError::Acpi { vm: vm(), source })?;
-    // The virtio devices reach the kernel through `virtio_mmio.device=` (DSDT entries next).
-    let cmdline = match plan.devices.cmdline() {
+    // The DSDT announces the virtio devices, or (`boot.virtio_announce = "cmdline"`) the
+    // command line does: never both.
+    let cmdline = match plan.virtio_cmdline() {
         extra if extra.is_empty() => spec.cmdline.to_string(),
         extra => format!("{} {extra}", spec.cmdline),
     };

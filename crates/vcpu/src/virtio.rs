@@ -8,8 +8,9 @@
 //!
 //! A Linux guest gets its devices here ([`crate::linux`]); the MMIO exit handler consults
 //! [`VirtioAttachment::mmio_read`]/[`VirtioAttachment::mmio_write`] through
-//! [`crate::devices::LinuxDevices`], and the kernel learns the slots from
-//! `virtio_mmio.device=` on its command line.
+//! [`crate::devices::LinuxDevices`], and the kernel learns the slots from the DSDT's
+//! `LNRO0005` devices (or, with `boot.virtio_announce = "cmdline"`, from
+//! `virtio_mmio.device=` on its command line; see `vmhost_plan::Plan::virtio_cmdline`).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -328,6 +328,7 @@ impl Vm {
                     kernel,
                     initrd,
                     cmdline,
+                    ..
                 },
             ) => {
                 let spec = KernelSpec {

@@ -9,6 +9,7 @@
 //! A test that cannot run (a missing node, no `/dev/kvm`) fails: nothing is skipped.
 
 mod cgroup_tests;
+mod device_tests;
 mod host;
 mod ledger_tests;
 mod linux_bench;
@@ -137,6 +138,30 @@ const FOUR_NODE: &[Test] = &[
         "linux_four_cells_asymmetric",
         linux_tests::four_cells_asymmetric,
     ),
+    // The virtio devices under Linux drivers: one boot (device_tests::session) for all.
+    (
+        "virtio_kubevirt_vmi_boots",
+        device_tests::kubevirt_vmi_boots,
+    ),
+    (
+        "virtio_probed_from_acpi_alone",
+        device_tests::probed_from_acpi_alone,
+    ),
+    ("virtio_blk_disk_checksums", device_tests::disk_checksums),
+    (
+        "virtio_blk_flush_durability",
+        device_tests::flush_durability,
+    ),
+    ("virtio_blk_read_only", device_tests::read_only),
+    (
+        "virtio_net_ping_and_64mib_each_way",
+        device_tests::net_ping_and_64mib_each_way,
+    ),
+    (
+        "virtio_cloud_init_seed_user_data",
+        device_tests::cloud_init_seed,
+    ),
+    ("virtio_rng_hwrng", device_tests::hwrng),
 ];
 
 fn main() {

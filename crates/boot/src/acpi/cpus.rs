@@ -81,12 +81,6 @@ fn local_x2apic(uid: u32, x2apic_id: u32) -> [u8; 16] {
     b
 }
 
-/// The DSDT: a processor device per vCPU under `\_SB`, and `\_S5_` (soft off) with
-/// `SLP_TYP` = [`S5_SLEEP_TYPE`], which Linux needs before it powers off through the FADT's
-/// sleep control register.
-///
-/// Device names are `C` and the vCPU index in three hex digits, so indices must be below
-/// 0x1000 (checked by the caller).
 /// Bytes that are already AML (the platform devices).
 struct RawAml(Vec<u8>);
 
@@ -98,6 +92,13 @@ impl Aml for RawAml {
     }
 }
 
+/// The DSDT: a processor device per vCPU under `\_SB`, the platform devices, the virtio-mmio
+/// devices (unless the command line announces them), and `\_S5_` (soft off) with
+/// `SLP_TYP` = [`S5_SLEEP_TYPE`], which Linux needs before it powers off through the FADT's
+/// sleep control register.
+///
+/// Device names are `C` and the vCPU index in three hex digits, so indices must be below
+/// 0x1000 (checked by the caller).
 pub(super) fn dsdt(plan: &Plan) -> Vec<u8> {
     let names: Vec<(String, Name, Name)> = plan
         .vcpus
@@ -116,8 +117,7 @@ pub(super) fn dsdt(plan: &Plan) -> Vec<u8> {
         .collect();
     let children: Vec<&dyn Aml> = devices.iter().map(|d| d as &dyn Aml).collect();
     let platform = RawAml(super::devices::devices_aml());
-    // The virtio-mmio devices (LNRO0005): Debian's kernel has no virtio_mmio.device=.
-    let virtio = RawAml(super::virtio::virtio_mmio_aml(&plan.devices.slots));
+    let virtio = RawAml(super::virtio::virtio_mmio_aml(plan.virtio_acpi_slots()));
     let mut children = children;
     children.push(&platform);
     children.push(&virtio);

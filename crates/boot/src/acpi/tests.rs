@@ -336,3 +336,105 @@ fn writing_outside_guest_memory_names_the_table() {
         "{err:?}"
     );
 }
+
+/// A Linux plan with a disk, a NIC and an rng, announced as `announce` says.
+fn plan_with_devices(announce: vmhost_config::VirtioAnnounce) -> Plan {
+    use vmhost_config::{Binding, DeviceSpec, InterfaceSpec, MacAddress};
+    let mut p = two_cell_plan(64 * MIB);
+    p.boot = vmhost_config::BootSpec::Kernel {
+        kernel: "/k".into(),
+        initrd: None,
+        cmdline: "console=ttyS0".into(),
+        virtio_announce: announce,
+    };
+    p.devices = vmhost_plan::devices::DevicePlan::new(DeviceSpec {
+        disks: vec![],
+        interfaces: vec![InterfaceSpec {
+            name: "default".into(),
+            binding: Binding::Bridge,
+            mac: MacAddress::generate("vm", "default"),
+            tap: None,
+        }],
+        rng: true,
+        vsock: None,
+    });
+    p
+}
+
+fn iasl_dsdt(t: &AcpiTables) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dsdt.dat");
+    std::fs::write(&path, &t.dsdt.bytes).unwrap();
+    let out = std::process::Command::new("iasl")
+        .arg("-d")
+        .arg(&path)
+        .current_dir(dir.path())
+        .output()
+        .expect("iasl is missing: run scripts/setup.sh (Debian package acpica-tools)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(dir.path().join("dsdt.dsl")).unwrap()
+}
+
+/// Regression: the virtio devices were announced only on the command line; the DSDT now holds
+/// one `LNRO0005` device per slot (iasl decodes each with its window and edge GSI) and the
+/// command line holds none, so Linux probes each device exactly once.
+#[test]
+fn dsdt_announces_each_virtio_device_once() {
+    let p = plan_with_devices(vmhost_config::VirtioAnnounce::Acpi);
+    assert_eq!(p.virtio_cmdline(), "", "announced twice");
+    let dsl = iasl_dsdt(&build(&p));
+    assert_eq!(dsl.matches("\"LNRO0005\"").count(), 2, "{dsl}");
+    for (i, (base, gsi)) in [("0xD0000000", "0x00000010"), ("0xD0001000", "0x00000011")]
+        .into_iter()
+        .enumerate()
+    {
+        let start = dsl.find(&format!("Device (VR{i:02X})")).expect(&dsl);
+        let dev = &dsl[start..];
+        let dev = &dev[..dev.find("EndTag").unwrap_or(dev.len())];
+        assert!(
+            dev.contains(&format!(
+                "Name (_UID, {})",
+                if i == 0 { "Zero" } else { "One" }
+            )),
+            "{dev}"
+        );
+        assert!(
+            dev.contains(&format!(
+                "Memory32Fixed (ReadWrite,\n                    {base},"
+            )),
+            "{dev}"
+        );
+        assert!(dev.contains("0x00001000,"), "{dev}");
+        assert!(
+            dev.contains("Interrupt (ResourceConsumer, Edge, ActiveHigh, Exclusive, ,, )"),
+            "{dev}"
+        );
+        assert!(dev.contains(gsi), "{dev}");
+    }
+    // The processors, platform devices and \_S5_ are still there.
+    for want in [
+        "Device (C000)",
+        "Device (COM1)",
+        "Device (GED0)",
+        "Name (_S5,",
+    ] {
+        assert!(dsl.contains(want), "{want} missing:\n{dsl}");
+    }
+}
+
+/// `boot.virtio_announce = "cmdline"`: the command line names every device and the DSDT none.
+#[test]
+fn cmdline_fallback_leaves_the_dsdt_without_virtio_devices() {
+    let p = plan_with_devices(vmhost_config::VirtioAnnounce::Cmdline);
+    assert_eq!(
+        p.virtio_cmdline(),
+        "virtio_mmio.device=4K@0xd0000000:16 virtio_mmio.device=4K@0xd0001000:17"
+    );
+    let t = build(&p);
+    assert!(!t.dsdt.bytes.windows(8).any(|w| w == b"LNRO0005"));
+    assert!(!iasl_dsdt(&t).contains("LNRO0005"));
+}

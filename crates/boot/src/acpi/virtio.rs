@@ -3,8 +3,9 @@
 //! with the slot's 4 KiB register window and its edge-triggered GSI. Linux then probes the
 //! devices without `virtio_mmio.device=` on the command line.
 //!
-//! Not yet part of [`super::build_acpi`]'s DSDT: it joins the `\_SB_` scope next to the
-//! platform devices when the Linux guest path attaches the devices (docs/devices.md).
+//! [`super::build_acpi`] puts them in the DSDT's `\_SB_` scope next to the platform devices,
+//! for the slots of [`vmhost_plan::Plan::virtio_acpi_slots`] (none when
+//! `boot.virtio_announce = "cmdline"` announces them on the command line instead).
 
 use acpi_tables::aml::{Device, Interrupt, Memory32Fixed, Name, Path, ResourceTemplate};
 use acpi_tables::Aml;
@@ -76,6 +77,24 @@ mod tests {
         irq.extend_from_slice(&16u32.to_le_bytes());
         assert!(has(&aml, &irq), "{aml:02x?}");
         assert!(virtio_mmio_aml(&[]).is_empty());
+    }
+
+    /// The first device byte for byte, as ACPI 6.5 §20 encodes it: the AML a reader must decode.
+    #[test]
+    fn the_first_device_is_exactly_this_aml() {
+        let mut want = vec![0x5b, 0x82, 0x3a]; // DeviceOp, PkgLength 58
+        want.extend_from_slice(b"VR00");
+        want.extend_from_slice(b"\x08_HID\x0dLNRO0005\0"); // Name (_HID, "LNRO0005")
+        want.extend_from_slice(b"\x08_UID\x00"); // Name (_UID, Zero)
+                                                 // Name (_CRS, Buffer (23) {...}): BufferOp, PkgLength 26, BytePrefix 23.
+        want.extend_from_slice(b"\x08_CRS\x11\x1a\x0a\x17");
+        // Memory32Fixed (ReadWrite, 0xD0000000, 0x1000)
+        want.extend_from_slice(&[0x86, 0x09, 0x00, 0x01, 0, 0, 0, 0xd0, 0, 0x10, 0, 0]);
+        // Interrupt (ResourceConsumer, Edge, ActiveHigh, Exclusive) {16}
+        want.extend_from_slice(&[0x89, 0x06, 0x00, 0x03, 0x01, 16, 0, 0, 0]);
+        want.extend_from_slice(&[0x79, 0x00]); // EndTag
+        let aml = virtio_mmio_aml(&slots()[..1]);
+        assert_eq!(aml, want, "\ngot  {aml:02x?}\nwant {want:02x?}");
     }
 
     /// ACPICA disassembles the devices in an SSDT (iasl from acpica-tools, as the ACPI tests).
