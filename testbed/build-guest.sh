@@ -5,7 +5,8 @@
 #                   (evdev + button for the ACPI power button, pvpanic + pvpanic-mmio,
 #                   virtio_mmio + vmw_vsock_virtio_transport), and /bin/vsock-test
 #   initramfs-devices.cpio  the same plus testbed/guest/devices.sh and the virtio, ext4 and
-#                   vfat modules it loads (lib/modules/devices/), for the virtio device tests
+#                   vfat modules it loads (lib/modules/devices/), for the virtio device tests,
+#                   and the device benchmark's /iobench-run with its static /bin/iobench
 #   qemu/           this machine's qemu-system-x86_64 with its shared libraries and loader
 #                   (lib/) and the firmware a direct kernel boot needs (share/): the baseline of
 #                   the boot-time benchmark, run inside the emulated host as
@@ -32,8 +33,9 @@ modules=(evdev button pvpanic-mmio)
 modules+=(virtio_mmio vmw_vsock_virtio_transport)
 # The virtio drivers and file systems of `vmhost.action=devices` (testbed/guest/devices.sh),
 # loaded by that script alone from lib/modules/devices/.
-device_modules=(virtio_mmio virtio_blk virtio_net virtio_rng ext4 crc32c_generic vfat nls_cp437 nls_ascii nls_utf8)
-inputs="$kpkg busybox-static ${modules[*]} ${device_modules[*]} $(cat "$root/testbed/guest/init" "$root/testbed/guest/devices.sh" "$0" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
+# virtio_pci: the device benchmark's QEMU baseline gives the same guest PCI devices.
+device_modules=(virtio_mmio virtio_pci virtio_blk virtio_net virtio_rng ext4 crc32c_generic vfat nls_cp437 nls_ascii nls_utf8)
+inputs="$kpkg busybox-static ${modules[*]} ${device_modules[*]} $(cat "$root/testbed/guest/init" "$root/testbed/guest/devices.sh" "$root/testbed/guest/iobench-run" "$root/testbed/guest/iobench.c" "$0" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
 inputs+=" vsock-test:$(sha256sum < "$root/testbed/guest/vsock-test.c" | cut -c1-16)"
 mkdir -p "$out"
 qemu_bundle() { # this machine's QEMU, its libraries and firmware, for the emulated host
@@ -78,6 +80,9 @@ python3 "$root/testbed/mkcpio.py" "$rootfs" "$out/initramfs.cpio.tmp"
 copy_modules "$work/kernel" "$work/devices" "${device_modules[@]}"
 mv "$work/devices/lib/modules" "$rootfs/lib/modules/devices"
 install -m 0755 "$root/testbed/guest/devices.sh" "$rootfs/devices.sh"
+# The device benchmark's guest side (`vmhost.action=iobench`, testbed/guest/iobench-run).
+install -m 0755 "$root/testbed/guest/iobench-run" "$rootfs/iobench-run"
+gcc -static -O2 -Wall -o "$rootfs/bin/iobench" "$root/testbed/guest/iobench.c"
 python3 "$root/testbed/mkcpio.py" "$rootfs" "$out/initramfs-devices.cpio.tmp"
 mv "$out/initramfs-devices.cpio.tmp" "$out/initramfs-devices.cpio"
 mv "$out/initramfs.cpio.tmp" "$out/initramfs.cpio"

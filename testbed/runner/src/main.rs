@@ -9,6 +9,7 @@
 //! A test that cannot run (a missing node, no `/dev/kvm`) fails: nothing is skipped.
 
 mod cgroup_tests;
+mod device_bench;
 mod device_tests;
 mod host;
 mod ledger_tests;
@@ -122,7 +123,10 @@ const TWO_NODE: &[Test] = &[
 
 /// The benchmarks of the 2-node host (`testbed/run.sh bench`, `make bench-testbed`): they
 /// report vmhost's figures next to QEMU's and fail only when a run fails, never on a timing.
-const BENCH: &[Test] = &[("linux_boot_time_vs_qemu", linux_bench::boot_time_vs_qemu)];
+const BENCH: &[Test] = &[
+    ("linux_boot_time_vs_qemu", linux_bench::boot_time_vs_qemu),
+    ("virtio_vs_qemu", device_bench::virtio_vs_qemu),
+];
 
 /// The tests of the 4-node host (4 × 2 PUs, 1 GiB per node, asymmetric distances).
 const FOUR_NODE: &[Test] = &[
