@@ -327,7 +327,7 @@ fn open_nic(iface: &InterfaceSpec) -> Result<(Net, String), HostError> {
         if tap.created() { "created" } else { "attached" },
         iface.mac
     );
-    Ok((Net::new(tap.into_file(), iface.mac.0), describe))
+    Ok((Net::with_offloads(tap.into_file(), iface.mac.0), describe))
 }
 
 /// Creates `path` (it must not exist) as a sparse file of `bytes`.

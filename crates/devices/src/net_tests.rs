@@ -6,6 +6,9 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
 use crate::testutil::{memory, TestQueue, DATA};
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_MAC,
+};
 
 const MAC: [u8; 6] = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
 
@@ -155,4 +158,77 @@ fn a_real_tap_is_created_and_disappears_with_its_fd() {
     assert!(matches!(Tap::open(&name), Err(NetError::SetIff { .. })));
     drop(tap);
     assert!(!sys.exists(), "a non-persistent tap goes away with its fd");
+}
+
+/// Whether the kernel's `name` interface has TCP segmentation offload on (`ETHTOOL_GTSO`).
+fn tso_on(name: &str) -> bool {
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        data: *mut EthtoolValue,
+        _pad: [u8; 16],
+    }
+    let mut value = EthtoolValue { cmd: 0x1e, data: 0 };
+    let mut req = IfReq {
+        name: [0; 16],
+        data: &mut value,
+        _pad: [0; 16],
+    };
+    req.name[..name.len()].copy_from_slice(name.as_bytes());
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    // SAFETY: SIOCETHTOOL reads the ifreq and writes one ethtool_value through `data`; both
+    // live on this stack frame across the call.
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&sock),
+            0x8946,
+            &mut req as *mut IfReq,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "SIOCETHTOOL on {name}: {}",
+        std::io::Error::last_os_error()
+    );
+    value.data != 0
+}
+
+#[test]
+fn a_tap_backed_nic_offers_offloads_and_turns_tso_on_for_what_the_guest_accepted() {
+    let tap = Tap::open("vmhoff%d").expect("creating a tap needs root or CAP_NET_ADMIN");
+    let name = tap.name().to_string();
+    let (plain, _peer) = net();
+    assert_eq!(
+        plain.features(),
+        1 << VIRTIO_NET_F_MAC,
+        "no offloads off a tap"
+    );
+    let mut dev = Net::with_offloads(tap.into_file(), MAC);
+    assert_eq!(dev.features(), (1 << VIRTIO_NET_F_MAC) | OFFLOAD_FEATURES);
+    assert!(!tso_on(&name), "a new tap has TSO off");
+    // A driver that takes checksums but no TSO: still off.
+    dev.activate(1 << VIRTIO_NET_F_GUEST_CSUM);
+    assert!(!tso_on(&name));
+    dev.activate(OFFLOAD_FEATURES);
+    assert!(
+        tso_on(&name),
+        "the guest accepted TSO: the tap may hand it 64 KiB frames"
+    );
+    dev.reset();
+    assert!(!tso_on(&name), "a reset takes the offloads back");
+    assert_eq!(
+        tap_offloads(OFFLOAD_FEATURES),
+        TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN
+    );
+    assert_eq!(
+        tap_offloads(1 << VIRTIO_NET_F_GUEST_TSO4),
+        0,
+        "TSO needs GUEST_CSUM"
+    );
 }
