@@ -290,7 +290,8 @@ impl VirtioDevice for Block {
     fn features(&self) -> u64 {
         let mut f = (1u64 << VIRTIO_BLK_F_SIZE_MAX)
             | (1 << VIRTIO_BLK_F_SEG_MAX)
-            | (1 << VIRTIO_BLK_F_FLUSH);
+            | (1 << VIRTIO_BLK_F_FLUSH)
+            | (1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX);
         if self.read_only {
             f |= 1 << VIRTIO_BLK_F_RO;
         }

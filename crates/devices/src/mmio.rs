@@ -19,6 +19,7 @@ use virtio_bindings::virtio_config::{
     VIRTIO_F_VERSION_1,
 };
 use virtio_bindings::virtio_mmio::*;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
@@ -296,6 +297,10 @@ impl MmioTransport {
                 ));
                 return;
             }
+            let event_idx = self.driver_features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+            for q in &mut self.queues {
+                q.set_event_idx(event_idx);
+            }
             if let Err(why) =
                 self.device
                     .activate_queues(self.driver_features, &self.queues, &self.mem)
@@ -349,14 +354,18 @@ impl MmioTransport {
         if !running || !queue.ready() {
             return;
         }
-        match self.device.process_queue(index, queue, &self.mem) {
+        // With VIRTIO_RING_F_EVENT_IDX the driver notifies only when told to (the used ring's
+        // avail_event): re-arm after each pass and serve what came in meanwhile, then
+        // interrupt only if the driver's used_event asks for it.
+        let event_idx = self.driver_features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        match serve(self.device.as_mut(), index, queue, &self.mem, event_idx) {
+            Ok(false) => {}
             Ok(true) => {
                 if let Err(e) = self.interrupt.signal_used_queue() {
                     warn!(error = %e, "virtio-mmio: cannot raise the queue interrupt");
                 }
             }
-            Ok(false) => {}
-            Err(e) => self.fail(&error_chain(&e)),
+            Err(why) => self.fail(&why),
         }
     }
 
@@ -376,6 +385,28 @@ impl MmioTransport {
             }
         }
     }
+}
+
+/// Serves queue `index` until it is empty (re-arming notifications with EVENT_IDX); returns
+/// whether the driver is to be interrupted.
+fn serve(
+    device: &mut dyn VirtioDevice,
+    index: usize,
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    event_idx: bool,
+) -> Result<bool, String> {
+    let queue_err = |e: virtio_queue::Error| format!("queue {index}: {e}");
+    let mut used = false;
+    loop {
+        used |= device
+            .process_queue(index, queue, mem)
+            .map_err(|e| error_chain(&e))?;
+        if !event_idx || !queue.enable_notification(mem).map_err(queue_err)? {
+            break;
+        }
+    }
+    Ok(used && queue.needs_notification(mem).map_err(queue_err)?)
 }
 
 /// The register at `offset` for a 4-byte aligned access.

@@ -354,7 +354,9 @@ impl VirtioDevice for Net {
 
     fn features(&self) -> u64 {
         let offloads = if self.offloads { OFFLOAD_FEATURES } else { 0 };
-        (1 << VIRTIO_NET_F_MAC) | offloads
+        (1 << VIRTIO_NET_F_MAC)
+            | (1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX)
+            | offloads
     }
 
     fn activate(&mut self, features: u64) {

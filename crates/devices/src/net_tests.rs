@@ -10,6 +10,7 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_MAC,
 };
 
+const EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 const MAC: [u8; 6] = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
 
 /// A device on one end of a datagram socket pair; the other end plays the tap.
@@ -137,7 +138,7 @@ fn wrong_directions_are_malformed() {
 fn config_space_holds_the_mac() {
     let (dev, _peer) = net();
     assert_eq!(dev.config()[..6], MAC);
-    assert_eq!(dev.features(), 1 << VIRTIO_NET_F_MAC);
+    assert_eq!(dev.features(), (1 << VIRTIO_NET_F_MAC) | EVENT_IDX);
     assert_eq!(dev.queue_max_sizes(), &[NET_QUEUE_SIZE, NET_QUEUE_SIZE]);
 }
 
@@ -206,11 +207,14 @@ fn a_tap_backed_nic_offers_offloads_and_turns_tso_on_for_what_the_guest_accepted
     let (plain, _peer) = net();
     assert_eq!(
         plain.features(),
-        1 << VIRTIO_NET_F_MAC,
+        (1 << VIRTIO_NET_F_MAC) | EVENT_IDX,
         "no offloads off a tap"
     );
     let mut dev = Net::with_offloads(tap.into_file(), MAC);
-    assert_eq!(dev.features(), (1 << VIRTIO_NET_F_MAC) | OFFLOAD_FEATURES);
+    assert_eq!(
+        dev.features(),
+        (1 << VIRTIO_NET_F_MAC) | EVENT_IDX | OFFLOAD_FEATURES
+    );
     assert!(!tso_on(&name), "a new tap has TSO off");
     // A driver that takes checksums but no TSO: still off.
     dev.activate(1 << VIRTIO_NET_F_GUEST_CSUM);

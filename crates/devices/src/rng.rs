@@ -97,7 +97,7 @@ impl VirtioDevice for Rng {
     }
 
     fn features(&self) -> u64 {
-        0
+        1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX
     }
 
     fn config(&self) -> Vec<u8> {
