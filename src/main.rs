@@ -44,6 +44,9 @@ fn main() -> ExitCode {
     // Before any thread exists (it sets an environment variable).
     vmhost_topology::skip_unneeded_hwloc_plugins();
     let cli = Cli::parse();
+    if let Some(mode) = cli.seccomp {
+        vmhost_seccomp::set_mode(mode.into());
+    }
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

@@ -62,6 +62,8 @@ fn supervise(
     if let Err(e) = sys::block_supervisor_signals() {
         eprintln!("vmhost: warning: supervisor signal mask: {e}");
     }
+    // The VMM child is forked: the supervisor only waits, forwards signals and cleans up.
+    vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Supervisor);
     let end = loop {
         if let Some(end) = sys::try_reap(child) {
             break end;

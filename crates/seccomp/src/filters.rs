@@ -1,10 +1,11 @@
 //! The allow-lists, one per [`ThreadKind`], derived from what each thread does after its
 //! filter is installed (docs/security.md, "Syscall filters", says how they were measured).
 //!
-//! Every list holds what a Rust thread needs to end (`futex`, `madvise`, `munmap`,
-//! `sigaltstack`, `rt_sigprocmask`, `exit`) and `write` (log lines on stderr, and the SIGSYS report).
-//! `ioctl` is allowed only with the request numbers named, checked on the low 32 bits of the
-//! second argument (the kernel's `unsigned int cmd`).
+//! Every list starts from [`BASE`] (memory, locks, clocks, stderr, the end of the thread); the
+//! parts shared by several kinds ([`READ_FILES`], [`CLOSE`], [`KICK`], [`CLEAN_UP`], [`SPAWN`])
+//! are named once. `ioctl` is allowed only with the request numbers named, checked on the low
+//! 32 bits of the second argument (the kernel's `unsigned int cmd`); `mmap` and `mprotect`
+//! never with `PROT_EXEC`.
 
 use libc::*;
 use seccompiler::{BackendError, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
@@ -16,29 +17,51 @@ use crate::ThreadKind;
 pub enum Rule {
     /// Any arguments.
     Any,
-    /// `ioctl` with one of these requests.
-    Ioctl(&'static [u64]),
+    /// Argument `arg` (low 32 bits) is one of `values`: `ioctl` requests, `fcntl` commands,
+    /// the signal of `kill`.
+    OneOf {
+        /// The argument's index (0-based).
+        arg: u8,
+        /// The allowed values.
+        values: &'static [u64],
+    },
+    /// Argument `arg` has no `PROT_EXEC` bit: `mmap` and `mprotect` never make executable
+    /// memory once a thread is filtered.
+    NoExec {
+        /// The index of the `prot` argument.
+        arg: u8,
+    },
 }
 
 impl Rule {
     /// seccompiler's rules: none for `Any` (the call number alone matches), else one rule per
-    /// allowed value.
+    /// allowed value (any of them allows the call).
     pub(crate) fn compile(&self) -> Result<Vec<SeccompRule>, BackendError> {
-        match self {
+        let cond = |arg, op, value| SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value);
+        match *self {
             Rule::Any => Ok(Vec::new()),
-            Rule::Ioctl(requests) => requests
+            Rule::OneOf { arg, values } => values
                 .iter()
-                .map(|&r| {
-                    SeccompRule::new(vec![SeccompCondition::new(
-                        1,
-                        SeccompCmpArgLen::Dword,
-                        SeccompCmpOp::Eq,
-                        r,
-                    )?])
-                })
+                .map(|&v| SeccompRule::new(vec![cond(arg, SeccompCmpOp::Eq, v)?]))
                 .collect(),
+            Rule::NoExec { arg } => Ok(vec![SeccompRule::new(vec![cond(
+                arg,
+                SeccompCmpOp::MaskedEq(PROT_EXEC as u64),
+                0,
+            )?])?]),
         }
     }
+}
+
+/// `ioctl` with one of `requests`.
+const fn ioctl(requests: &'static [u64]) -> (i64, Rule) {
+    (
+        SYS_ioctl,
+        Rule::OneOf {
+            arg: 1,
+            values: requests,
+        },
+    )
 }
 
 /// `_IOC(dir, type, nr, size)` of Linux's `asm-generic/ioctl.h`.
@@ -51,224 +74,235 @@ const IOC_READ: u64 = 2;
 
 /// `KVM_RUN`.
 pub const KVM_RUN: u64 = ioc(0, KVMIO, 0x80, 0);
-/// `KVM_GET_REGS` (`struct kvm_regs`, 144 bytes).
+/// `KVM_GET_REGS` (`struct kvm_regs`, 144 bytes): the RIP of a fault or internal error.
 pub const KVM_GET_REGS: u64 = ioc(IOC_READ, KVMIO, 0x81, 144);
-/// `KVM_GET_SREGS` (`struct kvm_sregs`, 312 bytes).
-pub const KVM_GET_SREGS: u64 = ioc(IOC_READ, KVMIO, 0x83, 312);
-/// `KVM_GET_VCPU_EVENTS` (`struct kvm_vcpu_events`, 64 bytes).
+/// `KVM_TRANSLATE` (`struct kvm_translation`, 24 bytes): the code bytes at an internal error.
+pub const KVM_TRANSLATE: u64 = ioc(IOC_READ | IOC_WRITE, KVMIO, 0x85, 24);
+/// `KVM_GET_VCPU_EVENTS` (`struct kvm_vcpu_events`, 64 bytes): a triple fault's exception.
 pub const KVM_GET_VCPU_EVENTS: u64 = ioc(IOC_READ, KVMIO, 0x9f, 64);
-/// `KVM_IRQ_LINE` (`struct kvm_irq_level`, 8 bytes): the GED, serial and virtio interrupts.
+/// `KVM_IRQ_LINE` (`struct kvm_irq_level`, 8 bytes): the ACPI power button (GED).
 pub const KVM_IRQ_LINE: u64 = ioc(IOC_WRITE, KVMIO, 0x61, 8);
-/// `TCGETS`.
-pub const TCGETS_REQ: u64 = 0x5401;
-/// `TCSETS`.
+/// `TCSETS` (`tcsetattr(TCSANOW)`): the terminal's mode restored.
 pub const TCSETS_REQ: u64 = 0x5402;
-/// `FIONBIO`.
-pub const FIONBIO_REQ: u64 = 0x5421;
 
-/// The end of any Rust thread, and stderr.
-const THREAD_END: &[(i64, Rule)] = &[
+/// `fcntl(fd, F_GETFD)`: debug builds of std check that a descriptor is open before closing
+/// it; `close` comes with it.
+const CLOSE: [(i64, Rule); 2] = [
+    (SYS_close, Rule::Any),
+    (
+        SYS_fcntl,
+        Rule::OneOf {
+            arg: 1,
+            values: &[F_GETFD as u64],
+        },
+    ),
+];
+
+/// What every thread may do: allocate and free memory (glibc's malloc: `brk`, `mmap`,
+/// `mremap`, `madvise`, `munmap`; `mprotect` to grow a heap, never to make code), wait on
+/// locks, read clocks (when the vDSO cannot), write to stderr, and end (`rt_sigprocmask`,
+/// `sigaltstack`, `exit`).
+const BASE: &[(i64, Rule)] = &[
     (SYS_futex, Rule::Any),
     (SYS_write, Rule::Any),
+    (SYS_brk, Rule::Any),
+    (SYS_mmap, Rule::NoExec { arg: 2 }),
+    (SYS_mprotect, Rule::NoExec { arg: 2 }),
+    (SYS_mremap, Rule::Any),
     (SYS_madvise, Rule::Any),
     (SYS_munmap, Rule::Any),
-    (SYS_sigaltstack, Rule::Any),
+    (SYS_clock_gettime, Rule::Any),
     (SYS_rt_sigprocmask, Rule::Any),
+    (SYS_sigaltstack, Rule::Any),
     (SYS_exit, Rule::Any),
 ];
 
-const VCPU: &[(i64, Rule)] = &[
+/// What a filtered thread needs to start another thread that then installs its own filter:
+/// the new thread's first calls run under its creator's filter.
+const SPAWN: &[(i64, Rule)] = &[
+    (SYS_clone3, Rule::Any),
+    (SYS_set_robust_list, Rule::Any),
+    (SYS_rseq, Rule::Any),
+    (SYS_prctl, Rule::Any),
+    (SYS_gettid, Rule::Any),
+    (SYS_seccomp, Rule::Any),
+];
+
+/// Reading files and `/proc`: `std::fs::read_to_string`, `read_dir`, `Path::exists`.
+const READ_FILES: &[(i64, Rule)] = &[
+    (SYS_openat, Rule::Any),
+    (SYS_read, Rule::Any),
+    (SYS_statx, Rule::Any),
+    (SYS_newfstatat, Rule::Any),
+    (SYS_getdents64, Rule::Any),
+];
+
+/// Kicking vCPU threads out of `KVM_RUN` (`pthread_kill`: `getpid`, `tgkill`).
+const KICK: &[(i64, Rule)] = &[(SYS_getpid, Rule::Any), (SYS_tgkill, Rule::Any)];
+
+/// Releasing the ledger entry and removing the cgroup, the API socket and scratch images.
+const CLEAN_UP: &[(i64, Rule)] = &[
+    (SYS_flock, Rule::Any),
+    (SYS_unlink, Rule::Any),
+    (SYS_rmdir, Rule::Any),
+    // `kill(pid, 0)`: is a ledger entry's process alive?
     (
-        SYS_ioctl,
-        Rule::Ioctl(&[
-            KVM_RUN,
-            KVM_GET_REGS,
-            KVM_GET_SREGS,
-            KVM_GET_VCPU_EVENTS,
-            KVM_IRQ_LINE,
-        ]),
+        SYS_kill,
+        Rule::OneOf {
+            arg: 1,
+            values: &[0],
+        },
     ),
-    (SYS_rt_sigreturn, Rule::Any),
-    (SYS_clock_gettime, Rule::Any),
-    (SYS_mmap, Rule::Any),
-    (SYS_mprotect, Rule::Any),
-];
-
-const EMULATOR: &[(i64, Rule)] = &[
-    (SYS_clock_gettime, Rule::Any),
-    (SYS_tgkill, Rule::Any),
-    (SYS_mmap, Rule::Any),
-    (SYS_mprotect, Rule::Any),
-];
-
-const VMM: &[(i64, Rule)] = &[
-    (SYS_read, Rule::Any),
-    (SYS_close, Rule::Any),
-    (SYS_openat, Rule::Any),
-    (SYS_fstat, Rule::Any),
-    (SYS_statx, Rule::Any),
-    (SYS_lseek, Rule::Any),
-    (SYS_getdents64, Rule::Any),
-    (SYS_mmap, Rule::Any),
-    (SYS_mprotect, Rule::Any),
-    (SYS_brk, Rule::Any),
-    (SYS_mremap, Rule::Any),
-    (SYS_clone3, Rule::Any),
-    (SYS_sched_getaffinity, Rule::Any),
-    (SYS_unlink, Rule::Any),
-    (SYS_unlinkat, Rule::Any),
-    (SYS_rmdir, Rule::Any),
-    (SYS_flock, Rule::Any),
-    (SYS_fsync, Rule::Any),
-    (SYS_rename, Rule::Any),
-    (SYS_ftruncate, Rule::Any),
-    (SYS_clock_gettime, Rule::Any),
     (SYS_clock_nanosleep, Rule::Any),
-    (SYS_tgkill, Rule::Any),
-    (SYS_getpid, Rule::Any),
-    (SYS_ioctl, Rule::Ioctl(&[TCGETS_REQ, TCSETS_REQ])),
-    (SYS_exit_group, Rule::Any),
 ];
 
-const API: &[(i64, Rule)] = &[
-    (SYS_epoll_wait, Rule::Any),
-    (SYS_epoll_ctl, Rule::Any),
-    (SYS_accept4, Rule::Any),
-    (SYS_read, Rule::Any),
-    (SYS_recvfrom, Rule::Any),
-    (SYS_sendto, Rule::Any),
-    (SYS_writev, Rule::Any),
-    (SYS_close, Rule::Any),
-    (SYS_openat, Rule::Any),
-    (SYS_fstat, Rule::Any),
-    (SYS_statx, Rule::Any),
-    (SYS_lseek, Rule::Any),
-    (SYS_getdents64, Rule::Any),
-    (SYS_mmap, Rule::Any),
-    (SYS_mprotect, Rule::Any),
-    (SYS_getsockopt, Rule::Any),
-    (SYS_clock_gettime, Rule::Any),
-    (SYS_tgkill, Rule::Any),
-    (SYS_clone3, Rule::Any),
-    (SYS_sched_getaffinity, Rule::Any),
-    (SYS_getrandom, Rule::Any),
-    (SYS_ioctl, Rule::Ioctl(&[FIONBIO_REQ])),
+const VCPU: &[&[(i64, Rule)]] = &[
+    &[
+        ioctl(&[KVM_RUN, KVM_GET_REGS, KVM_TRANSLATE, KVM_GET_VCPU_EVENTS]),
+        // The kick signal's handler returns.
+        (SYS_rt_sigreturn, Rule::Any),
+    ],
+    // The vCPU's own file descriptor, closed when the thread ends.
+    &CLOSE,
 ];
 
-const SIGNAL: &[(i64, Rule)] = &[
-    (SYS_rt_sigtimedwait, Rule::Any),
-    (SYS_tgkill, Rule::Any),
-    (SYS_clock_gettime, Rule::Any),
+const EMULATOR: &[&[(i64, Rule)]] = &[KICK];
+
+const VMM: &[&[(i64, Rule)]] = &[
+    READ_FILES,
+    &CLOSE,
+    CLEAN_UP,
+    KICK,
+    // The `vmhost-out` report writer.
+    SPAWN,
+    &[(SYS_exit_group, Rule::Any)],
 ];
 
-const PREFAULT: &[(i64, Rule)] = &[
-    (SYS_mmap, Rule::Any),
-    (SYS_mprotect, Rule::Any),
-    (SYS_clock_gettime, Rule::Any),
+const API: &[&[(i64, Rule)]] = &[
+    &[
+        (SYS_epoll_wait, Rule::Any),
+        (SYS_epoll_ctl, Rule::Any),
+        (SYS_accept4, Rule::Any),
+        (SYS_recvfrom, Rule::Any),
+        (SYS_sendto, Rule::Any),
+        (SYS_shutdown, Rule::Any),
+        // The socket file, removed when the server stops.
+        (SYS_unlink, Rule::Any),
+        ioctl(&[KVM_IRQ_LINE]),
+    ],
+    // `GET /vm/placement` and `/vm/resources` read `/proc` and the cgroup.
+    READ_FILES,
+    &CLOSE,
+    // Pause and resume.
+    KICK,
 ];
 
-const SERIAL: &[(i64, Rule)] = &[(SYS_clock_gettime, Rule::Any)];
+const SIGNAL: &[&[(i64, Rule)]] = &[&[(SYS_rt_sigtimedwait, Rule::Any)], KICK];
 
-const STDIN: &[(i64, Rule)] = &[
-    (SYS_read, Rule::Any),
+const PREFAULT: &[&[(i64, Rule)]] = &[];
+
+const SERIAL: &[&[(i64, Rule)]] = &[];
+
+const STDIN: &[&[(i64, Rule)]] = &[&[
     (SYS_poll, Rule::Any),
-    (SYS_ppoll, Rule::Any),
-    (SYS_ioctl, Rule::Ioctl(&[KVM_IRQ_LINE])),
-];
-
-const OOM_WATCH: &[(i64, Rule)] = &[
     (SYS_read, Rule::Any),
-    (SYS_poll, Rule::Any),
-    (SYS_ppoll, Rule::Any),
-    (SYS_openat, Rule::Any),
-    (SYS_close, Rule::Any),
-    (SYS_fstat, Rule::Any),
-    (SYS_statx, Rule::Any),
-    (SYS_clock_gettime, Rule::Any),
     (SYS_clock_nanosleep, Rule::Any),
-    (SYS_unlink, Rule::Any),
-    (SYS_rmdir, Rule::Any),
-    (SYS_flock, Rule::Any),
-    (SYS_exit_group, Rule::Any),
+    // The terminal's mode restored when the thread ends.
+    ioctl(&[TCSETS_REQ]),
+]];
+
+const OOM_WATCH: &[&[(i64, Rule)]] = &[
+    &[
+        (SYS_poll, Rule::Any),
+        (SYS_pread64, Rule::Any),
+        // The limit's exit: the terminal restored, then `exit(5)`.
+        ioctl(&[TCSETS_REQ]),
+        (SYS_exit_group, Rule::Any),
+    ],
+    READ_FILES,
+    &CLOSE,
+    CLEAN_UP,
 ];
 
-const KVMPIN: &[(i64, Rule)] = &[
-    (SYS_openat, Rule::Any),
-    (SYS_read, Rule::Any),
-    (SYS_close, Rule::Any),
-    (SYS_fstat, Rule::Any),
-    (SYS_statx, Rule::Any),
-    (SYS_getdents64, Rule::Any),
-    (SYS_sched_setaffinity, Rule::Any),
-    (SYS_clock_gettime, Rule::Any),
-    (SYS_clock_nanosleep, Rule::Any),
+const KVMPIN: &[&[(i64, Rule)]] = &[
+    READ_FILES,
+    &CLOSE,
+    &[
+        (SYS_sched_setaffinity, Rule::Any),
+        (SYS_clock_nanosleep, Rule::Any),
+    ],
 ];
 
-const GRACE: &[(i64, Rule)] = &[
-    (SYS_clock_gettime, Rule::Any),
-    (SYS_clock_nanosleep, Rule::Any),
-    (SYS_tgkill, Rule::Any),
+const GRACE: &[&[(i64, Rule)]] = &[&[(SYS_clock_nanosleep, Rule::Any)], KICK];
+
+const OUTPUT: &[&[(i64, Rule)]] = &[];
+
+const DEVICE_IO: &[&[(i64, Rule)]] = &[
+    &[
+        (SYS_epoll_wait, Rule::Any),
+        // Queue and stop eventfds, tap frames.
+        (SYS_read, Rule::Any),
+        // Disk images (`read_exact_at`, `write_all_at`, FLUSH).
+        (SYS_pread64, Rule::Any),
+        (SYS_pwrite64, Rule::Any),
+        (SYS_fdatasync, Rule::Any),
+        // virtio-rng.
+        (SYS_getrandom, Rule::Any),
+    ],
+    // Its epoll and eventfds, closed when the thread ends.
+    &CLOSE,
 ];
 
-const OUTPUT: &[(i64, Rule)] = &[];
-
-const DEVICE_IO: &[(i64, Rule)] = &[
-    (SYS_epoll_wait, Rule::Any),
-    (SYS_epoll_ctl, Rule::Any),
-    (SYS_read, Rule::Any),
-    (SYS_pread64, Rule::Any),
-    (SYS_pwrite64, Rule::Any),
-    (SYS_preadv, Rule::Any),
-    (SYS_pwritev, Rule::Any),
-    (SYS_readv, Rule::Any),
-    (SYS_writev, Rule::Any),
-    (SYS_fdatasync, Rule::Any),
-    (SYS_getrandom, Rule::Any),
-    (SYS_clock_gettime, Rule::Any),
-    (SYS_mmap, Rule::Any),
-    (SYS_mprotect, Rule::Any),
+const SUPERVISOR: &[&[(i64, Rule)]] = &[
+    &[
+        (SYS_wait4, Rule::Any),
+        (SYS_rt_sigtimedwait, Rule::Any),
+        // Stop signals forwarded to the VMM as SIGTERM; `kill(pid, 0)` for the ledger.
+        (
+            SYS_kill,
+            Rule::OneOf {
+                arg: 1,
+                values: &[0, SIGTERM as u64],
+            },
+        ),
+        ioctl(&[TCSETS_REQ]),
+        (SYS_exit_group, Rule::Any),
+    ],
+    READ_FILES,
+    &CLOSE,
+    &[
+        (SYS_flock, Rule::Any),
+        (SYS_unlink, Rule::Any),
+        (SYS_rmdir, Rule::Any),
+        (SYS_clock_nanosleep, Rule::Any),
+    ],
 ];
 
-const SUPERVISOR: &[(i64, Rule)] = &[
-    (SYS_wait4, Rule::Any),
-    (SYS_waitid, Rule::Any),
-    (SYS_rt_sigtimedwait, Rule::Any),
-    (SYS_kill, Rule::Any),
-    (SYS_read, Rule::Any),
-    (SYS_openat, Rule::Any),
-    (SYS_close, Rule::Any),
-    (SYS_fstat, Rule::Any),
-    (SYS_statx, Rule::Any),
-    (SYS_unlink, Rule::Any),
-    (SYS_rmdir, Rule::Any),
-    (SYS_flock, Rule::Any),
-    (SYS_ioctl, Rule::Ioctl(&[TCSETS_REQ])),
-    (SYS_exit_group, Rule::Any),
-];
-
-/// The rules of `kind`: its own list and [`THREAD_END`].
+/// The rules of `kind`: [`BASE`] and its own parts, sorted by call number, one entry per call.
 pub(crate) fn rules(kind: ThreadKind) -> &'static [(i64, Rule)] {
     use std::sync::OnceLock;
     static ALL: OnceLock<Vec<Vec<(i64, Rule)>>> = OnceLock::new();
-    let all = ALL.get_or_init(|| {
-        ThreadKind::ALL
-            .iter()
-            .map(|&k| {
-                let mut v: Vec<(i64, Rule)> = THREAD_END.to_vec();
-                v.extend_from_slice(own(k));
-                v.sort_by_key(|(nr, _)| *nr);
-                v
-            })
-            .collect()
-    });
-    let i = ThreadKind::ALL
+    let all = ALL.get_or_init(|| ThreadKind::ALL.iter().map(|&k| merged(k)).collect());
+    ThreadKind::ALL
         .iter()
         .position(|&k| k == kind)
-        .unwrap_or_default();
-    all.get(i).map_or(&[], Vec::as_slice)
+        .and_then(|i| all.get(i))
+        .map_or(&[], Vec::as_slice)
 }
 
-fn own(kind: ThreadKind) -> &'static [(i64, Rule)] {
+/// [`BASE`] and `kind`'s parts; a call listed twice keeps its first rule (the parts never
+/// list one call with two different rules: `merged_lists_have_one_rule_per_call` checks).
+fn merged(kind: ThreadKind) -> Vec<(i64, Rule)> {
+    let mut v: Vec<(i64, Rule)> = BASE.to_vec();
+    for part in parts(kind) {
+        v.extend_from_slice(part);
+    }
+    v.sort_by_key(|(nr, _)| *nr);
+    v.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+    v
+}
+
+pub(crate) fn parts(kind: ThreadKind) -> &'static [&'static [(i64, Rule)]] {
     match kind {
         ThreadKind::Vmm => VMM,
         ThreadKind::Vcpu => VCPU,

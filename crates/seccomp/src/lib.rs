@@ -14,6 +14,9 @@
 //!   `type=1326 ... comm="vcpu0" syscall=41`): for finding what a list misses.
 //! - [`SeccompMode::Off`]: no filter at all.
 //!
+//! A panic on a filtered thread prints its message without a backtrace (resolving one reads
+//! the executable's debug information, which no list allows; `--seccomp off` for that).
+//!
 //! The process-wide mode is set once by the binary (`--seccomp`), else read from the
 //! `VMHOST_SECCOMP` environment variable (`on`, `log`, `off`), else `On`; library users and
 //! tests get the filters too. Debug builds honour `VMHOST_SECCOMP_SELFTEST=<kind>` (e.g.
@@ -113,7 +116,11 @@ impl ThreadKind {
 
     /// The names of the allowed system calls, sorted.
     pub fn allowed_syscalls(self) -> Vec<&'static str> {
-        let mut v: Vec<_> = self.rules().iter().map(|(nr, _)| syscall_name(*nr)).collect();
+        let mut v: Vec<_> = self
+            .rules()
+            .iter()
+            .map(|(nr, _)| syscall_name(*nr))
+            .collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -216,12 +223,8 @@ pub fn mode() -> SeccompMode {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(SeccompMode::On);
             // Another thread may have raced us to the same answer; both store the same value.
-            let _ = MODE.compare_exchange(
-                MODE_UNSET,
-                encode(mode),
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            );
+            let _ =
+                MODE.compare_exchange(MODE_UNSET, encode(mode), Ordering::SeqCst, Ordering::SeqCst);
             mode
         }
     }
@@ -230,6 +233,23 @@ pub fn mode() -> SeccompMode {
 /// Installs `kind`'s filter on the calling thread in the process-wide [`mode`].
 pub fn install_current(kind: ThreadKind) -> Result<(), SeccompError> {
     install(kind, mode())
+}
+
+/// [`install_current`] for a thread that has nobody to hand an error to: a filter that cannot
+/// be installed is reported on stderr and aborts the process rather than letting the thread
+/// run unfiltered. (Once the first filter of the process is in, the kernel has no reason left
+/// to refuse one: this does not happen in practice.)
+pub fn install_current_or_abort(kind: ThreadKind) {
+    if let Err(e) = install_current(kind) {
+        let mut msg = format!("vmhost: {e}");
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            msg.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        eprintln!("{msg}");
+        std::process::abort();
+    }
 }
 
 /// Installs `kind`'s filter on the calling thread (nothing when `mode` is `Off`). Every
@@ -242,7 +262,11 @@ pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> 
     };
     let program = compile(kind, mismatch)?;
     trap::install_handler().map_err(SeccompError::Handler)?;
+    trap::install_panic_hook();
     trap::remember_thread(kind);
+    // std draws a thread's HashMap seeds from getrandom(2) at its first HashMap: draw them now,
+    // so that no list needs getrandom for that.
+    let _ = std::collections::hash_map::RandomState::new();
     let selftest = selftest_requested(kind);
     seccompiler::apply_filter(&program).map_err(|source| SeccompError::Install {
         kind: kind.name(),
@@ -294,6 +318,35 @@ pub fn counts_table() -> String {
             thread_names(kind),
             kind.allowed_syscalls().len()
         ));
+    }
+    s
+}
+
+/// Each kind's allowed calls, one line per kind (docs/security.md, checked by a test);
+/// `ioctl(...)` lists its requests, `fcntl(F_GETFD)` and `kill(...)` their allowed values,
+/// `mmap`/`mprotect` are without `PROT_EXEC`.
+pub fn lists_text() -> String {
+    let mut s = String::new();
+    for kind in ThreadKind::ALL {
+        let calls: Vec<String> = kind
+            .rules()
+            .iter()
+            .map(|(nr, rule)| {
+                let name = syscall_name(*nr);
+                match rule {
+                    Rule::Any | Rule::NoExec { .. } => name.to_owned(),
+                    Rule::OneOf { values, .. } if *nr == libc::SYS_fcntl => {
+                        debug_assert_eq!(*values, &[libc::F_GETFD as u64]);
+                        "fcntl(F_GETFD)".to_owned()
+                    }
+                    Rule::OneOf { values, .. } => {
+                        let v: Vec<String> = values.iter().map(|v| format!("{v:#x}")).collect();
+                        format!("{name}({})", v.join("|"))
+                    }
+                }
+            })
+            .collect();
+        s.push_str(&format!("{}: {}\n", kind.name(), calls.join(" ")));
     }
     s
 }

@@ -18,12 +18,80 @@ fn the_ioctl_numbers_are_linux_s() {
     // From <linux/kvm.h> and <asm-generic/ioctls.h>, as strace prints them.
     assert_eq!(filters::KVM_RUN, 0xae80);
     assert_eq!(filters::KVM_GET_REGS, 0x8090_ae81);
-    assert_eq!(filters::KVM_GET_SREGS, 0x8138_ae83);
+    assert_eq!(filters::KVM_TRANSLATE, 0xc018_ae85);
     assert_eq!(filters::KVM_GET_VCPU_EVENTS, 0x8040_ae9f);
     assert_eq!(filters::KVM_IRQ_LINE, 0x4008_ae61);
-    assert_eq!(filters::TCGETS_REQ, u64::from(libc::TCGETS));
     assert_eq!(filters::TCSETS_REQ, u64::from(libc::TCSETS));
-    assert_eq!(filters::FIONBIO_REQ, u64::from(libc::FIONBIO));
+}
+
+#[test]
+fn merged_lists_have_one_rule_per_call() {
+    for kind in ThreadKind::ALL {
+        let rules = kind.rules();
+        let mut nrs: Vec<i64> = rules.iter().map(|(nr, _)| *nr).collect();
+        nrs.dedup();
+        assert_eq!(
+            nrs.len(),
+            rules.len(),
+            "{kind:?} lists a call with two rules"
+        );
+    }
+}
+
+/// A panic on a filtered thread still says what panicked (and the process goes on).
+#[test]
+fn a_panic_on_a_filtered_thread_prints_its_message_without_dying() {
+    if std::env::var(CHILD).is_ok() {
+        let r = std::thread::Builder::new()
+            .name("vmhost-api".into())
+            .spawn(|| {
+                install(ThreadKind::Api, SeccompMode::On).unwrap();
+                panic!("a bug in a handler");
+            })
+            .unwrap()
+            .join();
+        assert!(r.is_err());
+        std::process::exit(0);
+    }
+    let out = run_child(
+        "tests::a_panic_on_a_filtered_thread_prints_its_message_without_dying",
+        "1",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("thread 'vmhost-api' panicked at")
+            && stderr.contains("a bug in a handler")
+            && !stderr.contains("forbidden"),
+        "{stderr}"
+    );
+}
+
+/// A filtered thread may not make executable memory.
+#[test]
+fn mmap_with_prot_exec_is_forbidden() {
+    if std::env::var(CHILD).is_ok() {
+        child_body(SeccompMode::On, || {
+            // SAFETY: an anonymous private mapping of one page; never used.
+            unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_EXEC,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+        });
+    }
+    let out = run_child("tests::mmap_with_prot_exec_is_forbidden", "1");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(signal_of(out.status), Some(libc::SIGSYS), "{stderr}");
+    assert!(
+        stderr.contains("forbidden system call mmap (9)"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -43,6 +111,11 @@ fn docs_security_md_publishes_the_compiled_counts() {
     assert!(
         doc.contains(&table),
         "docs/security.md must contain this table exactly:\n{table}"
+    );
+    let lists = lists_text();
+    assert!(
+        doc.contains(&format!("```text\n{lists}```\n")),
+        "docs/security.md must contain these lists exactly, in a text block:\n{lists}"
     );
 }
 
@@ -75,7 +148,11 @@ fn a_thread_that_installs_its_filter_runs_in_filter_mode_and_ends_cleanly() {
     assert_eq!(status_seccomp(tid), "Seccomp:\t2");
     // SAFETY: gettid has no arguments.
     let me = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
-    assert_eq!(status_seccomp(me), "Seccomp:\t0", "the filter is per thread");
+    assert_eq!(
+        status_seccomp(me),
+        "Seccomp:\t0",
+        "the filter is per thread"
+    );
     go_tx.send(()).unwrap();
     t.join().unwrap();
 }

@@ -62,6 +62,28 @@ pub(crate) fn install_handler() -> io::Result<()> {
     result.map_err(io::Error::from_raw_os_error)
 }
 
+/// Makes a panic on a filtered thread print its message without a backtrace (the default
+/// hook's backtrace reads files and `getcwd`, which the filters refuse); other threads keep
+/// the previous hook.
+pub(crate) fn install_panic_hook() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if WHO.with(Cell::get).1.is_some() {
+                let name = std::thread::current().name().map(str::to_owned);
+                eprintln!(
+                    "thread '{}' panicked at {}\n(no backtrace: the thread runs under a syscall filter)",
+                    name.as_deref().unwrap_or("<unnamed>"),
+                    info
+                );
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
 /// The `SIGSYS` part of `siginfo_t` on x86-64 (`_sigsys` in the kernel's `siginfo.h`).
 #[repr(C)]
 struct SigsysInfo {
