@@ -125,6 +125,8 @@ const SPAWN: &[(i64, Rule)] = &[
     (SYS_rseq, Rule::Any),
     (SYS_prctl, Rule::Any),
     (SYS_gettid, Rule::Any),
+    // std's stack guard set-up at a thread's start (`pthread_getattr_np`).
+    (SYS_sched_getaffinity, Rule::Any),
     (SYS_seccomp, Rule::Any),
 ];
 
@@ -199,7 +201,8 @@ const API: &[&[(i64, Rule)]] = &[
 
 const SIGNAL: &[&[(i64, Rule)]] = &[&[(SYS_rt_sigtimedwait, Rule::Any)], KICK];
 
-const PREFAULT: &[&[(i64, Rule)]] = &[];
+/// `PrefaultOptions::on_progress` hooks run here too (a test's slows the prefault down).
+const PREFAULT: &[&[(i64, Rule)]] = &[&[(SYS_clock_nanosleep, Rule::Any)]];
 
 const SERIAL: &[&[(i64, Rule)]] = &[];
 
@@ -218,6 +221,8 @@ const OOM_WATCH: &[&[(i64, Rule)]] = &[
         // The limit's exit: the terminal restored, then `exit(5)`.
         ioctl(&[TCSETS_REQ]),
         (SYS_exit_group, Rule::Any),
+        // Its report names this process.
+        (SYS_getpid, Rule::Any),
     ],
     READ_FILES,
     &CLOSE,

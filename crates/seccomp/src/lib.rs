@@ -265,8 +265,12 @@ pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> 
     trap::install_panic_hook();
     trap::remember_thread(kind);
     // std draws a thread's HashMap seeds from getrandom(2) at its first HashMap: draw them now,
-    // so that no list needs getrandom for that.
-    let _ = std::collections::hash_map::RandomState::new();
+    // so that no list needs getrandom for that; not under a creator's filter, which may not
+    // allow getrandom either (`prctl` is on every list of a thread that starts threads).
+    // SAFETY: PR_GET_SECCOMP takes no pointer and returns the thread's mode.
+    if unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) } == 0 {
+        let _ = std::collections::hash_map::RandomState::new();
+    }
     let selftest = selftest_requested(kind);
     seccompiler::apply_filter(&program).map_err(|source| SeccompError::Install {
         kind: kind.name(),

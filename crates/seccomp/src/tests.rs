@@ -21,7 +21,7 @@ fn the_ioctl_numbers_are_linux_s() {
     assert_eq!(filters::KVM_TRANSLATE, 0xc018_ae85);
     assert_eq!(filters::KVM_GET_VCPU_EVENTS, 0x8040_ae9f);
     assert_eq!(filters::KVM_IRQ_LINE, 0x4008_ae61);
-    assert_eq!(filters::TCSETS_REQ, u64::from(libc::TCSETS));
+    assert_eq!(filters::TCSETS_REQ, libc::TCSETS);
 }
 
 #[test]
@@ -112,6 +112,21 @@ fn docs_security_md_publishes_the_compiled_counts() {
         doc.contains(&table),
         "docs/security.md must contain this table exactly:\n{table}"
     );
+    let count = |k: ThreadKind| k.allowed_syscalls().len();
+    let firecracker = format!(
+        "vmhost: vCPU {}, API {}, VMM {}.\n",
+        count(ThreadKind::Vcpu),
+        count(ThreadKind::Api),
+        count(ThreadKind::Vmm)
+    );
+    assert!(
+        doc.contains(&firecracker),
+        "docs/security.md: {firecracker}"
+    );
+    // Below Firecracker's (issue 15).
+    assert!(
+        count(ThreadKind::Vcpu) < 27 && count(ThreadKind::Api) < 31 && count(ThreadKind::Vmm) < 50
+    );
     let lists = lists_text();
     assert!(
         doc.contains(&format!("```text\n{lists}```\n")),
@@ -138,7 +153,7 @@ fn a_thread_that_installs_its_filter_runs_in_filter_mode_and_ends_cleanly() {
         .name("vmhost-sig".into())
         .spawn(move || {
             // SAFETY: gettid has no arguments.
-            let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+            let tid = i32::try_from(unsafe { libc::syscall(libc::SYS_gettid) }).unwrap();
             install(ThreadKind::Signal, SeccompMode::On).unwrap();
             tid_tx.send(tid).unwrap();
             go_rx.recv().unwrap();
@@ -147,7 +162,7 @@ fn a_thread_that_installs_its_filter_runs_in_filter_mode_and_ends_cleanly() {
     let tid = tid_rx.recv().unwrap();
     assert_eq!(status_seccomp(tid), "Seccomp:\t2");
     // SAFETY: gettid has no arguments.
-    let me = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+    let me = i32::try_from(unsafe { libc::syscall(libc::SYS_gettid) }).unwrap();
     assert_eq!(
         status_seccomp(me),
         "Seccomp:\t0",

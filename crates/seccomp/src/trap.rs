@@ -142,16 +142,23 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
 /// NAME (NR)[ request 0x..]; SIGSYS kills the process` to stderr, with no allocation.
 fn report(nr: i32, args: &[i64; 6]) {
     let mut line = Line::default();
-    line.push(b"vmhost: seccomp: thread ");
-    let name = NAME.with(Cell::get);
-    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-    line.push(name.get(..len).unwrap_or(b"?"));
     let (tid, kind) = WHO.with(Cell::get);
-    line.push(b" (tid ");
-    line.push_dec(i64::from(tid));
-    line.push(b", ");
-    line.push(kind.map_or("unknown", ThreadKind::name).as_bytes());
-    line.push(b" filter) made the forbidden system call ");
+    match kind {
+        Some(kind) => {
+            line.push(b"vmhost: seccomp: thread ");
+            let name = NAME.with(Cell::get);
+            let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+            line.push(name.get(..len).unwrap_or(b"?"));
+            line.push(b" (tid ");
+            line.push_dec(i64::from(tid));
+            line.push(b", ");
+            line.push(kind.name().as_bytes());
+            line.push(b" filter)");
+        }
+        // Its creator's filter, before its own: its name is not known without a system call.
+        None => line.push(b"vmhost: seccomp: a new thread (under its creator's filter)"),
+    }
+    line.push(b" made the forbidden system call ");
     line.push(crate::syscall_name(i64::from(nr)).as_bytes());
     line.push(b" (");
     line.push_dec(i64::from(nr));
