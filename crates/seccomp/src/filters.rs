@@ -221,8 +221,10 @@ const OOM_WATCH: &[&[(i64, Rule)]] = &[
         // The limit's exit: the terminal restored, then `exit(5)`.
         ioctl(&[TCSETS_REQ]),
         (SYS_exit_group, Rule::Any),
-        // Its report names this process.
+        // Its report names this process; the cgroup is left by moving this pid out.
         (SYS_getpid, Rule::Any),
+        // `Ledger::open` (its directories exist: `mkdir` fails with EEXIST).
+        (SYS_mkdir, Rule::Any),
     ],
     READ_FILES,
     &CLOSE,
@@ -270,6 +272,9 @@ const SUPERVISOR: &[&[(i64, Rule)]] = &[
                 values: &[0, SIGTERM as u64],
             },
         ),
+        // The cgroup is left by moving this pid out; `Ledger::open` (`mkdir`: EEXIST).
+        (SYS_getpid, Rule::Any),
+        (SYS_mkdir, Rule::Any),
         ioctl(&[TCSETS_REQ]),
         (SYS_exit_group, Rule::Any),
     ],
