@@ -44,8 +44,15 @@ fn main() -> ExitCode {
     // Before any thread exists (it sets an environment variable).
     vmhost_topology::skip_unneeded_hwloc_plugins();
     let cli = Cli::parse();
-    if let Some(mode) = cli.seccomp {
-        vmhost_seccomp::set_mode(mode.into());
+    match (cli.seccomp, vmhost_seccomp::mode_from_env()) {
+        (Some(mode), _) => vmhost_seccomp::set_mode(mode.into()),
+        (None, Ok(mode)) => {
+            vmhost_seccomp::set_mode(mode.unwrap_or(vmhost_seccomp::SeccompMode::On))
+        }
+        (None, Err(e)) => {
+            eprintln!("vmhost: {e}");
+            return ExitCode::from(EXIT_INVALID);
+        }
     }
     match run(&cli) {
         Ok(code) => ExitCode::from(code),

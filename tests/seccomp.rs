@@ -237,6 +237,21 @@ fn a_forbidden_call_on_a_vcpu_thread_kills_vmhost_with_sigsys_naming_thread_and_
 }
 
 #[test]
+fn a_bad_vmhost_seccomp_variable_is_refused_naming_it() {
+    let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(["plan", "--config", "configs/quickstart.toml"])
+        .current_dir(common::root())
+        .env("VMHOST_SECCOMP", "of")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        common::stderr(&o),
+        "vmhost: VMHOST_SECCOMP = \"of\": not a seccomp mode; set it to on, log or off, or unset it\n"
+    );
+}
+
+#[test]
 fn a_bad_seccomp_mode_is_refused_naming_the_choices() {
     let o = common::vmhost(&["--seccomp", "maybe", "plan"]);
     assert_eq!(o.status.code(), Some(2));

@@ -264,6 +264,8 @@ const SUPERVISOR: &[&[(i64, Rule)]] = &[
     &[
         (SYS_wait4, Rule::Any),
         (SYS_rt_sigtimedwait, Rule::Any),
+        // `memory.events`, read at offset 0: was the VMM OOM-killed?
+        (SYS_pread64, Rule::Any),
         // Stop signals forwarded to the VMM as SIGTERM; `kill(pid, 0)` for the ledger.
         (
             SYS_kill,

@@ -171,6 +171,14 @@ pub enum SeccompError {
         /// What was given.
         value: String,
     },
+    /// `VMHOST_SECCOMP` holds something else than `on`, `log` or `off`.
+    #[error(
+        "VMHOST_SECCOMP = {value:?}: not a seccomp mode; set it to on, log or off, or unset it"
+    )]
+    BadEnv {
+        /// What it holds.
+        value: String,
+    },
     /// seccompiler refused the allow-list (a bug in `filters`).
     #[error("the {kind} thread's syscall filter cannot be compiled")]
     Compile {
@@ -210,6 +218,22 @@ pub fn set_mode(mode: SeccompMode) {
     MODE.store(encode(mode), Ordering::SeqCst);
 }
 
+/// `VMHOST_SECCOMP` when it is set: `Err` names the variable, its value and the choices (the
+/// binary refuses to start with it; [`mode`] treats it as `On`, so that a typo never turns
+/// the filters off).
+pub fn mode_from_env() -> Result<Option<SeccompMode>, SeccompError> {
+    match std::env::var("VMHOST_SECCOMP") {
+        Ok(v) => v
+            .parse()
+            .map(Some)
+            .map_err(|_| SeccompError::BadEnv { value: v }),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(SeccompError::BadEnv {
+            value: v.to_string_lossy().into_owned(),
+        }),
+    }
+}
+
 /// The process-wide mode: the one [`set_mode`] set, else `VMHOST_SECCOMP`, else `On`. An
 /// unreadable `VMHOST_SECCOMP` is `On` (a typo must not turn the filters off).
 pub fn mode() -> SeccompMode {
@@ -218,10 +242,7 @@ pub fn mode() -> SeccompMode {
         2 => SeccompMode::Log,
         3 => SeccompMode::Off,
         _ => {
-            let mode = std::env::var("VMHOST_SECCOMP")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(SeccompMode::On);
+            let mode = mode_from_env().ok().flatten().unwrap_or(SeccompMode::On);
             // Another thread may have raced us to the same answer; both store the same value.
             let _ =
                 MODE.compare_exchange(MODE_UNSET, encode(mode), Ordering::SeqCst, Ordering::SeqCst);

@@ -83,9 +83,10 @@ pub struct VmOptions {
     /// stop). Default: the system's temporary directory.
     pub device_dir: Option<std::path::PathBuf>,
     /// Install the VMM thread's syscall filter ([`vmhost_seccomp::ThreadKind::Vmm`]) on the
-    /// thread that calls [`Vm::run`], once the emulator (and console input) thread is
-    /// started: what the thread does from then on is wait, tear the VM down and report. Off
-    /// by default (a library caller's thread is its own); the `vmhost` binary sets it.
+    /// thread that calls [`Vm::run`], once the emulator thread has installed its own (every
+    /// vCPU thread has by then): what the calling thread does from then on is wait, tear the VM
+    /// down and report. Off by default (a library caller's thread is its own); the `vmhost`
+    /// binary sets it.
     pub filter_calling_thread: bool,
 }
 
