@@ -79,6 +79,9 @@ fn a_readable_backend_delivers_a_frame_and_stop_joins() {
     );
 }
 
+/// A virtio-blk request: (type, sector), data to write, bytes to read.
+type BlkRequest<'a> = ((u32, u64), Option<&'a [u8]>, u32);
+
 /// One virtio-blk request (header, data, status) at `base`; returns the status byte's address.
 fn post_blk(
     mem: &vm_memory::GuestMemoryMmap,
@@ -141,7 +144,7 @@ fn disk_requests_are_served_on_the_io_thread_under_its_filter() {
         };
         let io = IoThread::spawn("vmhost-io", vec![source]).unwrap();
         let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 13 % 251) as u8).collect();
-        let requests: [((u32, u64), Option<&[u8]>, u32); 3] = [
+        let requests: [BlkRequest<'_>; 3] = [
             ((VIRTIO_BLK_T_OUT, 8), Some(&pattern), 0),
             ((VIRTIO_BLK_T_FLUSH, 0), None, 0),
             ((VIRTIO_BLK_T_IN, 8), None, 4096),
