@@ -176,6 +176,98 @@ fn every_thread_of_a_running_vm_is_filtered_and_the_vm_still_works() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// A pseudo-terminal pair: (master, the slave opened as a file for vmhost's stdin).
+fn pty() -> (std::fs::File, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: posix_openpt returns a new descriptor or -1; it is owned by the File below.
+    let master = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
+    assert!(
+        master >= 0,
+        "posix_openpt: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: `master` is a descriptor nothing else owns.
+    let master_file = unsafe { std::fs::File::from_raw_fd(master) };
+    let mut name = [0 as libc::c_char; 128];
+    // SAFETY: grantpt/unlockpt take the master descriptor; ptsname_r writes at most
+    // `name.len()` bytes into `name`.
+    let ok = unsafe {
+        libc::grantpt(master) == 0
+            && libc::unlockpt(master) == 0
+            && libc::ptsname_r(master, name.as_mut_ptr(), name.len()) == 0
+    };
+    assert!(ok, "pty set-up: {}", std::io::Error::last_os_error());
+    // SAFETY: ptsname_r wrote a NUL-terminated path into `name`.
+    let path = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) };
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path.to_str().unwrap())
+        .unwrap();
+    (master_file, slave)
+}
+
+/// With a terminal as stdin the console input thread runs too, filtered: it reads what is
+/// typed, and restores the terminal's mode at the stop under its filter.
+#[test]
+fn the_console_input_thread_is_filtered_and_restores_the_terminal() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let test = "the_console_input_thread_is_filtered_and_restores_the_terminal";
+    if !need_kvm(test) {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let d = dir("stdin");
+    let spec = linux_spec(&d);
+    let (mut master, slave) = pty();
+    // SAFETY: an all-zero termios is valid storage for tcgetattr to fill.
+    let mut before: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: `slave` is an open terminal; `before` is writable.
+    let got = unsafe { libc::tcgetattr(slave.as_raw_fd(), &mut before) };
+    assert_eq!(got, 0);
+    let sock = d.join("api.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(["--run-dir", d.join("run").to_str().unwrap()])
+        .args(["--api-socket", sock.to_str().unwrap()])
+        .args(["--config", spec.to_str().unwrap()])
+        .stdin(slave.try_clone().unwrap())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = threads(child.id());
+        let filtered = |t: &str| seen.get(t).is_some_and(|m| m.iter().all(|m| m == "2"));
+        if filtered("vmhost-stdin") && filtered("vmhost") {
+            println!("threads (name: Seccomp per thread): {seen:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no filtered vmhost-stdin thread: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    master.write_all(b"typed\r").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let (code, stderr) = stop(child);
+    assert!(!stderr.contains("forbidden"), "{stderr}");
+    assert_eq!(code, Some(130), "{stderr}");
+    // SAFETY: an all-zero termios is valid storage for tcgetattr to fill.
+    let mut after: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: `slave` is still open; `after` is writable.
+    let got = unsafe { libc::tcgetattr(slave.as_raw_fd(), &mut after) };
+    assert_eq!(got, 0);
+    assert_eq!(
+        (after.c_lflag, after.c_iflag),
+        (before.c_lflag, before.c_iflag),
+        "the terminal's mode is restored"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 #[test]
 fn seccomp_off_leaves_every_thread_unfiltered() {
     let test = "seccomp_off_leaves_every_thread_unfiltered";

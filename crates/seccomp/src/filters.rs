@@ -84,6 +84,8 @@ pub const KVM_GET_VCPU_EVENTS: u64 = ioc(IOC_READ, KVMIO, 0x9f, 64);
 pub const KVM_IRQ_LINE: u64 = ioc(IOC_WRITE, KVMIO, 0x61, 8);
 /// `TCSETS` (`tcsetattr(TCSANOW)`): the terminal's mode restored.
 pub const TCSETS_REQ: u64 = 0x5402;
+/// `TCGETS`: glibc's `tcsetattr` reads the mode back after setting it.
+pub const TCGETS_REQ: u64 = 0x5401;
 
 /// `fcntl(fd, F_GETFD)`: debug builds of std check that a descriptor is open before closing
 /// it; `close` comes with it.
@@ -211,7 +213,7 @@ const STDIN: &[&[(i64, Rule)]] = &[&[
     (SYS_read, Rule::Any),
     (SYS_clock_nanosleep, Rule::Any),
     // The terminal's mode restored when the thread ends.
-    ioctl(&[TCSETS_REQ]),
+    ioctl(&[TCSETS_REQ, TCGETS_REQ]),
 ]];
 
 const OOM_WATCH: &[&[(i64, Rule)]] = &[
@@ -219,7 +221,7 @@ const OOM_WATCH: &[&[(i64, Rule)]] = &[
         (SYS_poll, Rule::Any),
         (SYS_pread64, Rule::Any),
         // The limit's exit: the terminal restored, then `exit(5)`.
-        ioctl(&[TCSETS_REQ]),
+        ioctl(&[TCSETS_REQ, TCGETS_REQ]),
         (SYS_exit_group, Rule::Any),
         // Its report names this process; the cgroup is left by moving this pid out.
         (SYS_getpid, Rule::Any),
@@ -277,7 +279,7 @@ const SUPERVISOR: &[&[(i64, Rule)]] = &[
         // The cgroup is left by moving this pid out; `Ledger::open` (`mkdir`: EEXIST).
         (SYS_getpid, Rule::Any),
         (SYS_mkdir, Rule::Any),
-        ioctl(&[TCSETS_REQ]),
+        ioctl(&[TCSETS_REQ, TCGETS_REQ]),
         (SYS_exit_group, Rule::Any),
     ],
     READ_FILES,
