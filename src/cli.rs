@@ -42,9 +42,36 @@ pub struct Cli {
     /// boots (`background`: a faster start; the audit is read when they are done).
     #[arg(long, value_enum, default_value_t = PrefaultArg::BeforeStart)]
     pub prefault: PrefaultArg,
+    /// Syscall filters on every vmhost thread (docs/security.md): `on` (the default; a
+    /// forbidden call kills vmhost with SIGSYS after naming the thread and the call), `log`
+    /// (the kernel logs forbidden calls and lets them through) or `off`. For debugging only.
+    /// Default: $VMHOST_SECCOMP, else `on`.
+    #[arg(long, global = true, value_enum)]
+    pub seccomp: Option<SeccompArg>,
     /// What to do.
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// `--seccomp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SeccompArg {
+    /// Filters on; a forbidden system call kills vmhost with SIGSYS.
+    On,
+    /// Filters on; forbidden calls are logged by the kernel and let through.
+    Log,
+    /// No filters.
+    Off,
+}
+
+impl From<SeccompArg> for vmhost_seccomp::SeccompMode {
+    fn from(a: SeccompArg) -> Self {
+        match a {
+            SeccompArg::On => vmhost_seccomp::SeccompMode::On,
+            SeccompArg::Log => vmhost_seccomp::SeccompMode::Log,
+            SeccompArg::Off => vmhost_seccomp::SeccompMode::Off,
+        }
+    }
 }
 
 /// Subcommands.

@@ -2,7 +2,8 @@
 //! `/proc`, the envelope next to measured figures, and pause/resume/shutdown.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde_json::{json, Value};
@@ -25,10 +26,14 @@ pub struct Control {
     handle: VmHandle,
     stop: StopHandle,
     envelope_guard: Option<Arc<crate::enforce::Enforcement>>,
+    /// Arms the `vmhost-grace` timer (guests with a power button).
+    grace: Option<Mutex<Sender<()>>>,
 }
 
 impl Control {
-    /// The API view of the VM of `plan`.
+    /// The API view of the VM of `plan`. For a guest with an ACPI power button it starts the
+    /// `vmhost-grace` thread here, on the thread that serves the API's setup, so that the
+    /// `vmhost-api` thread never starts a thread (its syscall filter has no `clone3`).
     pub fn new(
         spec: VmSpec,
         plan: Plan,
@@ -36,8 +41,13 @@ impl Control {
         handle: VmHandle,
         stop: StopHandle,
         envelope_guard: Option<Arc<crate::enforce::Enforcement>>,
-    ) -> Self {
-        Control {
+    ) -> std::io::Result<Self> {
+        let grace = if handle.has_power_button() {
+            Some(Mutex::new(start_grace_timer(stop.clone())?))
+        } else {
+            None
+        };
+        Ok(Control {
             spec,
             plan,
             audit,
@@ -45,7 +55,8 @@ impl Control {
             handle,
             stop,
             envelope_guard,
-        }
+            grace,
+        })
     }
 
     fn state(&self) -> &'static str {
@@ -56,6 +67,31 @@ impl Control {
             VmState::Stopped => "stopped",
         }
     }
+}
+
+/// Starts the `vmhost-grace` thread: each message starts a [`SHUTDOWN_GRACE`] wait after
+/// which the VM is stopped unless it stopped meanwhile; it ends with its sender.
+fn start_grace_timer(stop: StopHandle) -> std::io::Result<Sender<()>> {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("vmhost-grace".into())
+        .spawn(move || {
+            vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Grace);
+            while rx.recv().is_ok() {
+                let deadline = Instant::now() + SHUTDOWN_GRACE;
+                while Instant::now() < deadline && !stop.stop_requested() {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                if !stop.stop_requested() {
+                    tracing::warn!(
+                        grace = ?SHUTDOWN_GRACE,
+                        "the guest did not power off after the power button: stopping it"
+                    );
+                    stop.stop();
+                }
+            }
+        })?;
+    Ok(tx)
 }
 
 /// Nanoseconds a thread has run (`/proc/self/task/TID/schedstat`).
@@ -251,25 +287,12 @@ impl VmControl for Control {
                 action: "pressing the guest's ACPI power button".into(),
                 source: Box::new(e),
             })?;
-        let stop = self.stop.clone();
-        let spawned = std::thread::Builder::new()
-            .name("vmhost-grace".into())
-            .spawn(move || {
-                let deadline = Instant::now() + SHUTDOWN_GRACE;
-                while Instant::now() < deadline {
-                    if stop.stop_requested() {
-                        return;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
-                tracing::warn!(
-                    grace = ?SHUTDOWN_GRACE,
-                    "the guest did not power off after the power button: stopping it"
-                );
-                stop.stop();
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "no grace-period thread: stopping the VM now");
+        let armed = self
+            .grace
+            .as_ref()
+            .and_then(|g| g.lock().ok().map(|tx| tx.send(()).is_ok()));
+        if armed != Some(true) {
+            tracing::warn!("no grace-period timer: stopping the VM now");
             self.stop.stop();
         }
         Ok(json!({

@@ -209,7 +209,9 @@ mod tests {
     use super::*;
 
     /// `process::exit` on the limit path used to leave the API socket behind (and the terminal
-    /// raw): the clean-up it runs removes the socket, and only a socket.
+    /// raw): the clean-up it runs removes the socket, and only a socket. It runs on the
+    /// `oom-watch` thread, under that thread's syscall filter, as in a real limit exit (a call
+    /// the filter lacks kills this test binary with SIGSYS and names the call).
     #[test]
     fn the_limit_exit_removes_the_api_socket() {
         let dir = std::env::temp_dir().join(format!("vmhost-limit-exit-{}", std::process::id()));
@@ -218,13 +220,30 @@ mod tests {
         let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         let plain = dir.join("not-a-socket");
         std::fs::write(&plain, b"").unwrap();
+        let run_dir = dir.join("run");
+        // The ledger exists, as it does when a running VM reaches its limit.
+        vmhost_ledger::Ledger::open(&run_dir).unwrap();
         let files = Mutex::new(vec![sock.clone(), plain.clone()]);
-        limit_exit_cleanup(
-            &(dir.join("run"), "vm".to_string()),
-            std::process::id(),
-            &Mutex::new(None),
-            &files,
-        );
+        std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("oom-watch".into())
+                .spawn_scoped(s, || {
+                    vmhost_seccomp::install(
+                        vmhost_seccomp::ThreadKind::OomWatch,
+                        vmhost_seccomp::SeccompMode::On,
+                    )
+                    .unwrap();
+                    limit_exit_cleanup(
+                        &(run_dir.clone(), "vm".to_string()),
+                        std::process::id(),
+                        &Mutex::new(None),
+                        &files,
+                    );
+                })
+                .unwrap()
+                .join()
+                .unwrap();
+        });
         assert!(!sock.exists(), "the API socket is removed");
         assert!(plain.exists(), "a file that is not a socket is left alone");
         drop(listener);

@@ -47,6 +47,16 @@ fn main() -> ExitCode {
     vmhost_topology::skip_unneeded_hwloc_plugins();
     init_logging();
     let cli = Cli::parse();
+    match (cli.seccomp, vmhost_seccomp::mode_from_env()) {
+        (Some(mode), _) => vmhost_seccomp::set_mode(mode.into()),
+        (None, Ok(mode)) => {
+            vmhost_seccomp::set_mode(mode.unwrap_or(vmhost_seccomp::SeccompMode::On))
+        }
+        (None, Err(e)) => {
+            eprintln!("vmhost: {e}");
+            return ExitCode::from(EXIT_INVALID);
+        }
+    }
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

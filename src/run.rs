@@ -140,6 +140,7 @@ pub fn run(
         // Scratch images (empty disks, cloud-init seeds) beside the ledger, in a directory only
         // root may write, never under a predictable name in the world-writable /tmp.
         device_dir: Some(opts.run_dir.clone()),
+        filter_calling_thread: true,
         ..Default::default()
     };
     let mut vm = Vm::new(plan, memory, options)?;
@@ -204,7 +205,8 @@ fn serve_api(
         vm.handle(),
         vm.stop_handle(),
         enforcement.cloned(),
-    );
+    )
+    .context("starting the control API's grace-period timer")?;
     let server = vmhost_api::serve(path, Arc::new(control), ServerLimits::default(), None)
         .with_context(|| format!("serving the control API on {}", path.display()))?;
     if let Some(e) = enforcement {
@@ -270,6 +272,7 @@ fn print_bounded(text: String) {
     let spawned = std::thread::Builder::new()
         .name("vmhost-out".into())
         .spawn(move || {
+            vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Output);
             let mut out = std::io::stdout().lock();
             let ok = out.write_all(text.as_bytes()).and_then(|()| out.flush());
             let _ = done_tx.send(ok);
@@ -304,6 +307,7 @@ fn move_kvm_workers_off_vcpu_pus(plan: &Plan) {
     let spawned = std::thread::Builder::new()
         .name("vmhost-kvmpin".into())
         .spawn(move || {
+            vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::KvmPin);
             // KVM starts one such worker per VM, at the first KVM_RUN: stop once it is moved.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
             while std::time::Instant::now() < deadline {

@@ -29,18 +29,21 @@ impl StopSignals {
             let (requested, vm) = (Arc::clone(&requested), Arc::clone(&vm));
             std::thread::Builder::new()
                 .name("vmhost-sig".into())
-                .spawn(move || loop {
-                    match crate::sys::wait_signal(&STOP_SIGNALS) {
-                        Ok(sig) => {
-                            tracing::info!(signal = sig, "stopping the VM");
-                            requested.store(true, Ordering::SeqCst);
-                            if let Some(h) = vm.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
-                                h.stop();
+                .spawn(move || {
+                    vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Signal);
+                    loop {
+                        match crate::sys::wait_signal(&STOP_SIGNALS) {
+                            Ok(sig) => {
+                                tracing::info!(signal = sig, "stopping the VM");
+                                requested.store(true, Ordering::SeqCst);
+                                if let Some(h) = vm.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+                                    h.stop();
+                                }
                             }
-                        }
-                        Err(e) => {
-                            eprintln!("vmhost: warning: sigwait failed ({e}); signals no longer stop the VM");
-                            return;
+                            Err(e) => {
+                                eprintln!("vmhost: warning: sigwait failed ({e}); signals no longer stop the VM");
+                                return;
+                            }
                         }
                     }
                 })?;

@@ -64,6 +64,8 @@ fn supervise(
     if let Err(e) = sys::block_supervisor_signals() {
         eprintln!("vmhost: warning: supervisor signal mask: {e}");
     }
+    // The VMM child is forked: the supervisor only waits, forwards signals and cleans up.
+    vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Supervisor);
     let end = loop {
         if let Some(end) = sys::try_reap(child) {
             break end;
@@ -120,5 +122,48 @@ fn clean_up(l: &Leftovers) {
             }
         }
         Err(e) => eprintln!("vmhost: warning: opening the ledger: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The clean-up after a killed VMM runs in the supervisor under its syscall filter (a call
+    /// the filter lacks kills this test binary with SIGSYS and names the call): the socket and
+    /// the ledger entry go.
+    #[test]
+    fn clean_up_runs_under_the_supervisor_filter() {
+        let dir = std::env::temp_dir().join(format!("vmhost-supervise-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("api.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let vsock = dir.join("vm.vsock");
+        let vsock_listener = std::os::unix::net::UnixListener::bind(&vsock).unwrap();
+        let run_dir = dir.join("run");
+        vmhost_ledger::Ledger::open(&run_dir).unwrap();
+        let leftovers = Leftovers {
+            ledger: (run_dir, "vm".into()),
+            ledger_pid: std::process::id(),
+            api_socket: Some(sock.clone()),
+            vsock_socket: Some(vsock.clone()),
+        };
+        std::thread::Builder::new()
+            .name("supervisor".into())
+            .spawn(move || {
+                vmhost_seccomp::install(
+                    vmhost_seccomp::ThreadKind::Supervisor,
+                    vmhost_seccomp::SeccompMode::On,
+                )
+                .unwrap();
+                clean_up(&leftovers);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(!sock.exists(), "the API socket is removed");
+        assert!(!vsock.exists(), "the vsock socket is removed");
+        drop((listener, vsock_listener));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

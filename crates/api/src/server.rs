@@ -51,6 +51,9 @@ pub enum ServeError {
     /// The `vmhost-api` thread panicked.
     #[error("the {THREAD_NAME} thread panicked")]
     ThreadPanicked,
+    /// The `vmhost-api` thread's syscall filter could not be installed.
+    #[error("cannot install the {THREAD_NAME} thread's syscall filter")]
+    Seccomp(#[source] vmhost_seccomp::SeccompError),
 }
 
 /// A bound API socket, not yet serving: for running the server on a runtime of the caller's
@@ -270,6 +273,10 @@ pub fn serve(
                     let _context = runtime.enter();
                     listener.register()?
                 };
+                // The runtime, its epoll instance and the registered socket exist: from here
+                // on the thread accepts, reads, writes and answers.
+                vmhost_seccomp::install_current(vmhost_seccomp::ThreadKind::Api)
+                    .map_err(ServeError::Seccomp)?;
                 Ok((registered, runtime))
             });
             let (registered, runtime) = match started {

@@ -269,6 +269,7 @@ impl OomWatch {
             .name("oom-watch".into())
             .spawn(move || {
                 prefault_stack();
+                vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::OomWatch);
                 let _ = ready_tx.send(());
                 match self.wait(None) {
                     Ok(OomWait::Limit(ev)) => report(ev),

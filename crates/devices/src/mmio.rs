@@ -399,10 +399,16 @@ fn serve(
     let queue_err = |e: virtio_queue::Error| format!("queue {index}: {e}");
     let mut used = false;
     loop {
+        let before = queue.next_avail();
         used |= device
             .process_queue(index, queue, mem)
             .map_err(|e| error_chain(&e))?;
         if !event_idx || !queue.enable_notification(mem).map_err(queue_err)? {
+            break;
+        }
+        // Buffers are still available. A pass that took none is a device waiting for its
+        // backend (a receive queue with no frame yet): it is served again when one comes.
+        if queue.next_avail() == before {
             break;
         }
     }

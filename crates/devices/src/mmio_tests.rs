@@ -324,3 +324,46 @@ fn with_event_idx_the_device_rearms_notifications_and_interrupts_only_when_asked
     assert_eq!(r.irq.read().unwrap(), 1, "used idx 2 passed used_event 1");
     assert_eq!(mem.read_obj::<u16>(avail_event).unwrap(), 2);
 }
+
+/// Regression: with EVENT_IDX, a receive queue whose buffers wait for frames made the
+/// transport re-serve it forever (the I/O thread spun and the NIC went dead).
+#[test]
+fn with_event_idx_a_receive_queue_waiting_for_frames_returns() {
+    use std::fs::File;
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixDatagram;
+    let (a, peer) = UnixDatagram::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    let net = crate::net::Net::new(File::from(OwnedFd::from(a)), [2, 0, 0, 0, 0, 1]);
+    let mem = memory();
+    let irq = EventFd::new(EFD_NONBLOCK).unwrap();
+    let interrupt = Arc::new(Interrupt::new(irq.try_clone().unwrap()));
+    let mut dev = MmioTransport::new(Box::new(net), mem.clone(), interrupt).unwrap();
+    let mut rx = TestQueue::new(&mem, 0, 16);
+    wr(&mut dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[0]);
+    wr(&mut dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[1]);
+    wr(&mut dev, VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
+    wr(&mut dev, VIRTIO_MMIO_DRIVER_FEATURES, 1 << 29);
+    wr(&mut dev, VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
+    wr(&mut dev, VIRTIO_MMIO_DRIVER_FEATURES, 1);
+    wr(&mut dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[2]);
+    setup_queue(&mut dev, &rx, 16);
+    driver_ok(&mut dev);
+    rx.post(&[(DATA, 2048, true)]);
+    rx.post(&[(DATA + 0x1000, 2048, true)]);
+    let (tx, done) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        dev.notify(0); // no frame yet: the buffers stay
+        let _ = tx.send(());
+        dev
+    });
+    done.recv_timeout(std::time::Duration::from_secs(5))
+        .expect("notify returned while the receive queue waits for frames");
+    let mut dev = worker.join().unwrap();
+    let mut frame = vec![0u8; 12];
+    frame.extend_from_slice(&[0xab; 60]);
+    peer.send(&frame).unwrap();
+    dev.notify(0); // the backend became readable
+    assert_eq!(rx.used_idx(), 1, "the frame went into the first buffer");
+    assert_eq!(rx.used(0), (0, 72));
+}

@@ -100,6 +100,8 @@ impl IoThread {
             .name(name.to_string())
             .spawn(move || {
                 init();
+                // Backends are open and registered with epoll: the thread only does I/O now.
+                vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::DeviceIo);
                 run(&epoll, &sources, &stop_clone);
             })
             .map_err(|source| WorkerError::Spawn {

@@ -120,6 +120,9 @@ fn run(job: &Job) -> Result<BackgroundDone, MemoryError> {
             source,
         })?;
     let seconds = start.elapsed().as_secs_f64();
+    // The workers are done (they were spawned unfiltered, each then installed its own): the
+    // rest of this thread's life is the audit and the caller's report.
+    vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::PrefaultAudit);
     let regions: Vec<&MappedRegion> = job.regions.iter().collect();
     let audit =
         audit::audit_with_policy(&regions, job.hugetlb, job.policy.as_ref()).map_err(|source| {

@@ -333,6 +333,7 @@ fn worker(
             return;
         }
     }
+    vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Prefault);
     while !shared.stopping() {
         let Some(chunk) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) else {
             return;

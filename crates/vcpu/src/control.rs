@@ -454,15 +454,18 @@ pub fn stop_on_signals(handle: StopHandle) -> std::io::Result<JoinHandle<()>> {
     sys::set_signal_mask(&signals, libc::SIG_BLOCK)?;
     std::thread::Builder::new()
         .name("vmhost-sig".into())
-        .spawn(move || loop {
-            match sys::wait_signal(&signals) {
-                Ok(sig) => {
-                    tracing::info!(signal = sig, "stopping the VM");
-                    handle.stop();
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "sigwait failed; signals no longer stop the VM");
-                    return;
+        .spawn(move || {
+            vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Signal);
+            loop {
+                match sys::wait_signal(&signals) {
+                    Ok(sig) => {
+                        tracing::info!(signal = sig, "stopping the VM");
+                        handle.stop();
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "sigwait failed; signals no longer stop the VM");
+                        return;
+                    }
                 }
             }
         })

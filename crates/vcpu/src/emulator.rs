@@ -56,6 +56,9 @@ pub(crate) struct EmulatorInput {
     pub run_start: Instant,
     pub vm_setup_seconds: f64,
     pub on_start: Option<crate::vm::StartHook>,
+    /// Told once this thread's syscall filter is in (every vCPU's is too by then); dropped
+    /// unsent when the run ends before. The VMM thread installs its own filter after it.
+    pub filtered: mpsc::Sender<()>,
 }
 
 struct Tally {
@@ -104,6 +107,10 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
     let start = Instant::now();
     ctx.control.mark_started();
     gate.open(true);
+    // Every vCPU thread is started and placement is read back: the rest is the event loop,
+    // joins and mailbox reads.
+    vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Emulator);
+    let _ = input.filtered.send(());
     let tallies = event_loop(&rx, n, &ctx.control);
     let panicked = join_all(threads);
     ctx.control.mark_ended();

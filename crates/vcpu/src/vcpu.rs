@@ -79,6 +79,15 @@ pub enum VcpuError {
         #[source]
         source: std::io::Error,
     },
+    /// The vCPU thread's syscall filter could not be installed.
+    #[error("vCPU {vcpu}: cannot install its syscall filter")]
+    Seccomp {
+        /// vCPU index.
+        vcpu: u32,
+        /// The cause.
+        #[source]
+        source: vmhost_seccomp::SeccompError,
+    },
     /// The kick signal could not be installed.
     #[error("vCPU {vcpu}: cannot install the kick signal handler")]
     Signal {
@@ -199,7 +208,18 @@ pub(crate) enum Event {
 pub(crate) fn thread_main(cfg: VcpuConfig, ctx: VcpuContext) {
     let vcpu = cfg.index;
     ctx.control.set_tid(vcpu, Some(sys::gettid()));
-    let (mut fd, tsc_khz) = match setup(&cfg, &ctx) {
+    // The filter goes in once the vCPU is created and configured (KVM_CREATE_VCPU, the
+    // kvm_run mapping, CPUID, registers, pinning, the kick signal's handler).
+    let filtered = setup(&cfg, &ctx).and_then(|v| {
+        vmhost_seccomp::install_current(vmhost_seccomp::ThreadKind::Vcpu).map_err(|source| {
+            VcpuError::Seccomp {
+                vcpu: u32::try_from(vcpu).unwrap_or(u32::MAX),
+                source,
+            }
+        })?;
+        Ok(v)
+    });
+    let (mut fd, tsc_khz) = match filtered {
         Ok(v) => v,
         Err(e) => {
             ctx.control.set_tid(vcpu, None);

@@ -82,6 +82,12 @@ pub struct VmOptions {
     /// Where a Linux guest's scratch images go (empty disks, cloud-init seeds; removed at
     /// stop). Default: the system's temporary directory.
     pub device_dir: Option<std::path::PathBuf>,
+    /// Install the VMM thread's syscall filter ([`vmhost_seccomp::ThreadKind::Vmm`]) on the
+    /// thread that calls [`Vm::run`], once the emulator thread has installed its own (every
+    /// vCPU thread has by then): what the calling thread does from then on is wait, tear the VM
+    /// down and report. Off by default (a library caller's thread is its own); the `vmhost`
+    /// binary sets it.
+    pub filter_calling_thread: bool,
 }
 
 /// The function a [`StartHook`] calls.
@@ -293,6 +299,7 @@ pub struct Vm {
     control: Arc<Control>,
     policy: UnknownAccessPolicy,
     on_start: Option<StartHook>,
+    filter_calling_thread: bool,
     console_input: ConsoleInput,
     setup_seconds: f64,
     ram: Box<dyn GuestRam>,
@@ -374,6 +381,7 @@ impl Vm {
             control,
             policy: options.unknown_access.resolve(linux),
             on_start: options.on_start.clone(),
+            filter_calling_thread: options.filter_calling_thread,
             console_input,
             setup_seconds: t0.elapsed().as_secs_f64(),
             ram: Box::new(ram),
@@ -435,6 +443,7 @@ impl Vm {
         let run_start = Instant::now();
         let (events, rx, gate) = emulator::channel();
         let (guest, ctx_guest, devices) = self.run_guest();
+        let (filtered, emulator_filtered) = std::sync::mpsc::channel();
         let input = EmulatorInput {
             vm_name: self.name.clone(),
             guest,
@@ -452,6 +461,7 @@ impl Vm {
             run_start,
             vm_setup_seconds: self.setup_seconds,
             on_start: self.on_start.clone(),
+            filtered,
         };
         let console = match &devices {
             Some(d) => ConsoleReader::start(self.console_input, d.serial())
@@ -461,6 +471,12 @@ impl Vm {
         let emu = std::thread::Builder::new()
             .name("vmhost-emu".into())
             .spawn(move || emulator::run(input, rx));
+        if self.filter_calling_thread && emu.is_ok() {
+            // After the emulator and vCPU threads have their own filters: a thread starts with
+            // its creator's filter, and theirs would otherwise hold this one too.
+            let _ = emulator_filtered.recv();
+            vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Vmm);
+        }
         let result = match emu {
             Ok(t) => t.join().map_err(|_| VmError::EmulatorPanicked),
             Err(e) => Err(VmError::SpawnEmulator(e)),

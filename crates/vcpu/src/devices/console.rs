@@ -73,6 +73,7 @@ fn read_loop(serial: &SerialConsole, done: &AtomicBool) {
             None
         }
     };
+    vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Stdin);
     let mut buf = [0u8; 64];
     while !done.load(Ordering::SeqCst) {
         match sys::poll_readable(libc::STDIN_FILENO, POLL) {

@@ -56,7 +56,10 @@ impl Drain {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name("vmhost-serial".into())
-                .spawn(move || drain_loop(&shared, &mut sink))?
+                .spawn(move || {
+                    vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Serial);
+                    drain_loop(&shared, &mut sink)
+                })?
         };
         Ok(Drain {
             shared,

@@ -1,0 +1,403 @@
+//! The allow-lists, one per [`ThreadKind`], derived from what each thread does after its
+//! filter is installed (docs/security.md, "Syscall filters", says how they were measured).
+//!
+//! Every list starts from [`BASE`] (memory, locks, clocks, stderr, the end of the thread); the
+//! parts shared by several kinds ([`READ_FILES`], [`CLOSE`], [`KICK`], [`CLEAN_UP`], [`SPAWN`])
+//! are named once. `ioctl` is allowed only with the request numbers named, checked on the low
+//! 32 bits of the second argument (the kernel's `unsigned int cmd`); `mmap` and `mprotect`
+//! never with `PROT_EXEC`.
+
+use libc::*;
+use seccompiler::{BackendError, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
+
+use crate::ThreadKind;
+
+/// A condition on an allowed call's arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Any arguments.
+    Any,
+    /// Argument `arg` (low 32 bits) is one of `values`: `ioctl` requests, `fcntl` commands,
+    /// the signal of `kill`.
+    OneOf {
+        /// The argument's index (0-based).
+        arg: u8,
+        /// The allowed values.
+        values: &'static [u64],
+    },
+    /// Argument `arg` has no `PROT_EXEC` bit: `mmap` and `mprotect` never make executable
+    /// memory once a thread is filtered.
+    NoExec {
+        /// The index of the `prot` argument.
+        arg: u8,
+    },
+}
+
+impl Rule {
+    /// seccompiler's rules: none for `Any` (the call number alone matches), else one rule per
+    /// allowed value (any of them allows the call).
+    pub(crate) fn compile(&self) -> Result<Vec<SeccompRule>, BackendError> {
+        let cond = |arg, op, value| SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value);
+        match *self {
+            Rule::Any => Ok(Vec::new()),
+            Rule::OneOf { arg, values } => values
+                .iter()
+                .map(|&v| SeccompRule::new(vec![cond(arg, SeccompCmpOp::Eq, v)?]))
+                .collect(),
+            Rule::NoExec { arg } => Ok(vec![SeccompRule::new(vec![cond(
+                arg,
+                SeccompCmpOp::MaskedEq(PROT_EXEC as u64),
+                0,
+            )?])?]),
+        }
+    }
+}
+
+/// `ioctl` with one of `requests`.
+const fn ioctl(requests: &'static [u64]) -> (i64, Rule) {
+    (
+        SYS_ioctl,
+        Rule::OneOf {
+            arg: 1,
+            values: requests,
+        },
+    )
+}
+
+/// `_IOC(dir, type, nr, size)` of Linux's `asm-generic/ioctl.h`.
+const fn ioc(dir: u64, ty: u64, nr: u64, size: u64) -> u64 {
+    (dir << 30) | (size << 16) | (ty << 8) | nr
+}
+const KVMIO: u64 = 0xae;
+const IOC_WRITE: u64 = 1;
+const IOC_READ: u64 = 2;
+
+/// `KVM_RUN`.
+pub const KVM_RUN: u64 = ioc(0, KVMIO, 0x80, 0);
+/// `KVM_GET_REGS` (`struct kvm_regs`, 144 bytes): the RIP of a fault or internal error.
+pub const KVM_GET_REGS: u64 = ioc(IOC_READ, KVMIO, 0x81, 144);
+/// `KVM_TRANSLATE` (`struct kvm_translation`, 24 bytes): the code bytes at an internal error.
+pub const KVM_TRANSLATE: u64 = ioc(IOC_READ | IOC_WRITE, KVMIO, 0x85, 24);
+/// `KVM_GET_VCPU_EVENTS` (`struct kvm_vcpu_events`, 64 bytes): a triple fault's exception.
+pub const KVM_GET_VCPU_EVENTS: u64 = ioc(IOC_READ, KVMIO, 0x9f, 64);
+/// `KVM_IRQ_LINE` (`struct kvm_irq_level`, 8 bytes): the ACPI power button (GED).
+pub const KVM_IRQ_LINE: u64 = ioc(IOC_WRITE, KVMIO, 0x61, 8);
+/// `TUNSETOFFLOAD`: a virtio-net device tells its tap which offloads the guest accepted, at
+/// DRIVER_OK and at a reset (both written by a vCPU).
+pub const TUNSETOFFLOAD: u64 = ioc(IOC_WRITE, b'T' as u64, 208, 4);
+const VHOSTIO: u64 = 0xaf;
+/// The vhost-vsock back end's start at DRIVER_OK (on the vCPU that writes it): features, the
+/// memory table, each ring's size, base, addresses and eventfds, then running.
+pub const VHOST_SET_FEATURES: u64 = ioc(IOC_WRITE, VHOSTIO, 0x00, 8);
+/// `VHOST_SET_MEM_TABLE` (`struct vhost_memory` header, 8 bytes).
+pub const VHOST_SET_MEM_TABLE: u64 = ioc(IOC_WRITE, VHOSTIO, 0x03, 8);
+/// `VHOST_SET_VRING_NUM` (`struct vhost_vring_state`).
+pub const VHOST_SET_VRING_NUM: u64 = ioc(IOC_WRITE, VHOSTIO, 0x10, 8);
+/// `VHOST_SET_VRING_ADDR` (`struct vhost_vring_addr`, 40 bytes).
+pub const VHOST_SET_VRING_ADDR: u64 = ioc(IOC_WRITE, VHOSTIO, 0x11, 40);
+/// `VHOST_SET_VRING_BASE` (`struct vhost_vring_state`).
+pub const VHOST_SET_VRING_BASE: u64 = ioc(IOC_WRITE, VHOSTIO, 0x12, 8);
+/// `VHOST_SET_VRING_KICK` (`struct vhost_vring_file`).
+pub const VHOST_SET_VRING_KICK: u64 = ioc(IOC_WRITE, VHOSTIO, 0x20, 8);
+/// `VHOST_SET_VRING_CALL` (`struct vhost_vring_file`).
+pub const VHOST_SET_VRING_CALL: u64 = ioc(IOC_WRITE, VHOSTIO, 0x21, 8);
+/// `VHOST_VSOCK_SET_RUNNING` (an int): started at DRIVER_OK, stopped at a reset or teardown.
+pub const VHOST_VSOCK_SET_RUNNING: u64 = ioc(IOC_WRITE, VHOSTIO, 0x61, 4);
+/// `FIONBIO`: std's `set_nonblocking` on a socket (the vsock device's host connections).
+pub const FIONBIO_REQ: u64 = 0x5421;
+/// `TCSETS` (`tcsetattr(TCSANOW)`): the terminal's mode restored.
+pub const TCSETS_REQ: u64 = 0x5402;
+/// `TCGETS`: glibc's `tcsetattr` reads the mode back after setting it.
+pub const TCGETS_REQ: u64 = 0x5401;
+
+/// `fcntl(fd, F_GETFD)`: debug builds of std check that a descriptor is open before closing
+/// it; `close` comes with it.
+const CLOSE: [(i64, Rule); 2] = [
+    (SYS_close, Rule::Any),
+    (
+        SYS_fcntl,
+        Rule::OneOf {
+            arg: 1,
+            values: &[F_GETFD as u64],
+        },
+    ),
+];
+
+/// What every thread may do: allocate and free memory (glibc's malloc: `brk`, `mmap`,
+/// `mremap`, `madvise`, `munmap`; `mprotect` to grow a heap, never to make code), wait on
+/// locks, read clocks (when the vDSO cannot), write to stderr, and end (`rt_sigprocmask`,
+/// `sigaltstack`, `exit`).
+const BASE: &[(i64, Rule)] = &[
+    (SYS_futex, Rule::Any),
+    (SYS_write, Rule::Any),
+    (SYS_brk, Rule::Any),
+    (SYS_mmap, Rule::NoExec { arg: 2 }),
+    (SYS_mprotect, Rule::NoExec { arg: 2 }),
+    (SYS_mremap, Rule::Any),
+    (SYS_madvise, Rule::Any),
+    (SYS_munmap, Rule::Any),
+    (SYS_clock_gettime, Rule::Any),
+    (SYS_rt_sigprocmask, Rule::Any),
+    (SYS_sigaltstack, Rule::Any),
+    (SYS_exit, Rule::Any),
+];
+
+/// What a filtered thread needs to start another thread that then installs its own filter:
+/// the new thread's first calls run under its creator's filter.
+const SPAWN: &[(i64, Rule)] = &[
+    (SYS_clone3, Rule::Any),
+    (SYS_set_robust_list, Rule::Any),
+    (SYS_rseq, Rule::Any),
+    (SYS_prctl, Rule::Any),
+    (SYS_gettid, Rule::Any),
+    // std's stack guard set-up at a thread's start (`pthread_getattr_np`).
+    (SYS_sched_getaffinity, Rule::Any),
+    (SYS_seccomp, Rule::Any),
+];
+
+/// Reading files and `/proc`: `std::fs::read_to_string`, `read_dir`, `Path::exists`.
+const READ_FILES: &[(i64, Rule)] = &[
+    (SYS_openat, Rule::Any),
+    (SYS_read, Rule::Any),
+    (SYS_statx, Rule::Any),
+    (SYS_newfstatat, Rule::Any),
+    (SYS_getdents64, Rule::Any),
+];
+
+/// Kicking vCPU threads out of `KVM_RUN` (`pthread_kill`: `getpid`, `tgkill`).
+const KICK: &[(i64, Rule)] = &[(SYS_getpid, Rule::Any), (SYS_tgkill, Rule::Any)];
+
+/// Releasing the ledger entry and removing the cgroup, the API socket and scratch images.
+const CLEAN_UP: &[(i64, Rule)] = &[
+    (SYS_flock, Rule::Any),
+    (SYS_unlink, Rule::Any),
+    (SYS_rmdir, Rule::Any),
+    // `kill(pid, 0)`: is a ledger entry's process alive?
+    (
+        SYS_kill,
+        Rule::OneOf {
+            arg: 1,
+            values: &[0],
+        },
+    ),
+    (SYS_clock_nanosleep, Rule::Any),
+];
+
+const VCPU: &[&[(i64, Rule)]] = &[
+    &[
+        ioctl(&[
+            KVM_RUN,
+            KVM_GET_REGS,
+            KVM_TRANSLATE,
+            KVM_GET_VCPU_EVENTS,
+            // Device status writes: a virtio-net tap's offloads, the vhost-vsock start/stop.
+            TUNSETOFFLOAD,
+            VHOST_SET_FEATURES,
+            VHOST_SET_MEM_TABLE,
+            VHOST_SET_VRING_NUM,
+            VHOST_SET_VRING_ADDR,
+            VHOST_SET_VRING_BASE,
+            VHOST_SET_VRING_KICK,
+            VHOST_SET_VRING_CALL,
+            VHOST_VSOCK_SET_RUNNING,
+        ]),
+        // The kick signal's handler returns.
+        (SYS_rt_sigreturn, Rule::Any),
+    ],
+    // The vCPU's own file descriptor, closed when the thread ends.
+    &CLOSE,
+];
+
+const EMULATOR: &[&[(i64, Rule)]] = &[KICK];
+
+const VMM: &[&[(i64, Rule)]] = &[
+    READ_FILES,
+    &CLOSE,
+    CLEAN_UP,
+    KICK,
+    // The `vmhost-out` report writer.
+    SPAWN,
+    &[
+        (SYS_exit_group, Rule::Any),
+        // A running vhost-vsock device stopped when the devices are dropped.
+        ioctl(&[VHOST_VSOCK_SET_RUNNING]),
+    ],
+];
+
+const API: &[&[(i64, Rule)]] = &[
+    &[
+        (SYS_epoll_wait, Rule::Any),
+        (SYS_epoll_ctl, Rule::Any),
+        (SYS_accept4, Rule::Any),
+        (SYS_recvfrom, Rule::Any),
+        (SYS_sendto, Rule::Any),
+        (SYS_shutdown, Rule::Any),
+        // The socket file, removed when the server stops.
+        (SYS_unlink, Rule::Any),
+        ioctl(&[KVM_IRQ_LINE]),
+    ],
+    // `GET /vm/placement` and `/vm/resources` read `/proc` and the cgroup.
+    READ_FILES,
+    &CLOSE,
+    // Pause and resume.
+    KICK,
+];
+
+const SIGNAL: &[&[(i64, Rule)]] = &[&[(SYS_rt_sigtimedwait, Rule::Any)], KICK];
+
+/// `PrefaultOptions::on_progress` hooks run here too (a test's slows the prefault down).
+const PREFAULT: &[&[(i64, Rule)]] = &[&[(SYS_clock_nanosleep, Rule::Any)]];
+
+const SERIAL: &[&[(i64, Rule)]] = &[];
+
+const STDIN: &[&[(i64, Rule)]] = &[&[
+    (SYS_poll, Rule::Any),
+    (SYS_read, Rule::Any),
+    (SYS_clock_nanosleep, Rule::Any),
+    // The terminal's mode restored when the thread ends.
+    ioctl(&[TCSETS_REQ, TCGETS_REQ]),
+]];
+
+const OOM_WATCH: &[&[(i64, Rule)]] = &[
+    &[
+        (SYS_poll, Rule::Any),
+        (SYS_pread64, Rule::Any),
+        // The limit's exit: the terminal restored, then `exit(5)`.
+        ioctl(&[TCSETS_REQ, TCGETS_REQ]),
+        (SYS_exit_group, Rule::Any),
+        // Its report names this process; the cgroup is left by moving this pid out.
+        (SYS_getpid, Rule::Any),
+        // `Ledger::open` (its directories exist: `mkdir` fails with EEXIST).
+        (SYS_mkdir, Rule::Any),
+    ],
+    READ_FILES,
+    &CLOSE,
+    CLEAN_UP,
+];
+
+const KVMPIN: &[&[(i64, Rule)]] = &[
+    READ_FILES,
+    &CLOSE,
+    &[
+        (SYS_sched_setaffinity, Rule::Any),
+        (SYS_clock_nanosleep, Rule::Any),
+    ],
+];
+
+const GRACE: &[&[(i64, Rule)]] = &[&[(SYS_clock_nanosleep, Rule::Any)], KICK];
+
+const OUTPUT: &[&[(i64, Rule)]] = &[];
+
+const DEVICE_IO: &[&[(i64, Rule)]] = &[
+    &[
+        (SYS_epoll_wait, Rule::Any),
+        // Queue and stop eventfds, tap frames.
+        (SYS_read, Rule::Any),
+        // Disk images (`read_exact_at`, `write_all_at`, FLUSH).
+        (SYS_pread64, Rule::Any),
+        (SYS_pwrite64, Rule::Any),
+        (SYS_fdatasync, Rule::Any),
+        // virtio-rng.
+        (SYS_getrandom, Rule::Any),
+        // virtio-vsock's Unix sockets: host connections accepted and made non-blocking,
+        // guest connections to `<socket>_<port>`, stream bytes, half closes, its epoll.
+        (SYS_accept4, Rule::Any),
+        (SYS_socket, Rule::Any),
+        (SYS_connect, Rule::Any),
+        (SYS_recvfrom, Rule::Any),
+        (SYS_sendto, Rule::Any),
+        (SYS_shutdown, Rule::Any),
+        (SYS_epoll_ctl, Rule::Any),
+        ioctl(&[FIONBIO_REQ]),
+    ],
+    // Its epoll and eventfds, closed when the thread ends.
+    &CLOSE,
+];
+
+const SUPERVISOR: &[&[(i64, Rule)]] = &[
+    &[
+        (SYS_wait4, Rule::Any),
+        (SYS_rt_sigtimedwait, Rule::Any),
+        // `memory.events`, read at offset 0: was the VMM OOM-killed?
+        (SYS_pread64, Rule::Any),
+        // Stop signals forwarded to the VMM as SIGTERM; `kill(pid, 0)` for the ledger.
+        (
+            SYS_kill,
+            Rule::OneOf {
+                arg: 1,
+                values: &[0, SIGTERM as u64],
+            },
+        ),
+        // The cgroup is left by moving this pid out; `Ledger::open` (`mkdir`: EEXIST).
+        (SYS_getpid, Rule::Any),
+        (SYS_mkdir, Rule::Any),
+        ioctl(&[TCSETS_REQ, TCGETS_REQ]),
+        (SYS_exit_group, Rule::Any),
+    ],
+    READ_FILES,
+    &CLOSE,
+    &[
+        (SYS_flock, Rule::Any),
+        (SYS_unlink, Rule::Any),
+        (SYS_rmdir, Rule::Any),
+        (SYS_clock_nanosleep, Rule::Any),
+    ],
+];
+
+/// The background prefault's coordinator after its workers: the audit reads `/proc` and the
+/// memory policy (`get_mempolicy`, `move_pages`), prints, narrows the cgroup's cpuset (a
+/// write to a file it opens), and stops the VM if the prefault failed.
+const PREFAULT_AUDIT: &[&[(i64, Rule)]] = &[
+    READ_FILES,
+    &CLOSE,
+    KICK,
+    &[
+        (SYS_get_mempolicy, Rule::Any),
+        (SYS_move_pages, Rule::Any),
+        (SYS_lseek, Rule::Any),
+    ],
+];
+
+/// The rules of `kind`: [`BASE`] and its own parts, sorted by call number, one entry per call.
+pub(crate) fn rules(kind: ThreadKind) -> &'static [(i64, Rule)] {
+    use std::sync::OnceLock;
+    static ALL: OnceLock<Vec<Vec<(i64, Rule)>>> = OnceLock::new();
+    let all = ALL.get_or_init(|| ThreadKind::ALL.iter().map(|&k| merged(k)).collect());
+    ThreadKind::ALL
+        .iter()
+        .position(|&k| k == kind)
+        .and_then(|i| all.get(i))
+        .map_or(&[], Vec::as_slice)
+}
+
+/// [`BASE`] and `kind`'s parts; a call listed twice keeps its first rule (the parts never
+/// list one call with two different rules: `merged_lists_have_one_rule_per_call` checks).
+fn merged(kind: ThreadKind) -> Vec<(i64, Rule)> {
+    let mut v: Vec<(i64, Rule)> = BASE.to_vec();
+    for part in parts(kind) {
+        v.extend_from_slice(part);
+    }
+    v.sort_by_key(|(nr, _)| *nr);
+    v.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+    v
+}
+
+pub(crate) fn parts(kind: ThreadKind) -> &'static [&'static [(i64, Rule)]] {
+    match kind {
+        ThreadKind::Vmm => VMM,
+        ThreadKind::Vcpu => VCPU,
+        ThreadKind::Emulator => EMULATOR,
+        ThreadKind::Api => API,
+        ThreadKind::Signal => SIGNAL,
+        ThreadKind::Prefault => PREFAULT,
+        ThreadKind::Serial => SERIAL,
+        ThreadKind::Stdin => STDIN,
+        ThreadKind::OomWatch => OOM_WATCH,
+        ThreadKind::KvmPin => KVMPIN,
+        ThreadKind::Grace => GRACE,
+        ThreadKind::Output => OUTPUT,
+        ThreadKind::DeviceIo => DEVICE_IO,
+        ThreadKind::Supervisor => SUPERVISOR,
+        ThreadKind::PrefaultAudit => PREFAULT_AUDIT,
+    }
+}
