@@ -435,8 +435,9 @@ fn wait_for(out: &Path, marker: &str, stderr: &dyn Fn() -> String) -> Result<Str
             println!("     {}", l.split(" hex=").next().unwrap_or(l));
         }
         shown = complete;
-        if serial.contains(marker) {
-            return Ok(serial);
+        // Only a whole line counts: the console may be read in the middle of the marker's.
+        if serial[..complete].contains(marker) {
+            return Ok(serial[..complete].to_string());
         }
         ensure!(
             Instant::now() < deadline,
