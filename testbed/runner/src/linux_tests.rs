@@ -358,7 +358,10 @@ pub fn vmlinux_two_vcpus_poweroff_and_reboot(env: &Env) -> Outcome {
         let toml = linux_spec(&name, (1, 2), "", "256Mi", &a.vmlinux, &a.initrd, action);
         let plan = env.plan(&env.spec(&name, &toml)?)?;
         let (code, out) = run_guest(env, &name, &toml)?;
-        check_guest_view(&out, &plan)?;
+        check_guest_view(&out, &plan).map_err(|e| {
+            let report: Vec<&str> = out.lines().filter(|l| l.starts_with("VM ")).collect();
+            format!("`{action}` boot: exit {code}, report {report:?}: {e}")
+        })?;
         ensure!(
             code == 0 && out.contains(want),
             "`{action} -f` in the guest: exit {code}, want 0 and {want:?} in the report: {}",
