@@ -113,7 +113,7 @@ const EXPECTED: [&str; 8] = [
     "vcpu0",
     "vmhost-api",
     "vmhost-grace",
-    "vmhost-io",
+    "vmhost-io-0",
     "vmhost-serial",
 ];
 
