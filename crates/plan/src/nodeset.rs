@@ -213,20 +213,82 @@ fn evaluate(
     req: &Request,
 ) -> Option<(Score, Choice)> {
     let loose: Vec<u32> = stats.iter().map(|s| req.cap_with(s, true)).collect();
-    let mut best: Option<(Score, Choice)> = None;
+    let mut candidates = Vec::new();
     for caps in [caps, &loose] {
         for sockets_first in [true, false] {
-            let g = distribute(stats, caps, set, req, sockets_first);
-            if !memory_fits(stats, set, &g, req) {
-                continue;
-            }
-            let c = score(stats, set, &g, host, req);
-            if best.as_ref().is_none_or(|(s, _)| c.0 < *s) {
-                best = Some(c);
+            candidates.push(distribute(stats, caps, set, req, sockets_first));
+        }
+        candidates.push(round_robin(caps, set, req));
+    }
+    let fitting = |g: &Vec<u32>| memory_fits(stats, set, g, req);
+    if req.passthrough && !candidates.iter().any(fitting) {
+        // Filling nodes in order can give one node more than its pages while a spread would
+        // fit (6 vCPUs, 4 pages, one page per node: 2+2+1+1 fits, 2+2+2 does not).
+        candidates.extend(any_fitting(stats, &loose, set, req));
+    }
+    candidates
+        .iter()
+        .filter(|g| fitting(g))
+        .map(|g| score(stats, set, g, host, req))
+        .min_by(|a, b| a.0.cmp(&b.0))
+}
+
+/// One guest core to each node of `set` in turn (host order), within `caps`.
+fn round_robin(caps: &[u32], set: &[usize], req: &Request) -> Vec<u32> {
+    let mut g = vec![0u32; set.len()];
+    let mut left = req.groups;
+    while left > 0 {
+        let mut placed = false;
+        for (j, &i) in set.iter().enumerate() {
+            if left > 0 && g[j] < caps[i] {
+                g[j] += 1;
+                left -= 1;
+                placed = true;
             }
         }
+        if !placed {
+            break;
+        }
     }
-    best
+    g
+}
+
+/// Most distributions an exhaustive search over a node set tries.
+const EXHAUSTIVE_SPLITS: u64 = 20_000;
+
+/// Some distribution of every guest core over `set` within `caps` whose memory shares fit,
+/// searched exhaustively when the set is small enough ([`EXHAUSTIVE_SPLITS`]).
+fn any_fitting(stats: &[NodeStat], caps: &[u32], set: &[usize], req: &Request) -> Option<Vec<u32>> {
+    set.iter()
+        .map(|&i| u64::from(caps[i]) + 1)
+        .try_fold(1u64, |acc, c| {
+            acc.checked_mul(c).filter(|&v| v <= EXHAUSTIVE_SPLITS)
+        })?;
+    fn rec(
+        j: usize,
+        left: u32,
+        g: &mut Vec<u32>,
+        bounds: &[u32],
+        ok: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> bool {
+        if j == bounds.len() {
+            return left == 0 && ok(g);
+        }
+        for x in (0..=bounds[j].min(left)).rev() {
+            g.push(x);
+            if rec(j + 1, left - x, g, bounds, ok) {
+                return true;
+            }
+            g.pop();
+        }
+        false
+    }
+    let bounds: Vec<u32> = set.iter().map(|&i| caps[i]).collect();
+    let mut g = Vec::with_capacity(set.len());
+    rec(0, req.groups, &mut g, &bounds, &mut |g| {
+        memory_fits(stats, set, g, req)
+    })
+    .then_some(g)
 }
 
 /// With passthrough: every guest core placed, and each node's share of the memory (split in

@@ -830,3 +830,31 @@ fn plan_names_how_virtio_devices_are_announced() {
         (0, "virtio_mmio.device=4K@0xd0000000:16")
     );
 }
+
+/// Regression (found by `refuses_only_when_no_node_set_can_hold`): 6 single-thread vCPUs with
+/// passthrough and 4 GiB of 1Gi pages on 4 nodes of 2 PUs and one free page each. Filling the
+/// nodes in order gives 2+2+2 cores and one node 2 pages; the spread 2+2+1+1 fits.
+#[test]
+fn passthrough_spreads_cores_when_filling_in_order_overflows_a_nodes_pages() {
+    let mut h = load_synthetic("package:2 numa:2 core:1 pu:2").unwrap();
+    apply_hugepages(
+        &mut h,
+        &parse_hugepages_arg("node0:1Gi=1,node1:1Gi=1,node2:1Gi=1,node3:1Gi=1").unwrap(),
+    )
+    .unwrap();
+    let s = spec(
+        "name = \"vm\"\n[cpu]\nsockets = 2\ncores = 3\nthreads = 1\n\
+         dedicated_cpu_placement = true\nnuma = { guest_mapping_passthrough = true }\n\
+         [memory]\nguest = \"4Gi\"\nhugepages = { page_size = \"1Gi\" }\n",
+    );
+    let o = plan(&s, &h, &PlanOptions::default());
+    assert!(o.fits, "{:?}", o.reasons);
+    let mut cells: Vec<(usize, u64)> = o
+        .plan
+        .guest_cells
+        .iter()
+        .map(|c| (c.vcpus.len(), c.memory_bytes >> 30))
+        .collect();
+    cells.sort_unstable();
+    assert_eq!(cells, vec![(1, 1), (1, 1), (2, 1), (2, 1)]);
+}
