@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::host;
-use crate::linux_tests::{assets, linux_spec, CMDLINE};
+use crate::linux_tests::{assets, linux_spec};
 use crate::vm::Env;
 use crate::{ensure, Outcome};
 
@@ -191,23 +191,9 @@ pub fn virtio_vs_qemu(env: &Env) -> Outcome {
         image.display()
     );
     let spec = env.spec("iobench", &spec)?;
-    let q = &a.qemu;
     let qemu = || {
-        let mut c = Command::new(q.join("lib/ld-linux-x86-64.so.2"));
-        c.arg("--library-path")
-            .arg(q.join("lib"))
-            .arg(q.join("qemu-system-x86_64"))
-            .arg("-L")
-            .arg(q.join("share"))
-            .args(["-enable-kvm", "-cpu", "host", "-smp", "2", "-m", "256"])
-            .args(["-nodefaults", "-no-user-config", "-display", "none"])
-            .args(["-serial", "stdio", "-no-reboot", "-kernel"])
-            .arg(&a.vmlinux)
-            .arg("-initrd")
-            .arg(&initrd)
-            .arg("-append")
-            .arg(format!("{CMDLINE} vmhost.action={action}"))
-            .arg("-drive")
+        let mut c = crate::linux_bench::qemu_command(&a, &initrd, &action);
+        c.arg("-drive")
             .arg(format!(
                 "file={},if=none,id=d0,format=raw,cache=writeback",
                 image.display()

@@ -10,12 +10,13 @@
 //! background, QEMU, vmhost, ...); the medians are compared. Emulated timings are only meaningful as this ratio (docs/benchmarks.md).
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::host;
-use crate::linux_tests::{assets, linux_spec, CMDLINE};
+use crate::linux_tests::{assets, linux_spec, Assets, CMDLINE};
 use crate::vm::Env;
 use crate::{ensure, Outcome};
 
@@ -88,6 +89,28 @@ fn time_to_init(mut cmd: Command, what: &str) -> Result<Boot, String> {
     })
 }
 
+/// This machine's QEMU (the bundle `testbed/build-guest.sh` copies in) with a direct kernel
+/// boot of the test vmlinux and `initrd`, 2 vCPUs, 256 MiB, the serial console on stdout and
+/// `vmhost.action=action` on the command line: the baseline of the emulated host's benchmarks.
+pub fn qemu_command(a: &Assets, initrd: &Path, action: &str) -> Command {
+    let q = &a.qemu;
+    let mut c = Command::new(q.join("lib/ld-linux-x86-64.so.2"));
+    c.arg("--library-path")
+        .arg(q.join("lib"))
+        .arg(q.join("qemu-system-x86_64"))
+        .arg("-L")
+        .arg(q.join("share"))
+        .args(["-enable-kvm", "-cpu", "host", "-smp", "2", "-m", "256"])
+        .args(["-nodefaults", "-no-user-config", "-display", "none"])
+        .args(["-serial", "stdio", "-no-reboot", "-kernel"])
+        .arg(&a.vmlinux)
+        .arg("-initrd")
+        .arg(initrd)
+        .arg("-append")
+        .arg(format!("{CMDLINE} vmhost.action={action}"));
+    c
+}
+
 /// The number right after `key` in `text`.
 fn after(text: &str, key: &str) -> Option<f64> {
     let rest = text.split(key).nth(1)?;
@@ -126,24 +149,7 @@ pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
             "poweroff",
         ),
     )?;
-    let q = &a.qemu;
-    let qemu = || {
-        let mut c = Command::new(q.join("lib/ld-linux-x86-64.so.2"));
-        c.arg("--library-path")
-            .arg(q.join("lib"))
-            .arg(q.join("qemu-system-x86_64"))
-            .arg("-L")
-            .arg(q.join("share"))
-            .args(["-enable-kvm", "-cpu", "host", "-smp", "2", "-m", "256"])
-            .args(["-nodefaults", "-no-user-config", "-display", "none"])
-            .args(["-serial", "stdio", "-no-reboot", "-kernel"])
-            .arg(&a.vmlinux)
-            .arg("-initrd")
-            .arg(&a.initrd)
-            .arg("-append")
-            .arg(format!("{CMDLINE} vmhost.action=poweroff"));
-        c
-    };
+    let qemu = || qemu_command(&a, &a.initrd, "poweroff");
     let (mut vm, mut bg, mut qm) = (Vec::new(), Vec::new(), Vec::new());
     let (mut vk, mut qk, mut marker) = (Vec::new(), Vec::new(), Vec::new());
     let vmhost = |prefault: &str| {
