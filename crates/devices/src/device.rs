@@ -51,26 +51,38 @@ impl DeviceError {
     }
 }
 
-/// Serves every available chain of a device's only queue (index 0) with `serve`, which
-/// returns the bytes written into the chain; `Ok(true)` when any chain was used. Chains are
-/// checked against `limits` before `serve` sees them.
+/// Serves every available chain of a device's only queue (index 0) with `serve`; see
+/// [`serve_queue`].
 pub(crate) fn serve_single_queue(
+    index: usize,
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    limits: &ChainLimits,
+    serve: impl FnMut(&Chain, &GuestMemoryMmap) -> Result<u32, ChainError>,
+) -> Result<bool, DeviceError> {
+    if index != 0 {
+        return Err(DeviceError::NoSuchQueue { queue: index });
+    }
+    serve_queue(index, queue, mem, limits, serve)
+}
+
+/// Serves every available chain of queue `index` with `serve`, which returns the bytes
+/// written into the chain; `Ok(true)` when any chain was used. Chains are checked against
+/// `limits` before `serve` sees them.
+pub(crate) fn serve_queue(
     index: usize,
     queue: &mut Queue,
     mem: &GuestMemoryMmap,
     limits: &ChainLimits,
     mut serve: impl FnMut(&Chain, &GuestMemoryMmap) -> Result<u32, ChainError>,
 ) -> Result<bool, DeviceError> {
-    if index != 0 {
-        return Err(DeviceError::NoSuchQueue { queue: index });
-    }
     let mut used = false;
-    while let Some(desc) = queue.iter(mem).map_err(DeviceError::queue(0))?.next() {
-        let chain = Chain::parse(desc, limits).map_err(DeviceError::chain(0))?;
-        let len = serve(&chain, mem).map_err(DeviceError::chain(0))?;
+    while let Some(desc) = queue.iter(mem).map_err(DeviceError::queue(index))?.next() {
+        let chain = Chain::parse(desc, limits).map_err(DeviceError::chain(index))?;
+        let len = serve(&chain, mem).map_err(DeviceError::chain(index))?;
         queue
             .add_used(mem, chain.head, len)
-            .map_err(DeviceError::queue(0))?;
+            .map_err(DeviceError::queue(index))?;
         used = true;
     }
     Ok(used)

@@ -29,7 +29,7 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use crate::chain::{Chain, ChainError, ChainLimits};
-use crate::device::{DeviceError, VirtioDevice};
+use crate::device::{serve_queue, DeviceError, VirtioDevice};
 use crate::sys::{
     tun_set_iff, tun_set_offload, tun_set_vnet_hdr_size, IFF_NO_PI, IFF_TAP, IFF_VNET_HDR,
     TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, TUN_F_TSO_ECN,
@@ -301,16 +301,9 @@ impl Net {
             max_readable: MAX_FRAME as u64,
             max_writable: 0,
         };
-        let mut used = false;
-        while let Some(desc) = queue.iter(mem).map_err(DeviceError::queue(TX))?.next() {
-            let chain = Chain::parse(desc, &limits).map_err(DeviceError::chain(TX))?;
-            self.send(&chain, mem).map_err(DeviceError::chain(TX))?;
-            queue
-                .add_used(mem, chain.head, 0)
-                .map_err(DeviceError::queue(TX))?;
-            used = true;
-        }
-        Ok(used)
+        serve_queue(TX, queue, mem, &limits, |chain, mem| {
+            self.send(chain, mem).map(|()| 0)
+        })
     }
 
     fn send(&mut self, chain: &Chain, mem: &GuestMemoryMmap) -> Result<(), ChainError> {

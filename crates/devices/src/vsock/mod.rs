@@ -32,7 +32,7 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use crate::chain::{Chain, ChainError, ChainLimits};
-use crate::device::{DeviceError, VirtioDevice};
+use crate::device::{serve_queue, DeviceError, VirtioDevice};
 use backend::{Backend, BackendError};
 use packet::{Header, HDR_LEN, MAX_PAYLOAD};
 
@@ -111,15 +111,9 @@ impl Vsock {
             max_readable: HDR + u64::from(MAX_PAYLOAD),
             max_writable: 0,
         };
-        let mut used = false;
-        while let Some(desc) = queue.iter(mem).map_err(DeviceError::queue(TX))?.next() {
-            let chain = Chain::parse(desc, &limits).map_err(DeviceError::chain(TX))?;
-            self.send(&chain, mem).map_err(DeviceError::chain(TX))?;
-            queue
-                .add_used(mem, chain.head, 0)
-                .map_err(DeviceError::queue(TX))?;
-            used = true;
-        }
+        let used = serve_queue(TX, queue, mem, &limits, |chain, mem| {
+            self.send(chain, mem).map(|()| 0)
+        })?;
         if used {
             // Replies and freed credit go out through the receive queue.
             self.backend.kick();
