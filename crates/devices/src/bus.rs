@@ -3,7 +3,8 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::mmio::{MmioTransport, MMIO_WINDOW_SIZE};
+use crate::interrupt::Interrupt;
+use crate::mmio::{MmioTransport, INTERRUPT_ACK_OFFSET, INTERRUPT_STATUS_OFFSET, MMIO_WINDOW_SIZE};
 
 /// Why a device could not be put on the bus.
 #[derive(Debug, thiserror::Error)]
@@ -42,42 +43,66 @@ pub type SharedTransport = Arc<Mutex<MmioTransport>>;
 /// ```
 #[derive(Debug, Default)]
 pub struct MmioBus {
-    windows: Vec<(u64, SharedTransport)>,
+    windows: Vec<Window>,
+}
+
+/// One device's window: its transport, and its interrupt for the registers answered without
+/// the transport's lock.
+#[derive(Debug)]
+struct Window {
+    base: u64,
+    transport: SharedTransport,
+    interrupt: Arc<Interrupt>,
 }
 
 impl MmioBus {
     /// Puts `transport` at `base` (a [`MMIO_WINDOW_SIZE`] window).
     pub fn insert(&mut self, base: u64, transport: SharedTransport) -> Result<(), BusError> {
-        if let Some((other, _)) = self
+        if let Some(other) = self
             .windows
             .iter()
-            .find(|(b, _)| base < b + MMIO_WINDOW_SIZE && *b < base + MMIO_WINDOW_SIZE)
+            .find(|w| base < w.base + MMIO_WINDOW_SIZE && w.base < base + MMIO_WINDOW_SIZE)
         {
             return Err(BusError::Overlap {
                 base,
-                other: *other,
+                other: other.base,
             });
         }
-        self.windows.push((base, transport));
-        self.windows.sort_by_key(|(b, _)| *b);
+        let interrupt = Arc::clone(
+            transport
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .interrupt(),
+        );
+        self.windows.push(Window {
+            base,
+            transport,
+            interrupt,
+        });
+        self.windows.sort_by_key(|w| w.base);
         Ok(())
     }
 
-    fn find(&self, gpa: u64) -> Option<(u64, &SharedTransport)> {
+    fn find(&self, gpa: u64) -> Option<(u64, &Window)> {
         let i = self
             .windows
-            .partition_point(|(b, _)| *b <= gpa)
+            .partition_point(|w| w.base <= gpa)
             .checked_sub(1)?;
-        let (base, t) = &self.windows[i];
-        (gpa - base < MMIO_WINDOW_SIZE).then_some((gpa - base, t))
+        let w = &self.windows[i];
+        (gpa - w.base < MMIO_WINDOW_SIZE).then_some((gpa - w.base, w))
     }
 
     /// A guest read at `gpa`; false when no window holds it.
     pub fn read(&self, gpa: u64, data: &mut [u8]) -> bool {
-        let Some((offset, t)) = self.find(gpa) else {
+        let Some((offset, w)) = self.find(gpa) else {
             return false;
         };
-        t.lock()
+        if offset == INTERRUPT_STATUS_OFFSET && data.len() == 4 {
+            data.copy_from_slice(&w.interrupt.read_status().to_le_bytes());
+            return true;
+        }
+        w.transport
+            .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .read(offset, data);
         true
@@ -85,10 +110,15 @@ impl MmioBus {
 
     /// A guest write at `gpa`; false when no window holds it.
     pub fn write(&self, gpa: u64, data: &[u8]) -> bool {
-        let Some((offset, t)) = self.find(gpa) else {
+        let Some((offset, w)) = self.find(gpa) else {
             return false;
         };
-        t.lock()
+        if let (INTERRUPT_ACK_OFFSET, Ok(bytes)) = (offset, <[u8; 4]>::try_from(data)) {
+            w.interrupt.ack(u32::from_le_bytes(bytes));
+            return true;
+        }
+        w.transport
+            .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .write(offset, data);
         true
@@ -157,5 +187,67 @@ mod tests {
         assert_eq!(u32::from_le_bytes(b), 1);
         assert!(!bus.read(0xcfff_fffc, &mut b));
         assert!(!bus.write(0xd000_2000, &b));
+    }
+
+    /// InterruptStatus and InterruptACK are answered while an I/O thread holds the
+    /// transport (serving a long request): a vCPU in the interrupt handler never waits.
+    #[test]
+    fn interrupt_registers_do_not_wait_for_the_transport_lock() {
+        let mut bus = MmioBus::default();
+        let t = transport();
+        bus.insert(0xd000_0000, t.clone()).unwrap();
+        let irq = Arc::clone(t.lock().unwrap().interrupt());
+        irq.signal_used_queue().unwrap();
+        let bus = Arc::new(bus);
+        let held = t.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = {
+            let bus = Arc::clone(&bus);
+            std::thread::spawn(move || {
+                let mut b = [0u8; 4];
+                assert!(bus.read(0xd000_0060, &mut b));
+                tx.send(u32::from_le_bytes(b)).unwrap();
+                assert!(bus.write(0xd000_0064, &1u32.to_le_bytes()));
+                tx.send(u32::MAX).unwrap();
+            })
+        };
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        let acked = rx.recv_timeout(std::time::Duration::from_secs(10));
+        drop(held);
+        reader.join().unwrap();
+        assert_eq!(
+            got,
+            Ok(1),
+            "InterruptStatus read while the transport was held"
+        );
+        assert_eq!(
+            acked,
+            Ok(u32::MAX),
+            "InterruptACK written while it was held"
+        );
+        assert_eq!(irq.status(), 0, "the ACK cleared the bit");
+    }
+
+    /// With acknowledge-on-read (KVM absorbs InterruptACK), a read returns the bits once.
+    #[test]
+    fn status_reads_acknowledge_when_asked_to() {
+        let mut bus = MmioBus::default();
+        let t = transport();
+        bus.insert(0xd000_0000, t.clone()).unwrap();
+        let irq = Arc::clone(t.lock().unwrap().interrupt());
+        let read = || {
+            let mut b = [0u8; 4];
+            assert!(bus.read(0xd000_0060, &mut b));
+            u32::from_le_bytes(b)
+        };
+        irq.signal_used_queue().unwrap();
+        assert_eq!((read(), read()), (1, 1), "plain reads leave the bits");
+        irq.set_ack_on_read(true);
+        irq.signal_config_change().unwrap();
+        assert_eq!(
+            (read(), read()),
+            (3, 0),
+            "the first read acknowledged both bits"
+        );
     }
 }

@@ -39,6 +39,11 @@ const CONFIG_START: u64 = VIRTIO_MMIO_CONFIG as u64;
 /// Offset of `QueueNotify` in the window: where the VMM registers each queue's ioeventfd
 /// (the written value is the queue index).
 pub const QUEUE_NOTIFY_OFFSET: u64 = VIRTIO_MMIO_QUEUE_NOTIFY as u64;
+/// Offset of the `InterruptStatus` register in a device's window.
+pub const INTERRUPT_STATUS_OFFSET: u64 = VIRTIO_MMIO_INTERRUPT_STATUS as u64;
+/// Offset of the `InterruptACK` register (write-only) in a device's window: vmhost registers
+/// a KVM ioeventfd here so that acknowledgements never leave the kernel.
+pub const INTERRUPT_ACK_OFFSET: u64 = VIRTIO_MMIO_INTERRUPT_ACK as u64;
 
 /// Why a transport could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +119,11 @@ impl MmioTransport {
         })
     }
 
+    /// The device's interrupt (status bits and irqfd).
+    pub fn interrupt(&self) -> &Arc<Interrupt> {
+        &self.interrupt
+    }
+
     /// The device status register (`VIRTIO_CONFIG_S_*` bits).
     pub fn status(&self) -> u32 {
         self.status
@@ -185,7 +195,7 @@ impl MmioTransport {
             },
             VIRTIO_MMIO_QUEUE_NUM_MAX => self.selected_queue().map_or(0, |q| q.max_size().into()),
             VIRTIO_MMIO_QUEUE_READY => self.selected_queue().map_or(0, |q| q.ready().into()),
-            VIRTIO_MMIO_INTERRUPT_STATUS => self.interrupt.status(),
+            VIRTIO_MMIO_INTERRUPT_STATUS => self.interrupt.read_status(),
             VIRTIO_MMIO_STATUS => self.status,
             VIRTIO_MMIO_CONFIG_GENERATION => self.config_generation,
             _ => 0,

@@ -15,11 +15,11 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use kvm_ioctls::{IoEventAddress, VmFd};
+use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use vm_memory::GuestMemoryMmap;
 use vmhost_devices::bus::{BusError, MmioBus};
 use vmhost_devices::host::{HostDevices, HostError};
-use vmhost_devices::mmio::QUEUE_NOTIFY_OFFSET;
+use vmhost_devices::mmio::{INTERRUPT_ACK_OFFSET, QUEUE_NOTIFY_OFFSET};
 use vmhost_devices::worker::{IoSource, IoThread, WorkerError};
 use vmhost_devices::{Interrupt, MmioError, MmioTransport};
 use vmhost_plan::devices::DevicePlan;
@@ -125,6 +125,8 @@ pub struct VirtioAttachment {
     bus: MmioBus,
     // Field order is drop order: the threads stop (IoThread's Drop) before the run's files go.
     _io: Vec<IoThread>,
+    // The InterruptACK ioeventfds (KVM holds its own reference; kept for the VM's life).
+    _acks: Vec<EventFd>,
     io_info: Vec<IoThreadInfo>,
     describe: Vec<String>,
     // Held for its scratch files (removed on drop); a Mutex so the attachment is Sync.
@@ -180,6 +182,7 @@ pub fn attach(
     let describe = prepared.iter().map(|d| d.describe.clone()).collect();
     let mut bus = MmioBus::default();
     let mut per_slot = Vec::new();
+    let mut acks = Vec::new();
     for (slot, prepared) in plan.slots.iter().zip(prepared) {
         let base = slot.base;
         let evt =
@@ -188,9 +191,21 @@ pub fn attach(
         let irq = evt()?;
         fd.register_irqfd(&irq, slot.gsi)
             .map_err(kvm("KVM_IRQFD"))?;
+        // The driver's InterruptACK writes end in KVM (an ioeventfd nobody reads: its counter
+        // only grows, saturating); reads of InterruptStatus acknowledge instead.
+        let ack = evt()?;
+        fd.register_ioevent(
+            &ack,
+            &IoEventAddress::Mmio(base + INTERRUPT_ACK_OFFSET),
+            NoDatamatch,
+        )
+        .map_err(kvm("KVM_IOEVENTFD"))?;
+        acks.push(ack);
+        let interrupt = Arc::new(Interrupt::new(irq));
+        interrupt.set_ack_on_read(true);
         let device = prepared.device;
         let queues = device.queue_max_sizes().len();
-        let transport = MmioTransport::new(device, mem.clone(), Arc::new(Interrupt::new(irq)))
+        let transport = MmioTransport::new(device, mem.clone(), interrupt)
             .map_err(|source| VirtioError::Transport { base, source })?;
         let transport = Arc::new(Mutex::new(transport));
         let notify = IoEventAddress::Mmio(base + QUEUE_NOTIFY_OFFSET);
@@ -220,6 +235,7 @@ pub fn attach(
     Ok(VirtioAttachment {
         bus,
         _io: io,
+        _acks: acks,
         io_info,
         describe,
         _host: Mutex::new(host),
