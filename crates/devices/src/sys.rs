@@ -39,6 +39,7 @@ impl AlignedBuf {
     }
 
     /// The whole buffer.
+    #[cfg(test)]
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `ptr` points to `layout.size()` initialised (zeroed) bytes owned by `self`
         // and living as long as the borrow of `self`.
