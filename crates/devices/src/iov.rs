@@ -300,8 +300,8 @@ impl<'a> GuestDst<'a> {
         })
     }
 
-    /// One `readv` (a tap gives one frame per call); returns what the call returned: for a
-    /// tap the frame's full length, even when the buffers were shorter.
+    /// One `readv` (a tap gives one frame per call); returns what the call returned (a frame
+    /// longer than the buffers: its full length from recent taps, the bytes copied otherwise).
     pub fn read_once(&mut self, file: &impl AsFd) -> io::Result<usize> {
         let fd = file.as_fd().as_raw_fd();
         self.0.transfer_once(|iov| {

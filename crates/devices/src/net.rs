@@ -18,7 +18,8 @@
 //! has nothing goes back to the queue. A frame longer than its chain is dropped (`rx_dropped`,
 //! the chain used with length 0), never cut short: the `readv` ends with a host buffer of
 //! [`MAX_FRAME`] bytes after the guest's, so a longer frame spills into it and the read
-//! returns more than the chain holds (a tap returns a frame's full length in any case).
+//! returns more than the chain holds, whether the backend reports a cut frame's full length
+//! (recent taps) or only what it copied (older taps, the XDP path, datagram sockets).
 
 use std::fs::{File, OpenOptions};
 use std::io;
