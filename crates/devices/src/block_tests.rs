@@ -4,7 +4,7 @@ use std::path::Path;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
-use crate::testutil::{memory, TestQueue, DATA, F_NEXT, F_WRITE};
+use crate::testutil::{memory, TestQueue, DATA, F_NEXT, F_WRITE, SPLIT};
 
 const HDR: u64 = DATA;
 const BUF: u64 = DATA + 0x1000;
@@ -451,4 +451,142 @@ fn malformed_indirect_table_outside_guest_memory() {
         is_chain(&err, |e| matches!(e, ChainError::Broken { .. })),
         "{err:?}"
     );
+}
+
+/// (address, length) data buffers for the tests below, against [`memory_two_regions`].
+type Bufs = &'static [(u64, u32)];
+
+/// 16 KiB in whole 4 KiB pages, over three descriptors, the middle one across the regions.
+const ALIGNED: Bufs = &[
+    (SPLIT - 0x2000, 0x1000),
+    (SPLIT - 0x1000, 0x2000),
+    (SPLIT + 0x3000, 0x1000),
+];
+/// 3 KiB in sectors that are not whole pages, the first one across the regions.
+const UNALIGNED: Bufs = &[(SPLIT - 0x200, 0x400), (SPLIT + 0x10200, 0x800)];
+
+fn data_request(kind: u32, bufs: Bufs) -> Vec<(u64, u32, bool)> {
+    let mut chain = vec![(HDR, 16, false)];
+    let writable = kind == VIRTIO_BLK_T_IN;
+    chain.extend(bufs.iter().map(|&(a, l)| (a, l, writable)));
+    chain.push((STATUS, 1, true));
+    chain
+}
+
+fn total(bufs: Bufs) -> usize {
+    bufs.iter().map(|&(_, l)| l as usize).sum()
+}
+
+/// The bytes of `bufs` in guest memory, in order.
+fn gather(mem: &GuestMemoryMmap, bufs: Bufs) -> Vec<u8> {
+    let mut out = Vec::new();
+    for &(addr, len) in bufs {
+        let mut b = vec![0u8; len as usize];
+        mem.read_slice(&mut b, GuestAddress(addr)).unwrap();
+        out.extend(b);
+    }
+    out
+}
+
+/// Reads and writes whose data buffers span several descriptors and both memory regions land
+/// byte for byte; with O_DIRECT, only requests that are not whole aligned pages bounce.
+fn check_vectored_requests(cache: CacheMode) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 128);
+    let mut expect = std::fs::read(&path).unwrap();
+    let mut blk = block(&path, false, cache);
+    let direct = blk.cache_mode() == "none";
+    assert_eq!(direct, cache == CacheMode::None);
+    let mem = crate::testutil::memory_two_regions();
+    let mut bounced = 0;
+    // (sector, buffers, bounces with O_DIRECT)
+    let cases: [(u64, Bufs, bool); 4] = [
+        (8, ALIGNED, false),
+        (3, ALIGNED, true),
+        (16, UNALIGNED, true),
+        (1, UNALIGNED, true),
+    ];
+    for (i, &(sector, bufs, bounces)) in cases.iter().enumerate() {
+        let at = sector as usize * 512;
+        let len = total(bufs);
+        // Read: the guest's buffers get the image's bytes.
+        for &(addr, l) in bufs {
+            mem.write_slice(&vec![0xcc; l as usize], GuestAddress(addr))
+                .unwrap();
+        }
+        header(&mem, VIRTIO_BLK_T_IN, sector);
+        let got = run(&mut blk, &mem, &data_request(VIRTIO_BLK_T_IN, bufs));
+        assert_eq!(got, (VIRTIO_BLK_S_OK, len as u32 + 1), "read {i}");
+        assert_eq!(gather(&mem, bufs), expect[at..at + len], "read {i}");
+        // Write: new bytes from the guest's buffers land in the image.
+        let data: Vec<u8> = (0..len).map(|j| (j * 13 + i * 41) as u8 ^ 0xa5).collect();
+        let mut done = 0;
+        for &(addr, l) in bufs {
+            let l = l as usize;
+            mem.write_slice(&data[done..done + l], GuestAddress(addr))
+                .unwrap();
+            done += l;
+        }
+        header(&mem, VIRTIO_BLK_T_OUT, sector);
+        let got = run(&mut blk, &mem, &data_request(VIRTIO_BLK_T_OUT, bufs));
+        assert_eq!(got, (VIRTIO_BLK_S_OK, 1), "write {i}");
+        expect[at..at + len].copy_from_slice(&data);
+        assert_eq!(std::fs::read(&path).unwrap(), expect, "write {i}");
+        if direct && bounces {
+            bounced += 2;
+        }
+        assert_eq!(blk.stats().bounced, bounced, "request {i}");
+    }
+    assert_eq!(blk.stats().reads, 4);
+    assert_eq!(blk.stats().writes, 4);
+    assert_eq!(blk.stats().errors, 0);
+}
+
+#[test]
+fn vectored_requests_across_descriptors_and_regions_writeback() {
+    check_vectored_requests(CacheMode::Writeback);
+}
+
+#[test]
+fn vectored_requests_across_descriptors_and_regions_direct() {
+    check_vectored_requests(CacheMode::None);
+}
+
+#[test]
+fn o_direct_takes_the_vectored_path_only_for_whole_aligned_blocks() {
+    use crate::disk::vectored_ok;
+    let all = |_| true;
+    let none = |_| false;
+    assert!(
+        vectored_ok(false, 512, none),
+        "the page cache takes anything"
+    );
+    assert!(vectored_ok(true, 8192, all));
+    assert!(!vectored_ok(true, 8192, none), "an unaligned buffer");
+    assert!(!vectored_ok(true, 512, all), "an unaligned offset");
+    let mut asked = 0;
+    vectored_ok(true, 0, |a| {
+        asked = a;
+        true
+    });
+    assert_eq!(asked, crate::sys::DIRECT_ALIGN);
+}
+
+/// A read past the end of a file that shrank after it was opened: preadv hits the end of the
+/// file, the request gets IOERR instead of looping.
+#[test]
+fn a_read_past_the_end_of_a_shrunk_image_is_ioerr() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 16);
+    let mut blk = block(&path, false, CacheMode::Writeback);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let mem = memory();
+    assert_eq!(read_req(&mut blk, &mem, 4, 4096).0, VIRTIO_BLK_S_IOERR);
+    assert_eq!(read_req(&mut blk, &mem, 0, 4096).0, VIRTIO_BLK_S_OK);
+    assert_eq!(blk.stats().errors, 1);
 }

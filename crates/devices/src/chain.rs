@@ -9,7 +9,11 @@
 use std::ops::Deref;
 
 use virtio_queue::DescriptorChain;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, Permissions};
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, GuestMemoryMmap, Permissions,
+};
+
+use crate::iov::{GuestDst, GuestSrc, IoVecs};
 
 /// A guest request that breaks the virtio rules; the device goes to NEEDS_RESET.
 #[derive(Debug, thiserror::Error)]
@@ -204,29 +208,91 @@ impl Chain {
     }
 }
 
+impl Chain {
+    /// The device-readable bytes `offset..offset + len` as `iovec`s into guest memory (for
+    /// `pwritev`/`writev`), in `store`. `len` is cut at the end of the readable buffers.
+    pub fn readable_iovecs<'a>(
+        &self,
+        mem: &'a GuestMemoryMmap,
+        store: &'a mut IoVecs,
+        offset: u64,
+        len: u64,
+    ) -> Result<GuestSrc<'a>, ChainError> {
+        let mut src = GuestSrc::new(store);
+        for (addr, n) in span(&self.readable, offset, to_usize(len)) {
+            src.push(mem, addr, n)
+                .map_err(|source| ChainError::Memory {
+                    head: self.head,
+                    source,
+                })?;
+        }
+        Ok(src)
+    }
+
+    /// The device-writable bytes `offset..offset + len` as `iovec`s into guest memory (for
+    /// `preadv`/`readv`), in `store`. `len` is cut at the end of the writable buffers.
+    pub fn writable_iovecs<'a>(
+        &self,
+        mem: &'a GuestMemoryMmap,
+        store: &'a mut IoVecs,
+        offset: u64,
+        len: u64,
+    ) -> Result<GuestDst<'a>, ChainError> {
+        let mut dst = GuestDst::new(store);
+        for (addr, n) in span(&self.writable, offset, to_usize(len)) {
+            dst.push(mem, addr, n)
+                .map_err(|source| ChainError::Memory {
+                    head: self.head,
+                    source,
+                })?;
+        }
+        Ok(dst)
+    }
+}
+
+/// A byte count as usize (64-bit hosts: never cut).
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
 fn oversized(head: u16, what: &'static str, limit: u64) -> ChainError {
     ChainError::Oversized { head, what, limit }
 }
 
 /// The (address, length) pieces of `len` bytes at `offset` in a segment stream; stops at the
 /// stream's end (callers check the lengths first).
-fn span(segs: &[Segment], mut offset: u64, len: usize) -> Vec<(GuestAddress, usize)> {
-    let mut out = Vec::new();
-    let mut left = len;
-    for seg in segs {
-        if left == 0 {
-            break;
-        }
-        let seg_len = u64::from(seg.len);
-        if offset >= seg_len {
-            offset -= seg_len;
-            continue;
-        }
-        let n = usize::try_from(seg_len - offset).map_or(left, |rest| rest.min(left));
-        // Within a checked segment: addr + offset + n <= addr + len, which fits.
-        out.push((seg.addr.unchecked_add(offset), n));
-        left -= n;
-        offset = 0;
+fn span(segs: &[Segment], offset: u64, len: usize) -> Span<'_> {
+    Span {
+        segs: segs.iter(),
+        offset,
+        left: len,
     }
-    out
+}
+
+struct Span<'a> {
+    segs: std::slice::Iter<'a, Segment>,
+    offset: u64,
+    left: usize,
+}
+
+impl Iterator for Span<'_> {
+    type Item = (GuestAddress, usize);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.left > 0 {
+            let seg = self.segs.next()?;
+            let seg_len = u64::from(seg.len);
+            if self.offset >= seg_len {
+                self.offset -= seg_len;
+                continue;
+            }
+            let n = usize::try_from(seg_len - self.offset).map_or(self.left, |r| r.min(self.left));
+            // Within a checked segment: addr + offset + n <= addr + len, which fits.
+            let addr = seg.addr.unchecked_add(self.offset);
+            self.left -= n;
+            self.offset = 0;
+            return Some((addr, n));
+        }
+        None
+    }
 }

@@ -1,5 +1,7 @@
 //! A raw disk image file: opened read-write or read-only, with the page cache (`writeback`)
-//! or without it (`none`, O_DIRECT through aligned bounce buffers). When the spec leaves the
+//! or without it (`none`, O_DIRECT). Requests go straight between the file and guest memory
+//! (`preadv`/`pwritev`), except O_DIRECT ones that are not whole aligned blocks: those take
+//! aligned bounce buffers. When the spec leaves the
 //! mode out (`auto`), O_DIRECT is used where the image's file system takes it and the image is
 //! whole 4 KiB blocks, and the page cache otherwise — KubeVirt's rule: tmpfs before Linux 6.6,
 //! for one, refuses O_DIRECT, and a generated seed in `/tmp` lands there.
@@ -9,6 +11,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::iov::{GuestDst, GuestSrc};
 use crate::sys::{AlignedBuf, DIRECT_ALIGN};
 
 /// Bytes per virtio-blk sector.
@@ -166,6 +169,24 @@ impl DiskImage {
         Ok((start, to_usize(offset - start)?, len))
     }
 
+    /// Whether a vectored request at `offset` can go to the file as it is: always through the
+    /// page cache; with O_DIRECT only if `offset` and every buffer's address and length are
+    /// multiples of [`DIRECT_ALIGN`] (`buffers_aligned(DIRECT_ALIGN)`), else it takes the
+    /// bounce path ([`DiskImage::read_at`], [`DiskImage::write_at`]).
+    pub fn takes_vectored(&self, offset: u64, buffers_aligned: impl FnOnce(usize) -> bool) -> bool {
+        vectored_ok(self.direct, offset, buffers_aligned)
+    }
+
+    /// `preadv` of all of `dst` at `offset` (see [`DiskImage::takes_vectored`]).
+    pub fn read_vectored_at(&self, offset: u64, dst: &mut GuestDst<'_>) -> io::Result<()> {
+        dst.read_exact_at(&self.file, offset)
+    }
+
+    /// `pwritev` of all of `src` at `offset` (see [`DiskImage::takes_vectored`]).
+    pub fn write_vectored_at(&self, offset: u64, src: &mut GuestSrc<'_>) -> io::Result<()> {
+        src.write_all_at(&self.file, offset)
+    }
+
     /// `fdatasync(2)`: makes written data durable.
     pub fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
@@ -226,6 +247,15 @@ fn file_size(file: &File) -> io::Result<u64> {
         return f.seek(SeekFrom::End(0));
     }
     Ok(meta.len())
+}
+
+/// [`DiskImage::takes_vectored`] for an image that is O_DIRECT or not.
+pub(crate) fn vectored_ok(
+    direct: bool,
+    offset: u64,
+    buffers_aligned: impl FnOnce(usize) -> bool,
+) -> bool {
+    !direct || (offset % DIRECT_ALIGN as u64 == 0 && buffers_aligned(DIRECT_ALIGN))
 }
 
 fn aligned(offset: u64, buf: &[u8]) -> bool {

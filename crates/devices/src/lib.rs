@@ -4,6 +4,8 @@
 //! - [`block`] (over [`disk`]), [`net`], [`rng`], [`vsock`]: the devices, one module each.
 //! - [`chain`]: descriptor chains checked before a device reads them; malformed guest input
 //!   becomes a [`DeviceError`] and the transport puts the device into NEEDS_RESET.
+//! - [`iov`]: a chain's buffers as `iovec`s into guest memory, for `preadv`/`pwritev` and
+//!   `readv`/`writev` without a bounce buffer.
 //! - [`interrupt`]: interrupt status plus the eventfd (irqfd) that raises the GSI.
 //!
 //! Queues are rust-vmm's `virtio-queue`; constants come from `virtio-bindings`.
@@ -30,6 +32,7 @@ pub mod device;
 pub mod disk;
 pub mod host;
 pub mod interrupt;
+pub mod iov;
 pub mod mmio;
 pub mod net;
 pub mod rng;

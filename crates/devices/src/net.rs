@@ -8,12 +8,21 @@
 //! guest then sends 64 KiB TCP segments the host kernel cuts (or hands on whole), and at
 //! DRIVER_OK the tap is told (`TUNSETOFFLOAD`) which of them the guest accepts, so it delivers
 //! unsegmented frames with partial checksums too; receive buffers are then the driver's "big
-//! packet" chains, which [`MAX_FRAME`] fits. A frame read while the guest has
-//! no receive buffer waits in the device until the guest posts one (queue 0 notified), so the
-//! backend keeps the rest queued.
+//! packet" chains, which [`MAX_FRAME`] fits.
+//!
+//! Frames move straight between the tap and guest memory ([`crate::iov`]), as with QEMU: a
+//! transmit chain is one `writev`, and a receive takes a chain first and `readv`s one frame
+//! into its buffers, then sets `num_buffers` to 1 in the header there. While the guest has no
+//! receive buffer the tap is not read and keeps its frames (its own queue, then its drops);
+//! the guest posting buffers notifies queue 0, which reads again. A chain taken when the tap
+//! has nothing goes back to the queue. A frame longer than its chain is dropped (`rx_dropped`,
+//! the chain used with length 0), never cut short: the `readv` ends with a host buffer of
+//! [`MAX_FRAME`] bytes after the guest's, so a longer frame spills into it and the read
+//! returns more than the chain holds, whether the backend reports a cut frame's full length
+//! (recent taps) or only what it copied (older taps, the XDP path, datagram sockets).
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -30,6 +39,7 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::chain::{Chain, ChainError, ChainLimits};
 use crate::device::{serve_queue, DeviceError, VirtioDevice};
+use crate::iov::{IoVecs, IOV_MAX};
 use crate::sys::{
     tun_set_iff, tun_set_offload, tun_set_vnet_hdr_size, IFF_NO_PI, IFF_TAP, IFF_VNET_HDR,
     TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, TUN_F_TSO_ECN,
@@ -150,6 +160,16 @@ impl Tap {
     }
 }
 
+/// What one receive did with the chain it was given.
+enum Received {
+    /// Used, with this many bytes written (0: the frame was too long and is dropped).
+    Used(u32),
+    /// A frame shorter than its header was read and dropped; the chain is unused.
+    Runt,
+    /// No frame (or a backend error): the chain is unused.
+    Nothing,
+}
+
 /// Frame counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NetStats {
@@ -169,9 +189,8 @@ pub struct Net {
     backend: File,
     mac: [u8; 6],
     queue_sizes: [u16; 2],
-    rx_buf: Vec<u8>,
-    rx_pending: Option<usize>,
-    tx_buf: Vec<u8>,
+    rx_overflow: Vec<u8>,
+    iovecs: IoVecs,
     stats: NetStats,
     error_logged: bool,
     offloads: bool,
@@ -185,9 +204,8 @@ impl Net {
             backend,
             mac,
             queue_sizes: [NET_QUEUE_SIZE; 2],
-            rx_buf: vec![0; MAX_FRAME],
-            rx_pending: None,
-            tx_buf: vec![0; MAX_FRAME],
+            rx_overflow: vec![0; MAX_FRAME],
+            iovecs: IoVecs::default(),
             stats: NetStats::default(),
             error_logged: false,
             offloads: false,
@@ -223,20 +241,6 @@ impl Net {
         &self.backend
     }
 
-    /// The next frame from the backend, if one is ready.
-    fn next_frame(&mut self) -> Option<usize> {
-        if self.rx_pending.is_none() {
-            match self.backend.read(&mut self.rx_buf) {
-                Ok(n) if n >= VNET_HDR_LEN => self.rx_pending = Some(n),
-                Ok(0) => {}
-                Ok(_) => self.stats.rx_dropped += 1,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => self.log_backend_error("read", &e),
-            }
-        }
-        self.rx_pending
-    }
-
     fn process_rx(
         &mut self,
         queue: &mut Queue,
@@ -248,47 +252,76 @@ impl Net {
             max_writable: u64::from(u32::MAX),
         };
         let mut used = false;
-        while let Some(len) = self.next_frame() {
-            let Some(desc) = queue.iter(mem).map_err(DeviceError::queue(RX))?.next() else {
-                break;
-            };
+        // A buffer first, then the frame: without one the backend is not read and keeps the
+        // frame; queue 0's next notification (the guest posted buffers) or the backend's next
+        // readable edge comes back here.
+        while let Some(desc) = queue.iter(mem).map_err(DeviceError::queue(RX))?.next() {
             let chain = Chain::parse(desc, &limits).map_err(DeviceError::chain(RX))?;
-            let written = self
-                .deliver(&chain, mem, len)
-                .map_err(DeviceError::chain(RX))?;
-            queue
-                .add_used(mem, chain.head, written)
-                .map_err(DeviceError::queue(RX))?;
-            self.rx_pending = None;
-            used = true;
+            match self.receive(&chain, mem).map_err(DeviceError::chain(RX))? {
+                Received::Used(written) => {
+                    queue
+                        .add_used(mem, chain.head, written)
+                        .map_err(DeviceError::queue(RX))?;
+                    used = true;
+                }
+                // The buffer goes back to the queue, untouched as far as the guest knows.
+                Received::Runt => queue.go_to_previous_position(),
+                Received::Nothing => {
+                    queue.go_to_previous_position();
+                    break;
+                }
+            }
         }
         Ok(used)
     }
 
-    /// Copies the pending frame into a receive chain; returns the bytes written.
-    fn deliver(
-        &mut self,
-        chain: &Chain,
-        mem: &GuestMemoryMmap,
-        len: usize,
-    ) -> Result<u32, ChainError> {
+    /// Reads one frame from the backend straight into a receive chain (`readv`).
+    fn receive(&mut self, chain: &Chain, mem: &GuestMemoryMmap) -> Result<Received, ChainError> {
         if !chain.readable.is_empty() {
             return Err(ChainError::Direction {
                 head: chain.head,
                 what: "receive buffers must be device-writable only",
             });
         }
-        if len as u64 > chain.writable_len() {
-            self.stats.rx_dropped += 1;
-            return Ok(0);
+        // The guest's buffers (no frame is longer than MAX_FRAME), then `rx_overflow`: a
+        // frame longer than the guest's buffers spills into it, the read says so and the frame
+        // is dropped, not delivered cut short.
+        let room = chain.writable_len().min(MAX_FRAME as u64);
+        let mut dst = chain.writable_iovecs(mem, &mut self.iovecs, 0, room)?;
+        let room = if dst.count() < IOV_MAX {
+            dst.len()
+        } else {
+            // Buffers in more pieces than one readv takes: the frame is read and dropped.
+            dst.clear();
+            0
+        };
+        dst.push_host(&mut self.rx_overflow);
+        let read = dst.read_once(&self.backend);
+        drop(dst);
+        match read {
+            Ok(0) => Ok(Received::Nothing),
+            Ok(n) if n < VNET_HDR_LEN => {
+                self.stats.rx_dropped += 1;
+                Ok(Received::Runt)
+            }
+            Ok(n) if n > room => {
+                self.stats.rx_dropped += 1;
+                Ok(Received::Used(0))
+            }
+            Ok(n) => {
+                // num_buffers: one buffer per frame without VIRTIO_NET_F_MRG_RXBUF.
+                chain.write_at(mem, 10, &1u16.to_le_bytes())?;
+                self.stats.rx_frames += 1;
+                // n <= room <= MAX_FRAME.
+                Ok(Received::Used(u32::try_from(n).unwrap_or(0)))
+            }
+            Err(e) => {
+                if e.kind() != io::ErrorKind::WouldBlock {
+                    self.log_backend_error("readv", &e);
+                }
+                Ok(Received::Nothing)
+            }
         }
-        let frame = &mut self.rx_buf[..len];
-        // num_buffers: one buffer per frame without VIRTIO_NET_F_MRG_RXBUF.
-        frame[10..12].copy_from_slice(&1u16.to_le_bytes());
-        chain.write_at(mem, 0, frame)?;
-        self.stats.rx_frames += 1;
-        // len <= MAX_FRAME.
-        Ok(u32::try_from(len).unwrap_or(0))
     }
 
     fn process_tx(
@@ -306,22 +339,30 @@ impl Net {
         })
     }
 
+    /// Writes a transmit chain to the backend as one frame (`writev` from guest memory).
     fn send(&mut self, chain: &Chain, mem: &GuestMemoryMmap) -> Result<(), ChainError> {
-        let len = usize::try_from(chain.readable_len()).unwrap_or(usize::MAX);
-        if !chain.writable.is_empty() || len < VNET_HDR_LEN {
+        let len = chain.readable_len();
+        if !chain.writable.is_empty() || len < VNET_HDR_LEN as u64 {
             return Err(ChainError::Direction {
                 head: chain.head,
                 what: "a transmit chain is a device-readable header and frame",
             });
         }
-        chain.read_at(mem, 0, &mut self.tx_buf[..len])?;
-        match self.backend.write(&self.tx_buf[..len]) {
-            Ok(n) if n == len => self.stats.tx_frames += 1,
+        let mut src = chain.readable_iovecs(mem, &mut self.iovecs, 0, len)?;
+        let sent = if src.count() <= IOV_MAX {
+            src.write_once(&self.backend)
+        } else {
+            // More pieces than one writev takes (a frame is one call): dropped.
+            Ok(0)
+        };
+        drop(src);
+        match sent {
+            Ok(n) if n as u64 == len => self.stats.tx_frames += 1,
             Ok(_) => self.stats.tx_dropped += 1,
             Err(e) => {
                 self.stats.tx_dropped += 1;
                 if e.kind() != io::ErrorKind::WouldBlock {
-                    self.log_backend_error("write", &e);
+                    self.log_backend_error("writev", &e);
                 }
             }
         }
@@ -377,7 +418,6 @@ impl VirtioDevice for Net {
     }
 
     fn reset(&mut self) {
-        self.rx_pending = None;
         self.set_tap_offloads(0);
     }
 }

@@ -236,3 +236,161 @@ fn a_tap_backed_nic_offers_offloads_and_turns_tso_on_for_what_the_guest_accepted
         "TSO needs GUEST_CSUM"
     );
 }
+
+/// The length of the next frame queued on the device's end of the socket pair (peeked).
+fn queued_frame_len(dev: &Net) -> Option<usize> {
+    let mut byte = 0u8;
+    let flags = libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_TRUNC;
+    // SAFETY: a 1-byte receive into `byte`, which outlives the call, on the device's open fd;
+    // MSG_PEEK leaves the datagram queued, MSG_TRUNC returns its full length.
+    let n = unsafe {
+        libc::recv(
+            std::os::fd::AsRawFd::as_raw_fd(dev.backend()),
+            (&raw mut byte).cast(),
+            1,
+            flags,
+        )
+    };
+    usize::try_from(n).ok()
+}
+
+#[test]
+fn receive_fills_a_chain_of_several_buffers_across_memory_regions() {
+    use crate::testutil::{memory_two_regions, SPLIT};
+    let (mut dev, peer) = net();
+    let mem = memory_two_regions();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    // The header is split over two descriptors and the regions' boundary; num_buffers lies
+    // in the second descriptor.
+    let bufs = [(SPLIT - 7, 7), (SPLIT, 500), (SPLIT + 0x2000, 2000)];
+    q.post(&bufs.map(|(a, l)| (a, l, true)));
+    let pkt = packet(1200, 5);
+    peer.send(&pkt).unwrap();
+    assert!(dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(q.used(0), (0, 1212));
+    let mut got = Vec::new();
+    for (addr, len) in bufs {
+        let mut b = vec![0u8; len as usize];
+        mem.read_slice(&mut b, GuestAddress(addr)).unwrap();
+        got.extend(b);
+    }
+    assert_eq!(
+        got[10..12],
+        [1, 0],
+        "num_buffers is 1, patched in guest memory"
+    );
+    assert_eq!(got[..10], pkt[..10]);
+    assert_eq!(got[12..1212], pkt[12..]);
+    assert_eq!(dev.stats().rx_frames, 1);
+}
+
+#[test]
+fn without_a_receive_buffer_the_frame_stays_in_the_backend() {
+    let (mut dev, peer) = net();
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    let pkt = packet(100, 4);
+    peer.send(&pkt).unwrap();
+    assert!(!dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(
+        queued_frame_len(&dev),
+        Some(112),
+        "not read: the backend still holds the frame"
+    );
+    q.post(&[(DATA, 64, true), (DATA + 0x1000, 64, true)]);
+    assert!(dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(q.used(0), (0, 112));
+    assert_eq!(queued_frame_len(&dev), None);
+    let mut got = [0u8; 112];
+    mem.read_slice(&mut got[..64], GuestAddress(DATA)).unwrap();
+    mem.read_slice(&mut got[64..], GuestAddress(DATA + 0x1000))
+        .unwrap();
+    assert_eq!(got[12..], pkt[12..]);
+}
+
+#[test]
+fn a_posted_buffer_waits_for_a_frame_and_is_not_used_meanwhile() {
+    let (mut dev, peer) = net();
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    q.post(&[(DATA, 2048, true)]);
+    assert!(!dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(q.used_idx(), 0);
+    assert_eq!(queue.next_avail(), 0, "the chain went back to the queue");
+    let pkt = packet(300, 8);
+    peer.send(&pkt).unwrap();
+    assert!(dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(q.used(0), (0, 312));
+    assert_eq!(queue.next_avail(), 1);
+}
+
+#[test]
+fn a_frame_that_fills_the_chain_exactly_is_delivered_one_byte_more_is_dropped() {
+    let (mut dev, peer) = net();
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    peer.send(&packet(60, 1)).unwrap();
+    peer.send(&packet(61, 2)).unwrap();
+    q.post(&[(DATA, 30, true), (DATA + 0x100, 42, true)]);
+    q.post(&[(DATA + 0x1000, 30, true), (DATA + 0x1100, 42, true)]);
+    dev.process_queue(RX, &mut queue, &mem).unwrap();
+    assert_eq!(q.used(0), (0, 72));
+    assert_eq!(
+        q.used(1),
+        (2, 0),
+        "73 bytes do not fit 72: dropped, not cut"
+    );
+    assert_eq!(dev.stats().rx_frames, 1);
+    assert_eq!(dev.stats().rx_dropped, 1);
+}
+
+#[test]
+fn a_runt_frame_is_dropped_and_its_buffer_takes_the_next_frame() {
+    let (mut dev, peer) = net();
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    peer.send(&[1, 2, 3, 4, 5]).unwrap();
+    let pkt = packet(80, 6);
+    peer.send(&pkt).unwrap();
+    q.post(&[(DATA, 2048, true)]);
+    assert!(dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(q.used_idx(), 1);
+    assert_eq!(q.used(0), (0, 92));
+    assert_eq!(dev.stats().rx_dropped, 1);
+    assert_eq!(dev.stats().rx_frames, 1);
+}
+
+#[test]
+fn transmit_of_a_chain_across_memory_regions_arrives_whole() {
+    use crate::testutil::{memory_two_regions, SPLIT};
+    let (mut dev, peer) = net();
+    let mem = memory_two_regions();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    let pkt = packet(3000, 11);
+    // The header across the regions' boundary, then two more pieces, out of address order.
+    let bufs = [
+        (SPLIT - 5, 9u32),
+        (SPLIT + 0x100, 3),
+        (SPLIT - 0x1000, 3000),
+    ];
+    let mut done = 0;
+    for (addr, len) in bufs {
+        mem.write_slice(&pkt[done..done + len as usize], GuestAddress(addr))
+            .unwrap();
+        done += len as usize;
+    }
+    q.post(&bufs.map(|(a, l)| (a, l, false)));
+    assert!(dev.process_queue(TX, &mut queue, &mem).unwrap());
+    let mut got = vec![0u8; MAX_FRAME];
+    let n = peer.recv(&mut got).unwrap();
+    assert_eq!(n, pkt.len(), "one datagram, the whole frame");
+    assert!(got[..n] == pkt[..], "byte for byte");
+    assert_eq!(dev.stats().tx_frames, 1);
+    assert_eq!(dev.stats().tx_dropped, 0);
+}

@@ -1,5 +1,6 @@
 //! The unsafe edges of the devices crate: an aligned heap buffer for O_DIRECT, `getrandom`,
-//! and the tap ioctls. Everything else in the crate is safe code.
+//! and the tap ioctls. The other one is [`crate::iov`] (vectored I/O on guest memory);
+//! everything else in the crate is safe code.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::io;
@@ -38,6 +39,7 @@ impl AlignedBuf {
     }
 
     /// The whole buffer.
+    #[cfg(test)]
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `ptr` points to `layout.size()` initialised (zeroed) bytes owned by `self`
         // and living as long as the borrow of `self`.

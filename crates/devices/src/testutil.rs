@@ -17,6 +17,17 @@ pub fn memory() -> GuestMemoryMmap {
     GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
 }
 
+/// Where [`memory_two_regions`] splits guest RAM.
+pub const SPLIT: u64 = 8 << 20;
+
+/// The same 16 MiB as two regions (two host mappings) meeting at [`SPLIT`]: a buffer across
+/// it is two host pieces.
+pub fn memory_two_regions() -> GuestMemoryMmap {
+    let half = MEM_SIZE / 2;
+    GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), half), (GuestAddress(SPLIT), half)])
+        .unwrap()
+}
+
 /// A buffer of a chain: address, length, device-writable.
 pub type Buf = (u64, u32, bool);
 

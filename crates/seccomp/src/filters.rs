@@ -293,9 +293,16 @@ const OUTPUT: &[&[(i64, Rule)]] = &[];
 const DEVICE_IO: &[&[(i64, Rule)]] = &[
     &[
         (SYS_epoll_wait, Rule::Any),
-        // Queue and stop eventfds, tap frames.
+        // Queue and stop eventfds.
         (SYS_read, Rule::Any),
-        // Disk images (`read_exact_at`, `write_all_at`, FLUSH).
+        // virtio-net frames straight between the tap and guest memory.
+        (SYS_readv, Rule::Any),
+        (SYS_writev, Rule::Any),
+        // Disk images: `preadv`/`pwritev` straight into and out of guest memory,
+        // `read_exact_at`/`write_all_at` of the bounce path (O_DIRECT requests that are not
+        // whole aligned blocks), FLUSH.
+        (SYS_preadv, Rule::Any),
+        (SYS_pwritev, Rule::Any),
         (SYS_pread64, Rule::Any),
         (SYS_pwrite64, Rule::Any),
         (SYS_fdatasync, Rule::Any),
