@@ -324,7 +324,9 @@ impl VirtioDevice for Block {
         let mut f = (1u64 << VIRTIO_BLK_F_SIZE_MAX)
             | (1 << VIRTIO_BLK_F_SEG_MAX)
             | (1 << VIRTIO_BLK_F_FLUSH)
-            | (1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX);
+            | (1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX)
+            // A many-segment request takes one ring slot (its segments are in a table).
+            | (1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC);
         if self.read_only {
             f |= 1 << VIRTIO_BLK_F_RO;
         }

@@ -388,8 +388,12 @@ impl VirtioDevice for Net {
 
     fn features(&self) -> u64 {
         let offloads = if self.offloads { OFFLOAD_FEATURES } else { 0 };
+        // Indirect descriptors: a receive buffer of the driver's "big packets" mode (19
+        // segments) or a TSO frame takes one ring slot instead of one per segment, so the
+        // 256-entry queues hold 256 of them, not 13.
         (1 << VIRTIO_NET_F_MAC)
             | (1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX)
+            | (1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC)
             | offloads
     }
 
