@@ -258,15 +258,17 @@ fn resolve_vsock_socket(spec: &mut vmhost_config::VmSpec, run_dir: &std::path::P
 
 /// The main job: admit the VM through the host ledger, then run it.
 fn cmd_run(cli: &Cli) -> Result<u8> {
+    let mut timeline = timeline::Timeline::start();
     let mut spec = load_spec(cli)?;
     check_boot_inputs(&spec.spec.boot)?;
+    timeline.spec_loaded_ns = timeline::now_ns();
     let host = host::load(&Default::default()).context("discovering this host's topology")?;
+    timeline.host_discovered_ns = timeline::now_ns();
     let run_dir = vms::run_dir(cli.run_dir.as_deref());
     resolve_vsock_socket(&mut spec.spec, &run_dir);
     let opts = plan_options(&PlanArgs::default());
     let api = cli.api_socket.clone();
     let (plan, admission) = vms::admit(&run_dir, &spec.spec, &host, &opts, api.clone())?;
-    let mut timeline = timeline::Timeline::start();
     timeline.admitted_ns = timeline::now_ns();
     let run_opts = run::RunOptions {
         ignore_unknown: cli.ignore_unknown_access,

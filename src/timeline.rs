@@ -32,6 +32,10 @@ pub fn mark_main() {
 pub struct Timeline {
     /// `main` entered.
     pub main_ns: u64,
+    /// The spec loaded and its boot inputs (kernel, initrd headers) checked.
+    pub spec_loaded_ns: u64,
+    /// The host's topology discovered (hwloc) and its hugepage pools read.
+    pub host_discovered_ns: u64,
     /// Admitted through the host ledger (spec parsed, host discovered, plan made).
     pub admitted_ns: u64,
     /// Guest memory allocated, bound and prefaulted.

@@ -25,7 +25,7 @@ const RUNS: usize = 5;
 /// The target for vmhost's spawn → `/init` as a fraction of QEMU's: reported, never
 /// asserted (a benchmark fails only when a boot fails; timings are not test outcomes).
 const TARGET_RATIO: f64 = 0.8;
-/// The longest one boot may take.
+/// The longest one boot may take, spawn to exit.
 const LIMIT: Duration = Duration::from_secs(100);
 
 /// One boot: seconds from the spawn to the first `GUEST-INIT` line on the VMM's stdout, the
@@ -58,7 +58,7 @@ fn time_to_init(mut cmd: Command, what: &str) -> Result<Boot, String> {
         all
     });
     let at_init = rx.recv_timeout(LIMIT);
-    let deadline = Instant::now() + LIMIT;
+    let deadline = t0 + LIMIT;
     let status = loop {
         match child.try_wait() {
             Ok(Some(s)) => break Some(s),
@@ -68,10 +68,29 @@ fn time_to_init(mut cmd: Command, what: &str) -> Result<Boot, String> {
         }
     };
     if status.is_none() {
+        // What each of its threads was doing, for the log, before it is killed.
+        let task_dir = format!("/proc/{}/task", child.id());
+        for task in std::fs::read_dir(&task_dir).into_iter().flatten().flatten() {
+            let read = |f: &str| std::fs::read_to_string(task.path().join(f)).unwrap_or_default();
+            println!(
+                "     {what} hung: thread {} {} state {} wchan {}",
+                task.file_name().to_string_lossy(),
+                read("comm").trim(),
+                read("stat").rsplit_once(") ").map_or("?", |(_, a)| &a[..1]),
+                read("wchan").trim()
+            );
+        }
         let _ = child.kill();
         let _ = child.wait();
     }
-    let out = reader.join().unwrap_or_default();
+    // The reader ends at the pipe's end of file; never wait forever for it.
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(reader.join().unwrap_or_default());
+    });
+    let out = done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| format!("{what}: its output pipe stayed open after it ended"))?;
     let secs = at_init.map_err(|_| {
         let tail: Vec<&str> = out.lines().rev().take(8).collect();
         format!("{what}: no GUEST-INIT within {LIMIT:?}; last lines: {tail:?}")
@@ -109,6 +128,69 @@ pub fn qemu_command(a: &Assets, initrd: &Path, action: &str) -> Command {
         .arg("-append")
         .arg(format!("{CMDLINE} vmhost.action={action}"));
     c
+}
+
+/// `CLOCK_MONOTONIC` now, in ns (vmhost's `--json` timeline is on the same clock).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// The first `monotonic_ns` of a `markers` list anywhere in `v` (the guest's first debug-port
+/// marker, which `/init` writes).
+fn first_marker_ns(v: &serde_json::Value) -> Option<u64> {
+    match v {
+        serde_json::Value::Object(m) => m
+            .get("markers")
+            .and_then(|k| k.get(0))
+            .and_then(|k| k.get("monotonic_ns"))
+            .and_then(serde_json::Value::as_u64)
+            .or_else(|| m.values().find_map(first_marker_ns)),
+        serde_json::Value::Array(a) => a.iter().find_map(first_marker_ns),
+        _ => None,
+    }
+}
+
+/// One more vmhost boot with `--json`: where its time from the spawn to the guest's `/init`
+/// goes, step by step (milliseconds after the spawn, on `CLOCK_MONOTONIC`).
+fn vmhost_phases(mut cmd: Command) -> Result<String, String> {
+    cmd.arg("--json");
+    let spawn = monotonic_ns();
+    let b = time_to_init(cmd, "vmhost --json")?;
+    let start = b
+        .out
+        .find("\n{\n")
+        .ok_or("vmhost --json printed no JSON report")?;
+    let report: serde_json::Value = serde_json::from_str(&b.out[start + 1..])
+        .map_err(|e| format!("vmhost --json report: {e}"))?;
+    let ms = |ns: u64| ns.saturating_sub(spawn) as f64 / 1e6;
+    let mut line = String::new();
+    for (key, name) in [
+        ("main_ns", "main"),
+        ("spec_loaded_ns", "spec+kernel checked"),
+        ("host_discovered_ns", "host discovered"),
+        ("admitted_ns", "admitted"),
+        ("memory_ready_ns", "guest RAM ready"),
+        ("vm_created_ns", "VM created, kernel loaded"),
+        ("vcpus_runnable_ns", "vCPUs runnable"),
+    ] {
+        let ns = report["timeline"][key]
+            .as_u64()
+            .ok_or_else(|| format!("vmhost --json: no timeline.{key}"))?;
+        line.push_str(&format!("{name} {:.0}, ", ms(ns)));
+    }
+    let marker = first_marker_ns(&report).ok_or("vmhost --json: no boot marker")?;
+    line.push_str(&format!(
+        "/init's port-0x80 marker {:.0}, GUEST-INIT line {:.0}",
+        ms(marker),
+        b.to_init * 1e3
+    ));
+    Ok(line)
 }
 
 /// The number right after `key` in `text`.
@@ -160,6 +242,7 @@ pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
             .arg(&spec);
         c
     };
+    let phases = vmhost_phases(vmhost("before-start"))?;
     for _ in 0..RUNS {
         let b = time_to_init(vmhost("before-start"), "vmhost")?;
         // vmhost's own timestamp of the guest's debug-port marker, on the run's clock.
@@ -198,6 +281,7 @@ pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
         median(&mut paired.clone())
     );
     println!("     with --prefault background: vmhost {b:.2} s {bg:.2?}, ratio {bg_ratio:.2}");
+    println!("     one more vmhost run with --json, ms after the spawn: {phases}");
     let met = |r: f64| {
         if r.total_cmp(&TARGET_RATIO).is_le() {
             "met"

@@ -168,6 +168,50 @@ const FOUR_NODE: &[Test] = &[
     ("virtio_rng_hwrng", device_tests::hwrng),
 ];
 
+/// Every 60 s, one line on the serial console: the host's uptime and load, and every task in
+/// uninterruptible sleep (`D`) with its kernel wait channel. A run that hangs then shows
+/// whether the emulated host was still alive and what was stuck.
+fn watchdog() {
+    let spawned = std::thread::Builder::new()
+        .name("watchdog".into())
+        .spawn(|| loop {
+            std::thread::sleep(std::time::Duration::from_secs(60));
+            let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+            let mut stuck = Vec::new();
+            for pid in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                let tasks = pid.path().join("task");
+                for task in std::fs::read_dir(&tasks).into_iter().flatten().flatten() {
+                    let stat = read(&task.path().join("stat").to_string_lossy());
+                    let Some(after) = stat.rsplit_once(") ").map(|(_, a)| a) else {
+                        continue;
+                    };
+                    if after.starts_with('D') {
+                        let comm = read(&task.path().join("comm").to_string_lossy());
+                        let wchan = read(&task.path().join("wchan").to_string_lossy());
+                        stuck.push(format!(
+                            "{}:{}@{}",
+                            task.file_name().to_string_lossy(),
+                            comm.trim(),
+                            wchan.trim()
+                        ));
+                    }
+                }
+            }
+            println!(
+                "testbed watchdog: uptime {} load {} D-state: {:?}",
+                read("/proc/uptime")
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("?"),
+                read("/proc/loadavg").trim(),
+                stuck
+            );
+        });
+    if let Err(e) = spawned {
+        println!("testbed: no watchdog thread: {e}");
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mut suite = None;
@@ -201,6 +245,7 @@ fn main() {
         println!("FAIL testbed_setup: --only names {unknown:?}, not a test of suite {suite:?}");
         std::process::exit(1);
     }
+    watchdog();
     let env = match vm::Env::new(&vmhost) {
         Ok(env) => env,
         Err(e) => {
