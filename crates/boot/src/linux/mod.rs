@@ -21,6 +21,7 @@
 mod image;
 mod params;
 mod preflight;
+mod sparse;
 #[cfg(test)]
 mod tests;
 
@@ -294,7 +295,9 @@ impl LinuxBoot {
 }
 
 /// Loads `kernel` (and `initrd`) into `mem`, laid out as `layout`, with `cmdline` and the
-/// already-built `acpi` tables, and writes everything the kernel needs to boot.
+/// already-built `acpi` tables, and writes everything the kernel needs to boot. `mem` must be
+/// zero where the kernel goes (new guest RAM is): a vmlinux's `.bss` is not copied from the
+/// file.
 pub fn load_linux<M: GuestMemoryBackend>(
     mem: &M,
     layout: &GuestLayout,
@@ -419,8 +422,15 @@ fn load_kernel<M: GuestMemoryBackend>(
     };
     let (loaded, end) = match probe.format {
         KernelFormat::Elf => {
-            let r =
-                Elf::load(mem, None, file, Some(GuestAddress(HIMEM_START))).map_err(load_err)?;
+            // Guest RAM is new, hence zero: the .bss bytes in the file need no copying.
+            let holes = sparse::nobits_file_ranges(file).unwrap_or_default();
+            let mut image =
+                sparse::SparseElf::new(file, holes).map_err(|source| BootError::ReadKernel {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+            let r = Elf::load(mem, None, &mut image, Some(GuestAddress(HIMEM_START)))
+                .map_err(load_err)?;
             (r, r.kernel_end)
         }
         KernelFormat::BzImage => {
