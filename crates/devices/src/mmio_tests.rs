@@ -364,3 +364,109 @@ fn with_event_idx_a_receive_queue_waiting_for_frames_returns() {
     assert_eq!(rx.used_idx(), 1, "the frame went into the first buffer");
     assert_eq!(rx.used(0), (0, 72));
 }
+
+/// Every register a read can return, as the register page must show it.
+const MIRRORED: [u32; 9] = [
+    VIRTIO_MMIO_MAGIC_VALUE,
+    VIRTIO_MMIO_VERSION,
+    VIRTIO_MMIO_DEVICE_ID,
+    VIRTIO_MMIO_VENDOR_ID,
+    VIRTIO_MMIO_DEVICE_FEATURES,
+    VIRTIO_MMIO_QUEUE_NUM_MAX,
+    VIRTIO_MMIO_QUEUE_READY,
+    VIRTIO_MMIO_STATUS,
+    VIRTIO_MMIO_CONFIG_GENERATION,
+];
+
+fn assert_mirrored(dev: &MmioTransport, page: &RegisterPage, step: &str) {
+    for reg in MIRRORED {
+        assert_eq!(
+            page.load_u32(reg as usize),
+            rd(dev, reg),
+            "{step}: register {reg:#x}"
+        );
+    }
+    assert_eq!(
+        page.load_u32(VIRTIO_MMIO_INTERRUPT_STATUS as usize),
+        dev.interrupt().status(),
+        "{step}: InterruptStatus"
+    );
+}
+
+/// The register page follows the register file through the driver's whole handshake, a
+/// queue interrupt, a failure (NEEDS_RESET, shown before the configuration interrupt) and a
+/// reset; the used-buffer bit is acknowledged by reads no more (they do not reach vmhost).
+#[test]
+fn the_register_page_shows_what_reads_return_after_every_write() {
+    let mem = memory();
+    let mut r = rig(&mem);
+    let page = Arc::new(RegisterPage::new().unwrap());
+    r.dev.mirror_registers(Arc::clone(&page));
+    assert_mirrored(&r.dev, &page, "new");
+    assert_eq!(page.load_u32(0), MMIO_MAGIC);
+    negotiate_with(&mut r.dev, 1 << VIRTIO_RING_F_EVENT_IDX);
+    assert_mirrored(&r.dev, &page, "features");
+    wr(&mut r.dev, VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
+    assert_mirrored(&r.dev, &page, "features high");
+    assert_eq!(
+        page.load_u32(VIRTIO_MMIO_DEVICE_FEATURES as usize),
+        1,
+        "VERSION_1"
+    );
+    let q = TestQueue::new(&mem, 0, 16);
+    setup_queue(&mut r.dev, &q, 16);
+    assert_mirrored(&r.dev, &page, "queue");
+    wr(&mut r.dev, VIRTIO_MMIO_QUEUE_SEL, 5);
+    assert_mirrored(&r.dev, &page, "no such queue");
+    assert_eq!(page.load_u32(VIRTIO_MMIO_QUEUE_NUM_MAX as usize), 0);
+    driver_ok(&mut r.dev);
+    assert_mirrored(&r.dev, &page, "driver ok");
+
+    // A buffer served: the used-buffer bit is in the page before the irqfd fires.
+    let mut q = q;
+    q.post(&[(DATA, 16, true)]);
+    r.dev.notify(0);
+    assert_eq!(r.irq.read().unwrap(), 1);
+    assert_eq!(page.load_u32(VIRTIO_MMIO_INTERRUPT_STATUS as usize), 1);
+    let mut b = [0u8; 4];
+    r.dev.read(u64::from(VIRTIO_MMIO_INTERRUPT_STATUS), &mut b);
+    assert_eq!(u32::from_le_bytes(b), 1);
+    assert_eq!(r.interrupt.status(), 1, "a read does not acknowledge");
+
+    // A broken chain: NEEDS_RESET and the configuration bit, both in the page.
+    q.post_raw(&[(DATA, 16, F_NEXT | F_WRITE, 9)], 1);
+    r.dev.notify(0);
+    assert!(r.dev.needs_reset());
+    assert_mirrored(&r.dev, &page, "failed");
+    assert_eq!(page.load_u32(VIRTIO_MMIO_INTERRUPT_STATUS as usize), 3);
+    // Acknowledging the configuration bit reaches vmhost (no ioeventfd matches 2 or 3).
+    wr(&mut r.dev, VIRTIO_MMIO_INTERRUPT_ACK, 3);
+    assert_eq!(page.load_u32(VIRTIO_MMIO_INTERRUPT_STATUS as usize), 0);
+    wr(&mut r.dev, VIRTIO_MMIO_STATUS, 0);
+    assert_mirrored(&r.dev, &page, "reset");
+    assert_eq!(page.load_u32(VIRTIO_MMIO_STATUS as usize), 0);
+}
+
+/// A device's configuration space is in the page at 0x100 (a NIC's MAC).
+#[test]
+fn the_register_page_holds_the_configuration_space() {
+    use std::os::fd::OwnedFd;
+    let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+    let mac = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+    let net = crate::net::Net::new(std::fs::File::from(OwnedFd::from(a)), mac);
+    let irq = EventFd::new(EFD_NONBLOCK).unwrap();
+    let mut dev =
+        MmioTransport::new(Box::new(net), memory(), Arc::new(Interrupt::new(irq))).unwrap();
+    let page = Arc::new(RegisterPage::new().unwrap());
+    dev.mirror_registers(Arc::clone(&page));
+    assert_eq!(
+        page.load_u32(0x100),
+        u32::from_le_bytes([0x02, 0x11, 0x22, 0x33])
+    );
+    assert_eq!(page.load_u32(0x104) & 0xffff, 0x5544);
+    assert_eq!(
+        page.load_u32(VIRTIO_MMIO_DEVICE_ID as usize),
+        1,
+        "virtio-net"
+    );
+}
