@@ -9,20 +9,11 @@
 //! returns. vmhost turns it on when KVM absorbs the driver's `InterruptACK` writes in an
 //! ioeventfd, which saves one exit to vmhost per interrupt: Linux's virtio-mmio driver writes
 //! back exactly the bits it has just read, so the two behave the same for it.
-//!
-//! With [`Interrupt::mirror_to`] the status bits are also kept in the device's register page
-//! ([`crate::regpage`]), which the guest reads without an exit.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use vmm_sys_util::eventfd::EventFd;
-
-use crate::regpage::RegisterPage;
-
-/// Offset of `InterruptStatus` in the register page.
-const STATUS_OFFSET: usize = virtio_bindings::virtio_mmio::VIRTIO_MMIO_INTERRUPT_STATUS as usize;
 
 /// Why an interrupt could not be raised.
 #[derive(Debug, thiserror::Error)]
@@ -56,8 +47,6 @@ pub struct Interrupt {
     status: AtomicU32,
     ack_on_read: AtomicBool,
     irqfd: EventFd,
-    /// The register page `InterruptStatus` is kept in, and the lock that orders its updates.
-    mirror: OnceLock<(Arc<RegisterPage>, Mutex<()>)>,
 }
 
 impl Interrupt {
@@ -67,26 +56,6 @@ impl Interrupt {
             status: AtomicU32::new(0),
             ack_on_read: AtomicBool::new(false),
             irqfd,
-            mirror: OnceLock::new(),
-        }
-    }
-
-    /// Keeps `InterruptStatus` in `page` from now on (see [`crate::regpage`]).
-    pub fn mirror_to(&self, page: Arc<RegisterPage>) {
-        let _ = self.mirror.set((page, Mutex::new(())));
-        self.update(|_| {});
-    }
-
-    /// Applies `change` to the status bits and, when mirrored, stores the result in the page
-    /// under the mirror's lock (so that concurrent changes reach the page in order).
-    fn update(&self, change: impl FnOnce(&AtomicU32)) {
-        match self.mirror.get() {
-            Some((page, lock)) => {
-                let _held = lock.lock().unwrap_or_else(PoisonError::into_inner);
-                change(&self.status);
-                page.store_u32(STATUS_OFFSET, self.status.load(Ordering::SeqCst));
-            }
-            None => change(&self.status),
         }
     }
 
@@ -113,14 +82,12 @@ impl Interrupt {
 
     /// `InterruptACK`: clears the acknowledged bits.
     pub fn ack(&self, bits: u32) {
-        self.update(|s| {
-            s.fetch_and(!bits, Ordering::SeqCst);
-        });
+        self.status.fetch_and(!bits, Ordering::SeqCst);
     }
 
     /// Clears every bit (device reset).
     pub fn reset(&self) {
-        self.update(|s| s.store(0, Ordering::SeqCst));
+        self.status.store(0, Ordering::SeqCst);
     }
 
     /// The device used buffers of a queue.
@@ -134,10 +101,7 @@ impl Interrupt {
     }
 
     fn raise(&self, bit: u32) -> Result<(), InterruptError> {
-        self.update(|s| {
-            s.fetch_or(bit, Ordering::SeqCst);
-        });
-        // After the page is written: the guest reads it in the handler this starts.
+        self.status.fetch_or(bit, Ordering::SeqCst);
         self.irqfd.write(1).map_err(InterruptError::Signal)
     }
 }

@@ -35,7 +35,6 @@ pub mod interrupt;
 pub mod iov;
 pub mod mmio;
 pub mod net;
-pub mod regpage;
 pub mod rng;
 pub mod seed;
 mod sys;

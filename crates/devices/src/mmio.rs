@@ -25,7 +25,6 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::device::{DeviceError, VirtioDevice};
 use crate::interrupt::Interrupt;
-use crate::regpage::RegisterPage;
 
 /// `MagicValue`: "virt" in little endian.
 pub const MMIO_MAGIC: u32 = 0x7472_6976;
@@ -45,8 +44,6 @@ pub const INTERRUPT_STATUS_OFFSET: u64 = VIRTIO_MMIO_INTERRUPT_STATUS as u64;
 /// Offset of the `InterruptACK` register (write-only) in a device's window: vmhost registers
 /// a KVM ioeventfd here so that acknowledgements never leave the kernel.
 pub const INTERRUPT_ACK_OFFSET: u64 = VIRTIO_MMIO_INTERRUPT_ACK as u64;
-/// The used-buffer bit of `InterruptStatus` (the value of the driver's usual `InterruptACK`).
-pub const INTERRUPT_VRING: u32 = VIRTIO_MMIO_INT_VRING;
 
 /// Why a transport could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -77,8 +74,6 @@ pub struct MmioTransport {
     queue_sel: u32,
     config_generation: u32,
     failure_logged: bool,
-    /// The register page the guest reads, when the VMM maps one ([`crate::regpage`]).
-    page: Option<Arc<RegisterPage>>,
 }
 
 impl std::fmt::Debug for MmioTransport {
@@ -121,38 +116,7 @@ impl MmioTransport {
             queue_sel: 0,
             config_generation: 0,
             failure_logged: false,
-            page: None,
         })
-    }
-
-    /// Keeps every readable register's value in `page` from now on, for a VMM that maps the
-    /// page into the guest read-only over the device's window ([`crate::regpage`]).
-    pub fn mirror_registers(&mut self, page: Arc<RegisterPage>) {
-        self.interrupt.mirror_to(Arc::clone(&page));
-        self.page = Some(page);
-        self.sync_page();
-    }
-
-    /// Writes the readable registers (all but `InterruptStatus`, which the interrupt keeps)
-    /// and the configuration space into the page.
-    fn sync_page(&self) {
-        let Some(page) = &self.page else {
-            return;
-        };
-        for reg in [
-            VIRTIO_MMIO_MAGIC_VALUE,
-            VIRTIO_MMIO_VERSION,
-            VIRTIO_MMIO_DEVICE_ID,
-            VIRTIO_MMIO_VENDOR_ID,
-            VIRTIO_MMIO_DEVICE_FEATURES,
-            VIRTIO_MMIO_QUEUE_NUM_MAX,
-            VIRTIO_MMIO_QUEUE_READY,
-            VIRTIO_MMIO_STATUS,
-            VIRTIO_MMIO_CONFIG_GENERATION,
-        ] {
-            page.store_u32(reg as usize, self.read_register(reg));
-        }
-        page.store_bytes(VIRTIO_MMIO_CONFIG as usize, &self.device.config());
     }
 
     /// The device's interrupt (status bits and irqfd).
@@ -264,7 +228,6 @@ impl MmioTransport {
             VIRTIO_MMIO_STATUS => self.write_status(value),
             _ => self.write_queue_register(reg, value),
         }
-        self.sync_page();
     }
 
     fn write_driver_features(&mut self, value: u32) {
@@ -426,8 +389,6 @@ impl MmioTransport {
                 "virtio device needs reset: {why}"
             );
         }
-        // Before the interrupt: the driver reads NEEDS_RESET in its handler.
-        self.sync_page();
         if self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0 {
             if let Err(e) = self.interrupt.signal_config_change() {
                 warn!(error = %e, "virtio-mmio: cannot raise the config interrupt");

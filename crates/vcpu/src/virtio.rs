@@ -15,15 +15,11 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_READONLY};
-use kvm_ioctls::{Cap, IoEventAddress, NoDatamatch, VmFd};
+use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use vm_memory::GuestMemoryMmap;
 use vmhost_devices::bus::{BusError, MmioBus};
 use vmhost_devices::host::{HostDevices, HostError};
-use vmhost_devices::mmio::{
-    INTERRUPT_ACK_OFFSET, INTERRUPT_VRING, MMIO_WINDOW_SIZE, QUEUE_NOTIFY_OFFSET,
-};
-use vmhost_devices::regpage::RegisterPage;
+use vmhost_devices::mmio::{INTERRUPT_ACK_OFFSET, QUEUE_NOTIFY_OFFSET};
 use vmhost_devices::worker::{IoSource, IoThread, WorkerError};
 use vmhost_devices::{Interrupt, MmioError, MmioTransport};
 use vmhost_plan::devices::DevicePlan;
@@ -60,21 +56,6 @@ pub enum VirtioError {
         /// The cause.
         #[source]
         source: std::io::Error,
-    },
-    /// The register page could not be allocated.
-    #[error("cannot allocate the register page of the virtio device at {base:#x}")]
-    RegisterPage {
-        /// The slot's base.
-        base: u64,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// KVM has no memslot left for the register page.
-    #[error("no KVM memslot is left for the register page of the virtio device at {base:#x}")]
-    NoMemslot {
-        /// The slot's base.
-        base: u64,
     },
     /// KVM refused an irqfd or ioeventfd.
     #[error("{op} for the virtio device at {base:#x} failed")]
@@ -146,8 +127,6 @@ pub struct VirtioAttachment {
     _io: Vec<IoThread>,
     // The InterruptACK ioeventfds (KVM holds its own reference; kept for the VM's life).
     _acks: Vec<EventFd>,
-    // The register pages mapped read-only over the windows (kept for the VM's life).
-    _pages: Vec<Arc<RegisterPage>>,
     io_info: Vec<IoThreadInfo>,
     describe: Vec<String>,
     // Held for its scratch files (removed on drop); a Mutex so the attachment is Sync.
@@ -204,11 +183,6 @@ pub fn attach(
     let mut bus = MmioBus::default();
     let mut per_slot = Vec::new();
     let mut acks = Vec::new();
-    // Register pages need read-only memslots; they take slot numbers from the top down.
-    let mut pages = fd
-        .check_extension(Cap::ReadonlyMem)
-        .then(Vec::<Arc<RegisterPage>>::new);
-    let mut next_slot = u32::try_from(fd.check_extension_int(Cap::NrMemslots)).unwrap_or(0);
     for (slot, prepared) in plan.slots.iter().zip(prepared) {
         let base = slot.base;
         let evt =
@@ -217,51 +191,22 @@ pub fn attach(
         let irq = evt()?;
         fd.register_irqfd(&irq, slot.gsi)
             .map_err(kvm("KVM_IRQFD"))?;
+        // The driver's InterruptACK writes end in KVM (an ioeventfd nobody reads: its counter
+        // only grows, saturating); reads of InterruptStatus acknowledge instead.
+        let ack = evt()?;
+        fd.register_ioevent(
+            &ack,
+            &IoEventAddress::Mmio(base + INTERRUPT_ACK_OFFSET),
+            NoDatamatch,
+        )
+        .map_err(kvm("KVM_IOEVENTFD"))?;
+        acks.push(ack);
         let interrupt = Arc::new(Interrupt::new(irq));
+        interrupt.set_ack_on_read(true);
         let device = prepared.device;
         let queues = device.queue_max_sizes().len();
-        let mut transport = MmioTransport::new(device, mem.clone(), Arc::clone(&interrupt))
+        let transport = MmioTransport::new(device, mem.clone(), interrupt)
             .map_err(|source| VirtioError::Transport { base, source })?;
-        // The driver's InterruptACK writes end in KVM (an ioeventfd nobody reads: its counter
-        // only grows, saturating). With a register page the guest reads every register
-        // without an exit and only the used-buffer bit's ACK is absorbed (the bit stays set);
-        // without one, reads of InterruptStatus exit and acknowledge.
-        let ack = evt()?;
-        let ack_addr = IoEventAddress::Mmio(base + INTERRUPT_ACK_OFFSET);
-        match pages.as_mut() {
-            Some(pages) => {
-                let page = Arc::new(
-                    RegisterPage::new()
-                        .map_err(|source| VirtioError::RegisterPage { base, source })?,
-                );
-                transport.mirror_registers(Arc::clone(&page));
-                let slot = next_slot
-                    .checked_sub(1)
-                    .ok_or(VirtioError::NoMemslot { base })?;
-                next_slot = slot;
-                let region = kvm_userspace_memory_region {
-                    slot,
-                    flags: KVM_MEM_READONLY,
-                    guest_phys_addr: base,
-                    memory_size: MMIO_WINDOW_SIZE,
-                    userspace_addr: page.host_address(),
-                };
-                // SAFETY: the page is a live, page-sized allocation that the attachment keeps
-                // (in `_pages`) for as long as the VM, which owns the attachment, keeps its fd;
-                // the slot number is above every RAM slot and the window overlaps no RAM.
-                unsafe { fd.set_user_memory_region(region) }
-                    .map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
-                pages.push(page);
-                fd.register_ioevent(&ack, &ack_addr, INTERRUPT_VRING)
-                    .map_err(kvm("KVM_IOEVENTFD"))?;
-            }
-            None => {
-                interrupt.set_ack_on_read(true);
-                fd.register_ioevent(&ack, &ack_addr, NoDatamatch)
-                    .map_err(kvm("KVM_IOEVENTFD"))?;
-            }
-        }
-        acks.push(ack);
         let transport = Arc::new(Mutex::new(transport));
         let notify = IoEventAddress::Mmio(base + QUEUE_NOTIFY_OFFSET);
         let mut sources = Vec::new();
@@ -291,7 +236,6 @@ pub fn attach(
         bus,
         _io: io,
         _acks: acks,
-        _pages: pages.unwrap_or_default(),
         io_info,
         describe,
         _host: Mutex::new(host),

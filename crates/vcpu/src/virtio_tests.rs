@@ -59,8 +59,7 @@ fn handshake(att: &VirtioAttachment) {
 
 /// A real guest writes `QueueNotify` and `InterruptACK`: KVM signals the ioeventfds without
 /// an exit, the I/O thread serves virtio-rng's queue, and the used ring and the interrupt
-/// status show it. Then the guest reads `InterruptStatus` and `DeviceID` from the device's
-/// read-only register page, again without an exit.
+/// status show it; the status read acknowledges (the ACK write never reaches vmhost).
 #[test]
 fn a_guest_queue_notify_reaches_the_device_through_the_ioeventfd() {
     if !vmhost_testsupport::need_kvm(
@@ -143,30 +142,11 @@ fn a_guest_queue_notify_reaches_the_device_through_the_ioeventfd() {
     let mut isr = [0u8; 4];
     assert!(att.mmio_read(BASE + 0x60, &mut isr));
     assert_eq!(u32::from_le_bytes(isr), 1, "the queue interrupt was raised");
-    // The guest reads InterruptStatus and DeviceID from the register page, without an exit:
-    // mov eax, [0xd0000060]; mov ebx, [0xd0000008]; out 0x80, al; hlt
-    let code2 = [
-        0xa1, 0x60, 0x00, 0x00, 0xd0, 0x8b, 0x1d, 0x08, 0x00, 0x00, 0xd0, 0xe6, 0x80, 0xf4,
-    ];
-    let code2_at = CODE + 0x100;
-    mem.write_slice(&code2, GuestAddress(code2_at)).unwrap();
-    let mut regs = vcpu.get_regs().unwrap();
-    regs.rip = code2_at;
-    vcpu.set_regs(&regs).unwrap();
-    match vcpu.run().unwrap() {
-        VcpuExit::IoOut(0x80, _) => {}
-        other => panic!("expected the register reads to stay in the guest, got {other:?}"),
-    }
-    let regs = vcpu.get_regs().unwrap();
+    assert!(att.mmio_read(BASE + 0x60, &mut isr));
     assert_eq!(
-        regs.rax & 0xffff_ffff,
-        1,
-        "InterruptStatus read from the page"
-    );
-    assert_eq!(
-        regs.rbx & 0xffff_ffff,
-        4,
-        "DeviceID (virtio-rng) read from the page"
+        u32::from_le_bytes(isr),
+        0,
+        "the status read acknowledged it"
     );
 }
 
