@@ -141,7 +141,7 @@ fn run_guest(
     if let Some(mut e) = child.0.stderr.take() {
         let _ = e.read_to_string(&mut err);
     }
-    let tail: Vec<&str> = out.lines().rev().take(10).collect();
+    let tail: Vec<&str> = out.lines().rev().take(80).collect();
     ensure!(
         out.contains("IOBENCH-DONE"),
         "{what}: no IOBENCH-DONE (exit {status:?}, tap addressed: {addressed}); last lines \
