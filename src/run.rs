@@ -119,12 +119,12 @@ pub fn run(
             Arc::clone(&started),
             opts.json,
         );
-        StartHook(Arc::new(move |threads: &[ThreadPlacement], released_ns| {
+        StartHook(Arc::new(move |threads: &[ThreadPlacement]| {
             if !json {
                 print!("{}", placement_table(&plan, audit.as_ref(), threads));
             }
             if let Ok(mut s) = started.lock() {
-                *s = (threads.to_vec(), released_ns);
+                *s = (threads.to_vec(), now_ns());
             }
         }))
     };

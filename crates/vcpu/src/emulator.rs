@@ -97,18 +97,16 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
         }
     };
     let vcpu_setup_seconds = input.run_start.elapsed().as_secs_f64();
-    let start = Instant::now();
-    let released_ns = crate::sys::monotonic_ns();
-    ctx.control.mark_started();
-    gate.open(true);
-    // The vCPU threads are pinned already: reading it back does not hold the guest up.
     let placements = thread_placements().unwrap_or_else(|e| {
         tracing::warn!(error = %e, "cannot read thread placement back");
         Vec::new()
     });
     if let Some(hook) = &input.on_start {
-        (hook.0)(&placements, released_ns);
+        (hook.0)(&placements);
     }
+    let start = Instant::now();
+    ctx.control.mark_started();
+    gate.open(true);
     // Every vCPU thread is started and placement is read back: the rest is the event loop,
     // joins and mailbox reads.
     vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Emulator);

@@ -76,10 +76,8 @@ pub struct VmOptions {
     /// Run this payload instead of the plan's (test payloads).
     #[doc(hidden)]
     pub payload_override: Option<PayloadKind>,
-    /// Called on the emulator thread once every vCPU thread is pinned and configured and the
-    /// guest has been released, with the thread placement read back from `/proc` (after the
-    /// release, so that reading it does not delay the guest) and the release time
-    /// (`CLOCK_MONOTONIC` ns).
+    /// Called on the emulator thread once every vCPU thread is pinned and configured, just
+    /// before the guest starts, with the thread placement read back from `/proc`.
     pub on_start: Option<StartHook>,
     /// Where a Linux guest's scratch images go (empty disks, cloud-init seeds; removed at
     /// stop). Default: the system's temporary directory.
@@ -93,7 +91,7 @@ pub struct VmOptions {
 }
 
 /// The function a [`StartHook`] calls.
-pub type StartFn = dyn Fn(&[crate::ThreadPlacement], u64) + Send + Sync;
+pub type StartFn = dyn Fn(&[crate::ThreadPlacement]) + Send + Sync;
 
 /// A callback run when the VM starts (see [`VmOptions::on_start`]).
 #[derive(Clone)]
