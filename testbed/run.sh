@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make testbed`: the emulated multi-NUMA host suite.
 #   testbed/run.sh [2node|4node|bench ...] [--only test_a,test_b]
+#   testbed/run.sh --check-log FILE   (does a kept serial log show the emulator locking up?)
 # `2node` and `4node` are the test suites (the default: both); `bench` runs the benchmarks that
 # compare vmhost with QEMU in the 2-node host (`make bench-testbed`, docs/benchmarks.md). Tests
 # assert behaviour only; timings are reported by the benchmarks, never asserted.
@@ -14,15 +15,73 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tb="${VMHOST_TESTBED_DIR:-$root/target/testbed}"
-suites=() only=""
+suites=() only="" check_log=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         2node|4node|bench) suites+=("$1"); shift ;;
         --only) only="$2"; shift 2 ;;
-        *) echo "usage: testbed/run.sh [2node|4node|bench ...] [--only a,b]" >&2; exit 2 ;;
+        --check-log) check_log="$2"; shift 2 ;;
+        *) echo "usage: testbed/run.sh [2node|4node|bench ...] [--only a,b] | --check-log FILE" >&2; exit 2 ;;
     esac
 done
 [[ ${#suites[@]} -gt 0 ]] || suites=(2node 4node)
+
+# What in a serial log shows that the emulated machine itself locked up; empty when nothing
+# does. `testbed/run.sh --check-log FILE` prints it for a kept log.
+emulator_fault() {
+    local log="$1" line
+    line=$(grep -a -m1 -E 'soft lockup - CPU#|rcu: INFO: rcu_(preempt|sched) (self-)?detected stall' "$log" || true)
+    if [[ -n "$line" ]]; then
+        echo "kernel: ${line#*] }"
+    elif grep -q -a '^testbed: no output for' "$log"; then
+        grep -a -m1 '^testbed: no output for' "$log" | sed 's/^testbed: //'
+    elif [[ -s "$log.frozen" ]]; then
+        cat "$log.frozen"
+    fi
+}
+
+# Boots one host (testbed/boot.sh) and watches its serial log: a kernel lockup report, or no
+# output for VMHOST_TESTBED_SILENCE seconds (default 150), stops it at once instead of at the
+# timeout. Returns boot.sh's status (124 when stopped).
+boot_and_watch() {
+    local nodes="$1" share="$2" log="$3" silence="${VMHOST_TESTBED_SILENCE:-150}"
+    : > "$log"
+    rm -f "$log.frozen"
+    bash "$root/testbed/boot.sh" --nodes "$nodes" --share "$share" --log "$log" \
+        --timeout "${VMHOST_TESTBED_TIMEOUT:-420}" > /dev/null &
+    local pid=$! last size=0 now
+    last=$(date +%s)
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 2
+        now=$(date +%s)
+        if [[ $(stat -c %s "$log" 2>/dev/null || echo 0) -ne $size ]]; then
+            size=$(stat -c %s "$log" 2>/dev/null || echo 0)
+            last=$now
+        fi
+        local stuck=""
+        if [[ -n "$(emulator_fault "$log")" ]]; then
+            stuck=lockup
+        elif (( now - last > silence )); then
+            echo "no output for $silence s: the emulated machine is frozen" > "$log.frozen"
+            stuck=silence
+        fi
+        if [[ -n "$stuck" ]]; then
+            pkill -TERM -f "path=$share,security_model" 2>/dev/null || true
+            wait "$pid" 2>/dev/null
+            # After QEMU and tee are gone: the log says why it was stopped.
+            [[ -s "$log.frozen" ]] && echo "testbed: $(cat "$log.frozen")" >> "$log"
+            return 124
+        fi
+    done
+    wait "$pid"
+}
+
+if [[ -n "$check_log" ]]; then
+    why=$(emulator_fault "$check_log")
+    echo "${why:-no emulator fault in $check_log}"
+    [[ -z "$why" ]]
+    exit $?
+fi
 
 start=$(date +%s)
 bash "$root/testbed/build-image.sh"
@@ -38,6 +97,7 @@ if $bench; then (cd "$root" && cargo build --quiet --release -p vmhost); fi
 bin="$root/target/x86_64-unknown-linux-gnu/$profile"
 
 mkdir -p "$tb/logs" "$tb/failed"
+
 status=0 passed=0 failed=0
 for suite in "${suites[@]}"; do
     share="$tb/share-$suite"
@@ -67,11 +127,25 @@ RUN
     [[ "$suite" == bench ]] && nodes=2
     log="$tb/logs/$suite.log"
     echo "== testbed: $suite host (${nodes} NUMA nodes), serial log $log"
-    set +e
-    bash "$root/testbed/boot.sh" --nodes "$nodes" --share "$share" --log "$log" \
-        --timeout "${VMHOST_TESTBED_TIMEOUT:-420}" > /dev/null
-    rc=$?
-    set -e
+    rc=0
+    for attempt in 1 2; do
+        rm -f "$share/results.txt"
+        boot_and_watch "$nodes" "$share" "$log" || rc=$?
+        why=$(emulator_fault "$log")
+        # The emulated machine itself locked up (a CPU stuck in its own kernel, or no output
+        # at all for VMHOST_TESTBED_SILENCE s while the runner writes a watchdog line every 60 s):
+        # a fault of the emulator, seen before any test was running too. Boot the host once
+        # more, unless a test had already failed (that failure stands).
+        if [[ -n "$why" && $attempt -eq 1 ]] && ! grep -q '^FAIL' "$share/results.txt" 2>/dev/null; then
+            keep="$tb/failed/$(date +%Y%m%d-%H%M%S)-$suite-emulator-fault.log"
+            cp "$log" "$keep"
+            echo "== testbed: the emulated $suite host locked up ($why); serial log kept in $keep;" \
+                "this is a fault of the emulated machine, not a test result: booting it once more"
+            rc=0
+            continue
+        fi
+        break
+    done
     grep -E '^(RUN|PASS|FAIL|     )' "$share/results.txt" 2>/dev/null || true
     p=$(grep -c '^PASS' "$share/results.txt" 2>/dev/null || true)
     f=$(grep -c '^FAIL' "$share/results.txt" 2>/dev/null || true)
