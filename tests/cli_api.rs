@@ -8,50 +8,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use vmhost_testsupport::{lock_cpus, lock_pool, need_kvm, need_pages};
 
 const PAGE_2M: u64 = 2 << 20;
+
+/// [`common::start_with_api`] with `spec` written to `<d>/vm.toml`; stdout is not read.
+fn start(d: &Path, spec: &str, extra: &[&str]) -> (Child, PathBuf) {
+    let path = d.join("vm.toml");
+    std::fs::write(&path, spec).unwrap();
+    common::start_with_api(d, &path, extra, Stdio::null())
+}
 
 fn dir(test: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("vmhost-api-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn ctl(sock: &Path, cmd: &str) -> (i32, Value) {
-    let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
-        .args(["ctl", "--api-socket", sock.to_str().unwrap(), cmd])
-        .output()
-        .unwrap();
-    let v = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
-    (o.status.code().unwrap(), v)
-}
-
-fn start(d: &Path, spec: &str, extra: &[&str]) -> (Child, PathBuf) {
-    let path = d.join("vm.toml");
-    std::fs::write(&path, spec).unwrap();
-    let sock = d.join("api.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
-        .args([
-            "--run-dir",
-            d.join("run").to_str().unwrap(),
-            "--api-socket",
-            sock.to_str().unwrap(),
-        ])
-        .args(extra)
-        .args(["--config", path.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while ctl(&sock, "info").1["state"] != "running" {
-        assert!(Instant::now() < deadline, "the VM never reported running");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (child, sock)
 }
 
 const IDLE: &str = "name = \"api-vm\"\n[cpu]\ncores = 1\ndedicated_cpu_placement = true\nisolate_emulator_thread = true\n\
@@ -74,14 +46,14 @@ fn api_reports_live_placement_and_resources_and_controls_the_vm() {
         .unwrap();
     assert_eq!(mode, 0o600);
 
-    let (code, info) = ctl(&sock, "info");
+    let (code, info) = common::ctl(&sock, "info");
     assert_eq!(code, 0);
     assert_eq!(info["name"], "api-vm");
     assert_eq!(info["pid"], child.id());
 
     // KVM's worker thread appears at the first KVM_RUN and is moved within a second.
     std::thread::sleep(Duration::from_millis(1200));
-    let (_, p) = ctl(&sock, "placement");
+    let (_, p) = common::ctl(&sock, "placement");
     assert_eq!(p["deviations"], 0, "{p:#}");
     let vcpu = &p["vcpus"][0];
     assert_eq!(
@@ -91,7 +63,7 @@ fn api_reports_live_placement_and_resources_and_controls_the_vm() {
     assert_eq!(p["memory"][0]["pages_by_node"]["0"], 16, "{p:#}");
     assert_eq!(p["memory"][0]["policy"], "bind:0");
 
-    let (_, r) = ctl(&sock, "resources");
+    let (_, r) = common::ctl(&sock, "resources");
     assert_eq!(r["measured"]["guest_memory_bytes"], 32 << 20);
     assert_eq!(r["measured"]["hugetlb_bytes"], 32 << 20);
     assert!(r["measured"]["rss_beyond_guest_bytes"].as_u64().unwrap() > 0);
@@ -131,18 +103,18 @@ fn api_reports_live_placement_and_resources_and_controls_the_vm() {
     );
 
     assert_eq!(
-        ctl(&sock, "pause"),
+        common::ctl(&sock, "pause"),
         (0, serde_json::json!({"state": "paused"}))
     );
-    let (code, again) = ctl(&sock, "pause");
+    let (code, again) = common::ctl(&sock, "pause");
     assert_eq!(code, 1);
     assert_eq!(again["error"], "the VM is already paused");
-    assert_eq!(ctl(&sock, "info").1["state"], "paused");
+    assert_eq!(common::ctl(&sock, "info").1["state"], "paused");
     assert_eq!(
-        ctl(&sock, "resume"),
+        common::ctl(&sock, "resume"),
         (0, serde_json::json!({"state": "running"}))
     );
-    assert_eq!(ctl(&sock, "shutdown").0, 0);
+    assert_eq!(common::ctl(&sock, "shutdown").0, 0);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0));
     assert!(!sock.exists(), "the socket is removed at stop");

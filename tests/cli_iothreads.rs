@@ -9,8 +9,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
 use serde_json::Value;
 use vmhost_testsupport::pvh::pvh_elf;
@@ -64,29 +63,6 @@ fn vmhost(args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn ctl(sock: &Path, cmd: &str) -> Value {
-    let o = vmhost(&["ctl", "--api-socket", sock.to_str().unwrap(), cmd]);
-    serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
-}
-
-fn start(d: &Path, spec: &Path) -> (Child, PathBuf) {
-    let sock = d.join("api.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
-        .args(["--run-dir", d.join("run").to_str().unwrap()])
-        .args(["--api-socket", sock.to_str().unwrap()])
-        .args(["--config", spec.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while ctl(&sock, "info")["state"] != "running" {
-        assert!(Instant::now() < deadline, "the VM never reported running");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (child, sock)
 }
 
 fn cpulist(text: &str) -> Vec<u32> {
@@ -156,9 +132,9 @@ fn run_and_check(test: &str, head: &str, cpu: &str) -> Vec<Value> {
         .collect();
     assert_eq!(vcpu_pus.len(), 1, "a dedicated vCPU");
 
-    let (mut child, sock) = start(&d, &spec);
+    let (mut child, sock) = common::start_with_api(&d, &spec, &[], Stdio::piped());
     let live = io_threads(child.id());
-    let view = ctl(&sock, "placement");
+    let view = common::ctl(&sock, "placement").1;
     // Stop before asserting, so a failure leaves no VM behind.
     // SAFETY: kill(2) on our own child's pid with SIGTERM; no memory is involved.
     unsafe { libc::kill(i32::try_from(child.id()).unwrap(), libc::SIGTERM) };

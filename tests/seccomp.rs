@@ -44,39 +44,6 @@ fn linux_spec(d: &Path) -> PathBuf {
     path
 }
 
-fn ctl(sock: &Path, cmd: &str) -> (i32, serde_json::Value) {
-    let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
-        .args(["ctl", "--api-socket", sock.to_str().unwrap(), cmd])
-        .output()
-        .unwrap();
-    let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
-    (o.status.code().unwrap(), v)
-}
-
-fn start(d: &Path, spec: &Path, extra: &[&str]) -> (Child, PathBuf) {
-    let sock = d.join("api.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
-        .args([
-            "--run-dir",
-            d.join("run").to_str().unwrap(),
-            "--api-socket",
-            sock.to_str().unwrap(),
-        ])
-        .args(extra)
-        .args(["--config", spec.to_str().unwrap()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while ctl(&sock, "info").1["state"] != "running" {
-        assert!(Instant::now() < deadline, "the VM never reported running");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (child, sock)
-}
-
 /// Thread name → `Seccomp:` values of vmhost's threads (KVM's own `kvm-*` workers, which the
 /// kernel starts in the process, are left out: they run no vmhost code).
 fn threads(pid: u32) -> BTreeMap<String, Vec<String>> {
@@ -157,16 +124,16 @@ fn every_thread_of_a_running_vm_is_filtered_and_the_vm_still_works() {
     let _cpus = lock_cpus();
     let d = dir("on");
     let spec = linux_spec(&d);
-    let (child, sock) = start(&d, &spec, &[]);
+    let (child, sock) = common::start_with_api(&d, &spec, &[], Stdio::piped());
     let seen = settled(child.id(), "2");
     println!("threads (name: Seccomp per thread): {seen:?}");
     // The API thread serves every request under its filter, and so do the vCPU and emulator
     // threads a pause and a resume go through.
     for cmd in ["placement", "resources", "pause", "resume", "info"] {
-        let (code, body) = ctl(&sock, cmd);
+        let (code, body) = common::ctl(&sock, cmd);
         assert_eq!(code, 0, "ctl {cmd}: {body}");
     }
-    assert_eq!(ctl(&sock, "info").1["state"], "running");
+    assert_eq!(common::ctl(&sock, "info").1["state"], "running");
     let after = threads(child.id());
     assert!(after.values().flatten().all(|m| m == "2"), "{after:?}");
     let (code, stderr) = stop(child);
@@ -277,7 +244,7 @@ fn seccomp_off_leaves_every_thread_unfiltered() {
     let _cpus = lock_cpus();
     let d = dir("off");
     let spec = linux_spec(&d);
-    let (child, _sock) = start(&d, &spec, &["--seccomp", "off"]);
+    let (child, _sock) = common::start_with_api(&d, &spec, &["--seccomp", "off"], Stdio::piped());
     let seen = settled(child.id(), "0");
     println!("threads (name: Seccomp per thread): {seen:?}");
     let (code, stderr) = stop(child);

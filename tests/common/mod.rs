@@ -68,3 +68,40 @@ pub fn run_vm(name: &str, spec: &str) -> (i32, serde_json::Value, String) {
         format!("stdout:\n{}\nstderr:\n{}", stdout(&o), stderr(&o)),
     )
 }
+
+/// `vmhost ctl --api-socket <sock> <cmd>`: exit status and the JSON on stdout (`Null` when
+/// there is none).
+pub fn ctl(sock: &std::path::Path, cmd: &str) -> (i32, serde_json::Value) {
+    let o = vmhost(&["ctl", "--api-socket", sock.to_str().unwrap(), cmd]);
+    let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+    (o.status.code().unwrap(), v)
+}
+
+/// Starts `vmhost --run-dir <d>/run --api-socket <d>/api.sock <extra> --config <spec>` (stdin
+/// closed, stdout to `stdout`, stderr piped) and waits until its API reports the VM running.
+pub fn start_with_api(
+    d: &std::path::Path,
+    spec: &std::path::Path,
+    extra: &[&str],
+    stdout: std::process::Stdio,
+) -> (std::process::Child, PathBuf) {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let sock = d.join("api.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(["--run-dir", d.join("run").to_str().unwrap()])
+        .args(["--api-socket", sock.to_str().unwrap()])
+        .args(extra)
+        .args(["--config", spec.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ctl(&sock, "info").1["state"] != "running" {
+        assert!(Instant::now() < deadline, "the VM never reported running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, sock)
+}
