@@ -49,14 +49,14 @@ boot_and_watch() {
     rm -f "$log.frozen"
     bash "$root/testbed/boot.sh" --nodes "$nodes" --share "$share" --log "$log" \
         --timeout "${VMHOST_TESTBED_TIMEOUT:-420}" > /dev/null &
-    local pid=$! last size=0 now
+    local pid=$! last size=0 grown now
     last=$(date +%s)
     while kill -0 "$pid" 2>/dev/null; do
         sleep 2
         now=$(date +%s)
-        if [[ $(stat -c %s "$log" 2>/dev/null || echo 0) -ne $size ]]; then
-            size=$(stat -c %s "$log" 2>/dev/null || echo 0)
-            last=$now
+        grown=$(stat -c %s "$log" 2>/dev/null || echo 0)
+        if [[ $grown -ne $size ]]; then
+            size=$grown last=$now
         fi
         local stuck=""
         if [[ -n "$(emulator_fault "$log")" ]]; then

@@ -141,21 +141,6 @@ fn monotonic_ns() -> u64 {
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
-/// The first `monotonic_ns` of a `markers` list anywhere in `v` (the guest's first debug-port
-/// marker, which `/init` writes).
-fn first_marker_ns(v: &serde_json::Value) -> Option<u64> {
-    match v {
-        serde_json::Value::Object(m) => m
-            .get("markers")
-            .and_then(|k| k.get(0))
-            .and_then(|k| k.get("monotonic_ns"))
-            .and_then(serde_json::Value::as_u64)
-            .or_else(|| m.values().find_map(first_marker_ns)),
-        serde_json::Value::Array(a) => a.iter().find_map(first_marker_ns),
-        _ => None,
-    }
-}
-
 /// One more vmhost boot with `--json`: where its time from the spawn to the guest's `/init`
 /// goes, step by step (milliseconds after the spawn, on `CLOCK_MONOTONIC`).
 fn vmhost_phases(mut cmd: Command) -> Result<String, String> {
@@ -184,7 +169,9 @@ fn vmhost_phases(mut cmd: Command) -> Result<String, String> {
             .ok_or_else(|| format!("vmhost --json: no timeline.{key}"))?;
         line.push_str(&format!("{name} {:.0}, ", ms(ns)));
     }
-    let marker = first_marker_ns(&report).ok_or("vmhost --json: no boot marker")?;
+    let marker = report["report"]["boot"]["markers"][0]["monotonic_ns"]
+        .as_u64()
+        .ok_or("vmhost --json: no report.boot.markers[0].monotonic_ns")?;
     line.push_str(&format!(
         "/init's port-0x80 marker {:.0}, GUEST-INIT line {:.0}",
         ms(marker),

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::host;
-use crate::linux_tests::{assets, linux_spec};
+use crate::linux_tests::{assets, linux_spec, Assets};
 use crate::vm::{Env, Running};
 use crate::{ensure, Outcome};
 
@@ -212,6 +212,24 @@ fn check_both_ways(env: &Env, vm: &Running, out: &Path, back: &[u8], received: &
     Ok(())
 }
 
+/// Starts VM `name` (2 vCPUs, 256 MiB, `vmhost.action=vsock`) with `devices` appended to its
+/// spec and waits for its guest to listen on vsock port 5000; returns the VM and its console
+/// file.
+fn start_listening_guest(
+    env: &Env,
+    a: &Assets,
+    name: &str,
+    devices: &str,
+) -> Result<(Running, PathBuf), String> {
+    let mut toml = linux_spec(name, (1, 2), "", "256Mi", &a.vmlinux, &a.initrd, "vsock");
+    toml.push_str(devices);
+    let spec = env.spec(name, &toml)?;
+    let vm = env.start(name, env.command(&["--config", &spec.to_string_lossy()]), 2)?;
+    let out = env.work.join(format!("{name}.out"));
+    wait_for_console(&vm, &out, "GUEST-VSOCK-LISTENING port=5000")?;
+    Ok((vm, out))
+}
+
 /// One Linux guest with a vsock device (`autoattach_vsock`: CID 3, `<run dir>/linvsock.vsock`):
 /// an echo from the host through `CONNECT`, an echo from the guest through `<socket>_6000`,
 /// exit 0, the socket removed.
@@ -222,24 +240,8 @@ pub fn linux_guest_echo_both_ways(env: &Env) -> Outcome {
     let socket = env.run_dir.join("linvsock.vsock");
     let _ = std::fs::remove_file(&socket);
     let g2h = echo_listener(PathBuf::from(format!("{}_6000", socket.display())))?;
-    let mut toml = linux_spec(
-        "linvsock",
-        (1, 2),
-        "",
-        "256Mi",
-        &a.vmlinux,
-        &a.initrd,
-        "vsock",
-    );
-    toml.push_str("[devices]\nautoattach_vsock = true\n");
-    let spec = env.spec("linvsock", &toml)?;
-    let vm = env.start(
-        "linvsock",
-        env.command(&["--config", &spec.to_string_lossy()]),
-        2,
-    )?;
-    let out = env.work.join("linvsock.out");
-    wait_for_console(&vm, &out, "GUEST-VSOCK-LISTENING port=5000")?;
+    let (vm, out) =
+        start_listening_guest(env, &a, "linvsock", "[devices]\nautoattach_vsock = true\n")?;
     let (port, back) = connect_and_echo(&socket)?;
     ensure!(port >= 1 << 30, "host port {port}, want one from 2^30 on");
     let received = g2h.join().map_err(|_| "the listener thread panicked")??;
@@ -285,24 +287,12 @@ pub fn vhost_linux_guest_echo_both_ways(env: &Env) -> Outcome {
         let mut s = crate::vsock_af::accept(&listener, LIMIT * 2)?;
         echo_until_eof(&mut s)
     });
-    let mut toml = linux_spec(
+    let (vm, out) = start_listening_guest(
+        env,
+        &a,
         "linvhost",
-        (1, 2),
-        "",
-        "256Mi",
-        &a.vmlinux,
-        &a.initrd,
-        "vsock",
-    );
-    toml.push_str("[devices.vsock]\ncid = 3\nbackend = \"vhost\"\n");
-    let spec = env.spec("linvhost", &toml)?;
-    let vm = env.start(
-        "linvhost",
-        env.command(&["--config", &spec.to_string_lossy()]),
-        2,
+        "[devices.vsock]\ncid = 3\nbackend = \"vhost\"\n",
     )?;
-    let out = env.work.join("linvhost.out");
-    wait_for_console(&vm, &out, "GUEST-VSOCK-LISTENING port=5000")?;
     cid_taken_is_refused(env, &a.vmlinux)?;
     let s = crate::vsock_af::connect(3, 5000, LIMIT)?;
     let writer = s
