@@ -41,15 +41,27 @@ fn a_queue_event_is_served_on_the_io_thread() {
     io.stop().unwrap();
 }
 
-#[test]
-fn a_readable_backend_delivers_a_frame_and_stop_joins() {
+/// A NIC on one end of a datagram pair, behind a transport: (memory, transport, backend fd,
+/// the other end playing the tap).
+fn net_rig() -> (
+    vm_memory::GuestMemoryMmap,
+    MmioTransport,
+    std::os::fd::RawFd,
+    UnixDatagram,
+) {
     let mem = memory();
     let (a, peer) = UnixDatagram::pair().unwrap();
     a.set_nonblocking(true).unwrap();
     let net = Net::new(File::from(OwnedFd::from(a)), [2, 0, 0, 0, 0, 1]);
     let fd = net.backend().as_raw_fd();
     let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
-    let mut t = MmioTransport::new(Box::new(net), mem.clone(), interrupt).unwrap();
+    let t = MmioTransport::new(Box::new(net), mem.clone(), interrupt).unwrap();
+    (mem, t, fd, peer)
+}
+
+#[test]
+fn a_readable_backend_delivers_a_frame_and_stop_joins() {
+    let (mem, mut t, fd, peer) = net_rig();
     let mut rx = TestQueue::new(&mem, 0, 16);
     let tx = TestQueue::new(&mem, 0x8000, 16);
     activate(&mut t, &[(0, &rx, 16), (1, &tx, 16)]);
@@ -84,13 +96,7 @@ fn a_readable_backend_delivers_a_frame_and_stop_joins() {
 /// queue 0; a transmit chain goes out whole.
 #[test]
 fn net_receive_resumes_when_the_guest_posts_buffers_and_transmit_works_on_the_io_thread() {
-    let mem = memory();
-    let (a, peer) = UnixDatagram::pair().unwrap();
-    a.set_nonblocking(true).unwrap();
-    let net = Net::new(File::from(OwnedFd::from(a)), [2, 0, 0, 0, 0, 1]);
-    let fd = net.backend().as_raw_fd();
-    let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
-    let mut t = MmioTransport::new(Box::new(net), mem.clone(), interrupt).unwrap();
+    let (mem, mut t, fd, peer) = net_rig();
     let mut rx = TestQueue::new(&mem, 0, 16);
     let mut tx = TestQueue::new(&mem, 0x8000, 16);
     activate(&mut t, &[(0, &rx, 16), (1, &tx, 16)]);
