@@ -2,7 +2,7 @@
 //! available rings, request headers, buffers) and any register access after a normal driver
 //! start. The device is a virtio-blk over a scratch image (read-write or read-only), a
 //! virtio-rng, a virtio-net over a datagram socket playing the tap (with one frame waiting
-//! to be received), or a virtio-vsock on its Unix socket (guest CID 3). Never a panic, an out-of-bounds access or a hang.
+//! to be received; mergeable receive buffers negotiated or not), or a virtio-vsock on its Unix socket (guest CID 3). Never a panic, an out-of-bounds access or a hang.
 //!
 //! Input: `[device, queue size, n_ops, n_ops × (op, a, b, c, d, e), guest memory image...]`.
 #![no_main]
@@ -83,21 +83,21 @@ fn read(dev: &MmioTransport, reg: u32) -> u32 {
     u32::from_le_bytes(b)
 }
 
-/// What a Linux driver does first: status, every offered feature, each queue's rings at
-/// `q * RINGS` with `size` entries, DRIVER_OK.
-fn start(dev: &mut MmioTransport, queues: usize, size: u32) {
+/// What a Linux driver does first: status, every offered feature but those in `declined`
+/// (low word), each queue's rings at `q * RINGS` with `size` entries, DRIVER_OK.
+fn start(dev: &mut MmioTransport, queues: usize, size: u32, declined: u32) {
     write(dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[0]);
     write(dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[1]);
     for sel in 0..2 {
         write(dev, VIRTIO_MMIO_DEVICE_FEATURES_SEL, sel);
         let offered = read(dev, VIRTIO_MMIO_DEVICE_FEATURES);
         write(dev, VIRTIO_MMIO_DRIVER_FEATURES_SEL, sel);
-        let version = if sel == 1 {
-            1 << (VIRTIO_F_VERSION_1 - 32)
+        let (version, declined) = if sel == 1 {
+            (1 << (VIRTIO_F_VERSION_1 - 32), 0)
         } else {
-            0
+            (0, declined)
         };
-        write(dev, VIRTIO_MMIO_DRIVER_FEATURES, offered | version);
+        write(dev, VIRTIO_MMIO_DRIVER_FEATURES, (offered & !declined) | version);
     }
     write(dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[2]);
     for q in 0..queues {
@@ -149,7 +149,10 @@ fuzz_target!(|data: &[u8]| {
     } else {
         u32::from(size & 0x7f) * 2 + 1
     };
-    start(&mut dev, queues, size);
+    // The high bit of the device byte: the driver declines VIRTIO_NET_F_MRG_RXBUF (bit 15), so
+    // a NIC's single-chain receive is exercised as well as its mergeable one.
+    let declined = if kind & 0x80 != 0 { 1 << 15 } else { 0 };
+    start(&mut dev, queues, size, declined);
     for op in ops.chunks_exact(6) {
         let offset = u64::from(u16::from_le_bytes([op[1], op[2]])) % MMIO_WINDOW_SIZE;
         let value = [op[3], op[4], op[5], 0];

@@ -75,7 +75,8 @@ fi
 # The network: ping the host over the tap, then 64 MiB each way.
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
-echo "GUEST net mac=$(cat /sys/class/net/eth0/address)"
+# The virtio feature bits the driver accepted, bit 0 first (bit 15: mergeable receive buffers).
+echo "GUEST net mac=$(cat /sys/class/net/eth0/address) features=$(cat /sys/class/net/eth0/device/features)"
 for i in $(seq 120); do
     ping -c 1 -W 1 10.0.2.1 >/dev/null 2>&1 && break
 done

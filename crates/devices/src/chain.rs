@@ -250,6 +250,25 @@ impl Chain {
     }
 }
 
+impl Chain {
+    /// Appends all of this chain's device-writable bytes to `dst`, after what it holds (a
+    /// frame spread over several receive chains, `VIRTIO_NET_F_MRG_RXBUF`).
+    pub fn push_writable<'a>(
+        &self,
+        mem: &'a GuestMemoryMmap,
+        dst: &mut GuestDst<'a>,
+    ) -> Result<(), ChainError> {
+        for (addr, n) in span(&self.writable, 0, to_usize(self.writable_len())) {
+            dst.push(mem, addr, n)
+                .map_err(|source| ChainError::Memory {
+                    head: self.head,
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+}
+
 /// A byte count as usize (64-bit hosts: never cut).
 fn to_usize(n: u64) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)

@@ -4,8 +4,11 @@
 //! queue at a time when it is notified. A device never sees a register; it offers features,
 //! a configuration space and the processing of its queues.
 
+use std::num::Wrapping;
+use std::sync::atomic::Ordering;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::GuestMemoryMmap;
+
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::chain::{Chain, ChainError, ChainLimits};
 
@@ -86,6 +89,48 @@ pub(crate) fn serve_queue(
         used = true;
     }
     Ok(used)
+}
+
+/// Adds `entries` (chain head, bytes written) to queue `index`'s used ring and makes them
+/// visible to the driver together, with one store of the used index: a frame spread over
+/// several receive chains (`VIRTIO_NET_F_MRG_RXBUF`) must be, since the driver reads
+/// `num_buffers` in the first and takes that many more as the same frame. (virtio-queue's
+/// `add_used` publishes each entry as it adds it.) The transport's interrupt decision
+/// counts these entries too (it compares used indexes, see `mmio::serve`).
+pub(crate) fn add_used_together(
+    index: usize,
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    entries: &[(u16, u32)],
+) -> Result<(), DeviceError> {
+    use virtio_queue::Error;
+    let size = queue.size();
+    let used = GuestAddress(queue.used_ring());
+    let mut next = Wrapping(queue.next_used());
+    let mut publish = || -> Result<(), Error> {
+        for &(head, len) in entries {
+            if head >= size {
+                return Err(Error::InvalidDescriptorIndex);
+            }
+            // struct virtq_used_elem { le32 id; le32 len; } at 4 + 8 * slot.
+            let slot = u64::from(next.0 % size);
+            let addr = used
+                .checked_add(4 + 8 * slot)
+                .ok_or(Error::AddressOverflow)?;
+            let elem = (u64::from(len) << 32) | u64::from(head);
+            mem.write_obj(elem.to_le(), addr)
+                .map_err(Error::GuestMemory)?;
+            next += Wrapping(1);
+        }
+        let idx = used.checked_add(2).ok_or(Error::AddressOverflow)?;
+        // Release: the elements are written before the driver can see the index that
+        // covers them.
+        mem.store(next.0.to_le(), idx, Ordering::Release)
+            .map_err(Error::GuestMemory)
+    };
+    publish().map_err(DeviceError::queue(index))?;
+    queue.set_next_used(next.0);
+    Ok(())
 }
 
 /// A virtio device behind a transport.

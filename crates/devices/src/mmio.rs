@@ -10,6 +10,8 @@
 //! once, the driver gets a configuration-change interrupt, and further notifications are
 //! ignored until the driver resets the device (writes 0 to `Status`).
 
+use std::num::Wrapping;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use tracing::{debug, warn};
@@ -21,7 +23,7 @@ use virtio_bindings::virtio_config::{
 use virtio_bindings::virtio_mmio::*;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::device::{DeviceError, VirtioDevice};
 use crate::interrupt::Interrupt;
@@ -408,6 +410,7 @@ fn serve(
 ) -> Result<bool, String> {
     let queue_err = |e: virtio_queue::Error| format!("queue {index}: {e}");
     let mut used = false;
+    let first_used = queue.next_used();
     loop {
         let before = queue.next_avail();
         used |= device
@@ -422,7 +425,35 @@ fn serve(
             break;
         }
     }
-    Ok(used && queue.needs_notification(mem).map_err(queue_err)?)
+    Ok(used && needs_interrupt(queue, mem, event_idx, first_used).map_err(queue_err)?)
+}
+
+/// Whether the driver wants an interrupt for the used entries from `first_used` to the used
+/// index now: always without VIRTIO_RING_F_EVENT_IDX, else when its `used_event` lies among
+/// them (virtio 1.2, 2.7.10). Computed from the used indexes rather than virtio-queue's count
+/// of `add_used` calls, so entries added together (`device::add_used_together`) count too.
+fn needs_interrupt(
+    queue: &Queue,
+    mem: &GuestMemoryMmap,
+    event_idx: bool,
+    first_used: u16,
+) -> Result<bool, virtio_queue::Error> {
+    if !event_idx {
+        return Ok(true);
+    }
+    // The used index stores happened before this load of used_event.
+    fence(Ordering::SeqCst);
+    // The available ring: flags, idx, `size` entries of 2 bytes, then used_event.
+    let offset = 4 + 2 * u64::from(queue.size());
+    let addr = GuestAddress(queue.avail_ring())
+        .checked_add(offset)
+        .ok_or(virtio_queue::Error::AddressOverflow)?;
+    let used_event: u16 = mem
+        .load(addr, Ordering::Acquire)
+        .map(u16::from_le)
+        .map_err(virtio_queue::Error::GuestMemory)?;
+    let new = Wrapping(queue.next_used());
+    Ok(new - Wrapping(used_event) - Wrapping(1) < new - Wrapping(first_used))
 }
 
 /// The register at `offset` for a 4-byte aligned access.

@@ -364,3 +364,95 @@ fn with_event_idx_a_receive_queue_waiting_for_frames_returns() {
     assert_eq!(rx.used_idx(), 1, "the frame went into the first buffer");
     assert_eq!(rx.used(0), (0, 72));
 }
+
+#[test]
+fn a_mergeable_receive_short_of_room_holds_its_buffers_and_asks_for_the_next() {
+    use crate::net::Net;
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixDatagram;
+    use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
+    use vm_memory::Bytes;
+
+    let (a, peer) = UnixDatagram::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    let mut net = Net::new(std::fs::File::from(OwnedFd::from(a)), [2, 0, 0, 0, 0, 1]);
+    net.activate((1 << VIRTIO_NET_F_MRG_RXBUF) | (1 << VIRTIO_RING_F_EVENT_IDX));
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    // The mock lays the used ring over the avail ring's used_event: move it, as a driver with
+    // EVENT_IDX lays it out. used_event 1: interrupt when the used index passes 1.
+    let used = 0x8000u64;
+    queue.try_set_used_ring_address(GuestAddress(used)).unwrap();
+    queue.set_event_idx(true);
+    mem.write_obj(1u16, GuestAddress(q.mock.avail_addr().0 + 4 + 2 * 16))
+        .unwrap();
+    let avail_event = || {
+        mem.read_obj::<u16>(GuestAddress(used + 4 + 8 * 16))
+            .unwrap()
+    };
+    let used_elem = |i: u64| {
+        mem.read_obj::<[u32; 2]>(GuestAddress(used + 4 + 8 * i))
+            .unwrap()
+    };
+    // Two buffers of 512 bytes: less than one MTU frame, so the frame waits for more.
+    q.post(&[(DATA, 512, true)]);
+    q.post(&[(DATA + 0x1000, 512, true)]);
+    let mut frame = vec![0u8; 12 + 1000];
+    frame[12] = 0xee;
+    peer.send(&frame).unwrap();
+    assert!(!serve(&mut net, 0, &mut queue, &mem, true).unwrap());
+    assert_eq!(queue.next_avail(), 2, "the device holds both buffers");
+    assert_eq!(
+        avail_event(),
+        2,
+        "and asks the driver to notify when it makes buffer 2 available"
+    );
+    q.post(&[(DATA + 0x2000, 512, true)]);
+    // Room for an MTU frame now: the 1,012-byte frame takes two buffers, published together
+    // (used index 0 -> 2), and used_event 1 lies among them: an interrupt.
+    assert!(serve(&mut net, 0, &mut queue, &mem, true).unwrap());
+    assert_eq!(mem.read_obj::<u16>(GuestAddress(used + 2)).unwrap(), 2);
+    assert_eq!(used_elem(0), [0, 512]);
+    assert_eq!(used_elem(1), [1, 500]);
+    assert_eq!(
+        queue.next_avail(),
+        3,
+        "the third buffer is held for the next frame"
+    );
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(DATA + 12)).unwrap(), 0xee);
+    assert_eq!(mem.read_obj::<u16>(GuestAddress(DATA + 10)).unwrap(), 2);
+}
+
+#[test]
+fn entries_added_together_count_for_the_interrupt_decision() {
+    use vm_memory::Bytes;
+    let mem = memory();
+    let q = TestQueue::new(&mem, 0, 16);
+    let mut queue = q.queue();
+    let used = 0x8000u64;
+    queue.try_set_used_ring_address(GuestAddress(used)).unwrap();
+    let used_event = GuestAddress(q.mock.avail_addr().0 + 4 + 2 * 16);
+    // used_event 4: the driver wants an interrupt once the used index passes 4.
+    mem.write_obj(4u16, used_event).unwrap();
+    crate::device::add_used_together(0, &mut queue, &mem, &[(0, 10), (1, 20), (2, 30)]).unwrap();
+    assert_eq!(mem.read_obj::<u16>(GuestAddress(used + 2)).unwrap(), 3);
+    assert!(
+        !needs_interrupt(&queue, &mem, true, 0).unwrap(),
+        "0..3 does not pass 4"
+    );
+    assert!(
+        needs_interrupt(&queue, &mem, false, 0).unwrap(),
+        "always without EVENT_IDX"
+    );
+    crate::device::add_used_together(0, &mut queue, &mem, &[(3, 1), (4, 1)]).unwrap();
+    assert_eq!(queue.next_used(), 5);
+    assert!(
+        needs_interrupt(&queue, &mem, true, 3).unwrap(),
+        "3..5 passes 4"
+    );
+    assert!(
+        crate::device::add_used_together(0, &mut queue, &mem, &[(16, 1)]).is_err(),
+        "a head outside the queue"
+    );
+}

@@ -7,8 +7,17 @@
 //! and Cloud Hypervisor do: checksum offload both ways and TSO (v4, v6, ECN) both ways. The
 //! guest then sends 64 KiB TCP segments the host kernel cuts (or hands on whole), and at
 //! DRIVER_OK the tap is told (`TUNSETOFFLOAD`) which of them the guest accepts, so it delivers
-//! unsegmented frames with partial checksums too; receive buffers are then the driver's "big
-//! packet" chains, which [`MAX_FRAME`] fits.
+//! unsegmented frames with partial checksums too.
+//!
+//! Receive buffers: the device offers `VIRTIO_NET_F_MRG_RXBUF`, as QEMU does, so Linux posts
+//! page-sized buffers and a frame takes as many as it needs (`num_buffers` in its header).
+//! The device holds chains until they make room for the largest frame the guest accepts
+//! ([`MAX_FRAME`] with guest TSO, else [`MAX_MTU_FRAME`]), reads each frame with one `readv`
+//! into as many held chains as the last frame took (a longer frame's tail is copied into the
+//! next ones from the host buffer), and publishes a frame's chains in the used ring together,
+//! with one store of the used index: the driver must not see the first before the rest. A
+//! driver that declines it posts one chain per frame (the "big packet" chains with TSO), and
+//! the rest of this paragraph's single-chain rules apply.
 //!
 //! Frames move straight between the tap and guest memory ([`crate::iov`]), as with QEMU: a
 //! transmit chain is one `writev`, and a receive takes a chain first and `readv`s one frame
@@ -21,6 +30,7 @@
 //! returns more than the chain holds, whether the backend reports a cut frame's full length
 //! (recent taps) or only what it copied (older taps, the XDP path, datagram sockets).
 
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsFd;
@@ -32,14 +42,14 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
     VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_HOST_ECN, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6,
-    VIRTIO_NET_F_MAC,
+    VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF,
 };
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use crate::chain::{Chain, ChainError, ChainLimits};
-use crate::device::{serve_queue, DeviceError, VirtioDevice};
-use crate::iov::{IoVecs, IOV_MAX};
+use crate::device::{add_used_together, serve_queue, DeviceError, VirtioDevice};
+use crate::iov::{GuestDst, IoVecs, IOV_MAX};
 use crate::sys::{
     tun_set_iff, tun_set_offload, tun_set_vnet_hdr_size, IFF_NO_PI, IFF_TAP, IFF_VNET_HDR,
     TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, TUN_F_TSO_ECN,
@@ -51,6 +61,9 @@ pub const NET_QUEUE_SIZE: u16 = 256;
 pub const VNET_HDR_LEN: usize = 12;
 /// Largest frame with its header: a 64 KiB TSO frame with its Ethernet header.
 pub const MAX_FRAME: usize = VNET_HDR_LEN + 65_550;
+/// Largest frame with its header when the guest takes no TSO: an Ethernet frame with a VLAN
+/// tag at the tap's default MTU (1500).
+pub const MAX_MTU_FRAME: usize = VNET_HDR_LEN + 1_518;
 const RX: usize = 0;
 const TX: usize = 1;
 
@@ -160,6 +173,16 @@ impl Tap {
     }
 }
 
+/// What one receive over several chains (`VIRTIO_NET_F_MRG_RXBUF`) read.
+enum Merged {
+    /// A frame of this many bytes, header included, in the held chains' buffers.
+    Frame(usize),
+    /// A frame longer than the held chains, or shorter than its header: dropped.
+    Dropped,
+    /// No frame (or a backend error).
+    Nothing,
+}
+
 /// What one receive did with the chain it was given.
 enum Received {
     /// Used, with this many bytes written (0: the frame was too long and is dropped).
@@ -194,6 +217,17 @@ pub struct Net {
     stats: NetStats,
     error_logged: bool,
     offloads: bool,
+    /// `VIRTIO_NET_F_MRG_RXBUF` negotiated: a frame may take several receive chains.
+    mergeable: bool,
+    /// With `mergeable`: the room taken before the backend is read (the largest frame the
+    /// guest accepts).
+    rx_needed: usize,
+    /// With `mergeable`: receive chains taken from the queue and not used yet, in order.
+    rx_held: VecDeque<Chain>,
+    /// The writable bytes of `rx_held`.
+    rx_held_room: u64,
+    /// With `mergeable`: the bytes a frame is expected to take (the last frame's length).
+    rx_expect: usize,
 }
 
 impl Net {
@@ -209,6 +243,11 @@ impl Net {
             stats: NetStats::default(),
             error_logged: false,
             offloads: false,
+            mergeable: false,
+            rx_needed: MAX_FRAME,
+            rx_held: VecDeque::new(),
+            rx_held_room: 0,
+            rx_expect: MAX_MTU_FRAME,
         }
     }
 
@@ -231,6 +270,13 @@ impl Net {
         }
     }
 
+    /// Forgets the held receive chains (the queue was reset or set up anew).
+    fn forget_held(&mut self) {
+        self.rx_held.clear();
+        self.rx_held_room = 0;
+        self.rx_expect = MAX_MTU_FRAME;
+    }
+
     /// Frame counters.
     pub fn stats(&self) -> NetStats {
         self.stats
@@ -246,11 +292,10 @@ impl Net {
         queue: &mut Queue,
         mem: &GuestMemoryMmap,
     ) -> Result<bool, DeviceError> {
-        let limits = ChainLimits {
-            max_segments: usize::from(NET_QUEUE_SIZE),
-            max_readable: 0,
-            max_writable: u64::from(u32::MAX),
-        };
+        if self.mergeable {
+            return self.process_rx_mergeable(queue, mem);
+        }
+        let limits = RX_LIMITS;
         let mut used = false;
         // A buffer first, then the frame: without one the backend is not read and keeps the
         // frame; queue 0's next notification (the guest posted buffers) or the backend's next
@@ -273,6 +318,135 @@ impl Net {
             }
         }
         Ok(used)
+    }
+
+    /// `VIRTIO_NET_F_MRG_RXBUF`: each frame goes into as many chains as it needs, and
+    /// `num_buffers` in its header says how many. The device holds chains until they make
+    /// room for `rx_needed` bytes, the largest frame the guest accepts; with less posted the
+    /// backend is not read, and the frame waits in it until the guest posts more (which it
+    /// notifies: the held chains are taken from the queue, so `avail_event` is past them).
+    /// A frame is read (one `readv`) into the held chains that hold a frame as long as the
+    /// last one, then the host overflow buffer; a longer frame's tail is copied from there
+    /// into the next held chains. So a TCP ACK after an ACK takes one chain's `iovec`s, a
+    /// 64 KiB segment after a segment is read into guest memory whole, and chains are parsed
+    /// once however many frames pass them by.
+    fn process_rx_mergeable(
+        &mut self,
+        queue: &mut Queue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        let needed = self.rx_needed as u64;
+        let mut used = false;
+        loop {
+            if self.rx_held_room < needed {
+                let mut iter = queue.iter(mem).map_err(DeviceError::queue(RX))?;
+                while self.rx_held_room < needed {
+                    let Some(desc) = iter.next() else { break };
+                    let chain = Chain::parse(desc, &RX_LIMITS).map_err(DeviceError::chain(RX))?;
+                    check_merge_buffer(&chain).map_err(DeviceError::chain(RX))?;
+                    self.rx_held_room += chain.writable_len();
+                    self.rx_held.push_back(chain);
+                }
+            }
+            if self.rx_held_room < needed {
+                break;
+            }
+            let n = match self.receive_merged(mem).map_err(DeviceError::chain(RX))? {
+                Merged::Frame(n) => n as u64,
+                Merged::Dropped => continue,
+                Merged::Nothing => break,
+            };
+            // The chains the frame filled, in order; the header is in the first (each holds
+            // at least a header).
+            let mut entries = Vec::new();
+            let mut left = n;
+            for chain in &self.rx_held {
+                if left == 0 {
+                    break;
+                }
+                let len = chain.writable_len().min(left);
+                left -= len;
+                // len <= MAX_FRAME.
+                entries.push((chain.head, u32::try_from(len).unwrap_or(0)));
+            }
+            let count = u16::try_from(entries.len()).unwrap_or(u16::MAX);
+            if let Some(first) = self.rx_held.front() {
+                first
+                    .write_at(mem, 10, &count.to_le_bytes())
+                    .map_err(DeviceError::chain(RX))?;
+            }
+            // All of the frame's chains at once: the driver must not see the first
+            // (num_buffers = count) before the others.
+            add_used_together(RX, queue, mem, &entries)?;
+            for _ in 0..entries.len() {
+                if let Some(chain) = self.rx_held.pop_front() {
+                    self.rx_held_room -= chain.writable_len();
+                }
+            }
+            self.rx_expect = usize::try_from(n).unwrap_or(MAX_FRAME);
+            self.stats.rx_frames += 1;
+            used = true;
+        }
+        Ok(used)
+    }
+
+    /// Reads one frame from the backend into the held chains (see
+    /// [`Net::process_rx_mergeable`]); the held room is at least `rx_needed`.
+    fn receive_merged(&mut self, mem: &GuestMemoryMmap) -> Result<Merged, ChainError> {
+        let expect = self.rx_expect.min(self.rx_needed) as u64;
+        let mut dst = GuestDst::new(&mut self.iovecs);
+        let mut direct_room = 0u64;
+        for chain in &self.rx_held {
+            if direct_room >= expect {
+                break;
+            }
+            chain.push_writable(mem, &mut dst)?;
+            direct_room += chain.writable_len();
+        }
+        let direct = if dst.count() < IOV_MAX {
+            dst.len()
+        } else {
+            // More pieces than one readv takes: all of the frame lands in the host buffer.
+            dst.clear();
+            0
+        };
+        dst.push_host(&mut self.rx_overflow);
+        let read = dst.read_once(&self.backend);
+        drop(dst);
+        let n = match read {
+            Ok(0) => return Ok(Merged::Nothing),
+            Ok(n) => n,
+            Err(e) => {
+                if e.kind() != io::ErrorKind::WouldBlock {
+                    self.log_backend_error("readv", &e);
+                }
+                return Ok(Merged::Nothing);
+            }
+        };
+        if n < VNET_HDR_LEN || n as u64 > self.rx_held_room {
+            self.stats.rx_dropped += 1;
+            return Ok(Merged::Dropped);
+        }
+        if n > direct {
+            // Longer than the chains read into directly: the rest is in the host buffer, and
+            // goes into the held chains after them (`direct` is where one of them starts).
+            let mut tail = self.rx_overflow.get(..n - direct).unwrap_or_default();
+            let mut start = 0usize;
+            for chain in &self.rx_held {
+                if tail.is_empty() {
+                    break;
+                }
+                let len = usize::try_from(chain.writable_len()).unwrap_or(usize::MAX);
+                if start < direct {
+                    start = start.saturating_add(len);
+                    continue;
+                }
+                let (now, rest) = tail.split_at(len.min(tail.len()));
+                chain.write_at(mem, 0, now)?;
+                tail = rest;
+            }
+        }
+        Ok(Merged::Frame(n))
     }
 
     /// Reads one frame from the backend straight into a receive chain (`readv`).
@@ -391,7 +565,11 @@ impl VirtioDevice for Net {
         // Indirect descriptors: a receive buffer of the driver's "big packets" mode (19
         // segments) or a TSO frame takes one ring slot instead of one per segment, so the
         // 256-entry queues hold 256 of them, not 13.
+        // Mergeable receive buffers, as QEMU offers them: the driver posts page-sized
+        // buffers instead of 64 KiB "big packet" chains, so a small frame (a TCP ACK) takes
+        // one page, not seventeen.
         (1 << VIRTIO_NET_F_MAC)
+            | (1 << VIRTIO_NET_F_MRG_RXBUF)
             | (1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX)
             | (1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC)
             | offloads
@@ -399,6 +577,14 @@ impl VirtioDevice for Net {
 
     fn activate(&mut self, features: u64) {
         self.set_tap_offloads(features);
+        let has = |bit: u32| features & (1 << bit) != 0;
+        self.mergeable = has(VIRTIO_NET_F_MRG_RXBUF);
+        self.forget_held();
+        self.rx_needed = if has(VIRTIO_NET_F_GUEST_TSO4) || has(VIRTIO_NET_F_GUEST_TSO6) {
+            MAX_FRAME
+        } else {
+            MAX_MTU_FRAME
+        };
     }
 
     /// `struct virtio_net_config` up to `status`: the MAC and a zero status.
@@ -423,7 +609,35 @@ impl VirtioDevice for Net {
 
     fn reset(&mut self) {
         self.set_tap_offloads(0);
+        self.mergeable = false;
+        self.rx_needed = MAX_FRAME;
+        self.forget_held();
     }
+}
+
+/// Receive chains: device-writable buffers only, up to a queue's worth of segments.
+const RX_LIMITS: ChainLimits = ChainLimits {
+    max_segments: NET_QUEUE_SIZE as usize,
+    max_readable: 0,
+    max_writable: u32::MAX as u64,
+};
+
+/// A mergeable receive buffer: device-writable only, and (virtio 1.2, 5.1.6.3.1) large enough
+/// for the header, so `num_buffers` is always in the first one.
+fn check_merge_buffer(chain: &Chain) -> Result<(), ChainError> {
+    if !chain.readable.is_empty() {
+        return Err(ChainError::Direction {
+            head: chain.head,
+            what: "receive buffers must be device-writable only",
+        });
+    }
+    if chain.writable_len() < VNET_HDR_LEN as u64 {
+        return Err(ChainError::Direction {
+            head: chain.head,
+            what: "a mergeable receive buffer must hold the 12-byte header",
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

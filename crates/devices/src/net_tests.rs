@@ -7,7 +7,7 @@ use vm_memory::{Bytes, GuestAddress};
 use super::*;
 use crate::testutil::{memory, TestQueue, DATA};
 use virtio_bindings::virtio_net::{
-    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_MAC,
+    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF,
 };
 
 const EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
@@ -141,7 +141,7 @@ fn config_space_holds_the_mac() {
     assert_eq!(dev.config()[..6], MAC);
     assert_eq!(
         dev.features(),
-        (1 << VIRTIO_NET_F_MAC) | EVENT_IDX | INDIRECT
+        (1 << VIRTIO_NET_F_MAC) | MRG | EVENT_IDX | INDIRECT
     );
     assert_eq!(dev.queue_max_sizes(), &[NET_QUEUE_SIZE, NET_QUEUE_SIZE]);
 }
@@ -211,13 +211,13 @@ fn a_tap_backed_nic_offers_offloads_and_turns_tso_on_for_what_the_guest_accepted
     let (plain, _peer) = net();
     assert_eq!(
         plain.features(),
-        (1 << VIRTIO_NET_F_MAC) | EVENT_IDX | INDIRECT,
+        (1 << VIRTIO_NET_F_MAC) | MRG | EVENT_IDX | INDIRECT,
         "no offloads off a tap"
     );
     let mut dev = Net::with_offloads(tap.into_file(), MAC);
     assert_eq!(
         dev.features(),
-        (1 << VIRTIO_NET_F_MAC) | EVENT_IDX | INDIRECT | OFFLOAD_FEATURES
+        (1 << VIRTIO_NET_F_MAC) | MRG | EVENT_IDX | INDIRECT | OFFLOAD_FEATURES
     );
     assert!(!tso_on(&name), "a new tap has TSO off");
     // A driver that takes checksums but no TSO: still off.
@@ -473,4 +473,230 @@ fn receive_and_transmit_through_indirect_tables() {
     let mut sent = vec![0u8; 8192];
     let n = peer.recv(&mut sent).unwrap();
     assert_eq!(sent[..n], out[..]);
+}
+
+const MRG: u64 = 1 << VIRTIO_NET_F_MRG_RXBUF;
+const TSO: u64 = (1 << VIRTIO_NET_F_GUEST_CSUM) | (1 << VIRTIO_NET_F_GUEST_TSO4);
+
+/// Posts `n` one-buffer receive chains of `len` bytes each, `0x4000` apart from `DATA`.
+fn post_buffers(q: &mut TestQueue<'_>, first: u64, n: u64, len: u32) {
+    for i in first..first + n {
+        q.post(&[(DATA + i * 0x4000, len, true)]);
+    }
+}
+
+/// Where [`mrg_queue`] puts the used ring.
+const USED: u64 = 0x8000;
+
+/// The queue of `q` with its used ring at [`USED`]: the mock lays the used ring out right
+/// after 8 available entries, so more than 8 posted chains would overlap it.
+fn mrg_queue(q: &TestQueue<'_>) -> Queue {
+    let mut queue = q.queue();
+    queue.try_set_used_ring_address(GuestAddress(USED)).unwrap();
+    queue
+}
+
+/// Used entry `i` (head, length) and the used index of a [`mrg_queue`].
+fn used_at(mem: &GuestMemoryMmap, i: u16) -> (u32, u32) {
+    let [id, len] = mem
+        .read_obj::<[u32; 2]>(GuestAddress(USED + 4 + 8 * u64::from(i)))
+        .unwrap();
+    (id, len)
+}
+
+fn used_idx_at(mem: &GuestMemoryMmap) -> u16 {
+    mem.read_obj(GuestAddress(USED + 2)).unwrap()
+}
+
+/// The `len` bytes of buffer `i` of [`post_buffers`].
+fn buffer(mem: &GuestMemoryMmap, i: u64, len: usize) -> Vec<u8> {
+    let mut b = vec![0u8; len];
+    mem.read_slice(&mut b, GuestAddress(DATA + i * 0x4000))
+        .unwrap();
+    b
+}
+
+#[test]
+fn the_device_offers_mergeable_receive_buffers() {
+    let (dev, _peer) = net();
+    assert_ne!(dev.features() & MRG, 0);
+}
+
+#[test]
+fn mergeable_receive_spreads_a_frame_over_the_chains_it_needs_and_counts_them() {
+    let (mut dev, peer) = net();
+    dev.activate(MRG | TSO | EVENT_IDX);
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = mrg_queue(&q);
+    // 9 x 8 KiB: room for the largest TSO frame (65,562 bytes), which is taken first.
+    post_buffers(&mut q, 0, 9, 8192);
+    let pkt = packet(20_000, 6); // 20,012 bytes: 8192 + 8192 + 3628
+    peer.send(&pkt).unwrap();
+    let small = packet(100, 2);
+    peer.send(&small).unwrap();
+    // The second frame needs room for the largest frame again: 6 chains are left (48 KiB).
+    // The first frame was expected to be an MTU frame (the first chain); its tail is copied
+    // from the host buffer into the second and third.
+    assert!(dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(used_idx_at(&mem), 3, "one frame, three chains");
+    assert_eq!(used_at(&mem, 0), (0, 8192));
+    assert_eq!(used_at(&mem, 1), (1, 8192));
+    assert_eq!(used_at(&mem, 2), (2, 3628));
+    assert_eq!(
+        queue.next_avail(),
+        9,
+        "the device holds the six chains it did not fill, for the next frames"
+    );
+    let mut got = buffer(&mem, 0, 8192);
+    got.extend(buffer(&mem, 1, 8192));
+    got.extend(buffer(&mem, 2, 3628));
+    assert_eq!(got[10..12], [3, 0], "num_buffers is 3");
+    assert_eq!(got[..10], pkt[..10]);
+    assert_eq!(got[12..], pkt[12..]);
+    assert_eq!(
+        queued_frame_len(&dev),
+        Some(112),
+        "the next frame waits for room for the largest frame"
+    );
+    // Three more chains: 9 held again; the small frame takes one, read straight into the
+    // chains that hold a frame as long as the last (20,012 bytes).
+    post_buffers(&mut q, 9, 3, 8192);
+    assert!(dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(used_at(&mem, 3), (3, 112));
+    let got = buffer(&mem, 3, 112);
+    assert_eq!(got[10..12], [1, 0], "num_buffers is 1");
+    assert_eq!(got[12..], small[12..]);
+    assert_eq!(dev.stats().rx_frames, 2);
+    assert_eq!(queued_frame_len(&dev), None);
+}
+
+#[test]
+fn without_tso_a_mergeable_receive_needs_room_for_one_mtu_frame() {
+    let (mut dev, peer) = net();
+    dev.activate(MRG | EVENT_IDX);
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = mrg_queue(&q);
+    post_buffers(&mut q, 0, 1, 1024);
+    let pkt = packet(1514, 1);
+    peer.send(&pkt).unwrap();
+    assert!(
+        !dev.process_queue(RX, &mut queue, &mem).unwrap(),
+        "1 KiB of room is less than one MTU frame: the backend is not read"
+    );
+    assert_eq!(queued_frame_len(&dev), Some(1526));
+    assert_eq!(
+        queue.next_avail(),
+        1,
+        "the chain is held until there is room"
+    );
+    post_buffers(&mut q, 1, 1, 1024);
+    assert!(dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(used_at(&mem, 0), (0, 1024));
+    assert_eq!(used_at(&mem, 1), (1, 502));
+    let mut got = buffer(&mem, 0, 1024);
+    got.extend(buffer(&mem, 1, 502));
+    assert_eq!(got[10..12], [2, 0]);
+    assert_eq!(got[12..], pkt[12..]);
+}
+
+#[test]
+fn a_mergeable_frame_longer_than_the_room_is_dropped_and_the_chains_kept() {
+    let (mut dev, peer) = net();
+    dev.activate(MRG | EVENT_IDX);
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = mrg_queue(&q);
+    post_buffers(&mut q, 0, 1, 2048);
+    peer.send(&packet(4000, 3)).unwrap(); // a jumbo frame the guest did not ask for
+    let next = packet(60, 4);
+    peer.send(&next).unwrap();
+    assert!(dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(dev.stats().rx_dropped, 1);
+    assert_eq!(
+        used_idx_at(&mem),
+        1,
+        "the chain took the next frame instead"
+    );
+    assert_eq!(used_at(&mem, 0), (0, 72));
+    assert_eq!(buffer(&mem, 0, 72)[12..], next[12..]);
+}
+
+#[test]
+fn a_mergeable_buffer_smaller_than_the_header_is_malformed() {
+    let (mut dev, peer) = net();
+    dev.activate(MRG);
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = mrg_queue(&q);
+    peer.send(&packet(60, 0)).unwrap();
+    q.post(&[(DATA, 8, true)]);
+    let err = dev.process_queue(RX, &mut queue, &mem).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::Chain { queue: RX, .. }),
+        "{err:?}"
+    );
+    assert!(format!("{err:?}").contains("12-byte header"), "{err:?}");
+}
+
+#[test]
+fn a_reset_turns_mergeable_receive_off() {
+    let (mut dev, peer) = net();
+    dev.activate(MRG | EVENT_IDX);
+    dev.reset();
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = mrg_queue(&q);
+    post_buffers(&mut q, 0, 1, 2048);
+    peer.send(&packet(60, 0)).unwrap();
+    assert!(dev.process_queue(RX, &mut queue, &mem).unwrap());
+    assert_eq!(buffer(&mem, 0, 12)[10..12], [1, 0]);
+    assert_eq!(used_at(&mem, 0), (0, 72));
+}
+
+#[test]
+fn mergeable_frames_longer_or_shorter_than_the_last_arrive_whole() {
+    let (mut dev, peer) = net();
+    dev.activate(MRG | TSO | EVENT_IDX);
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    let mut queue = mrg_queue(&q);
+    post_buffers(&mut q, 0, 16, 8192);
+    // Small, then large (its tail copied from the host buffer), then large (read straight
+    // into guest memory), then small again.
+    let frames = [
+        packet(60, 1),
+        packet(30_000, 2),
+        packet(40_000, 3),
+        packet(70, 4),
+    ];
+    for f in &frames {
+        peer.send(f).unwrap();
+    }
+    assert!(dev.process_queue(RX, &mut queue, &mem).unwrap());
+    // 72 -> 1 chain; 30,012 -> 4; 40,012 -> 5; then 6 chains are left, 48 KiB: the last frame
+    // waits for room for the largest frame.
+    assert_eq!(used_idx_at(&mem), 10);
+    assert_eq!(queued_frame_len(&dev), Some(82));
+    let mut chain = 0u64;
+    let mut used = 0u16;
+    for f in &frames[..3] {
+        let chains = f.len().div_ceil(8192) as u64;
+        let mut got = Vec::new();
+        for i in chain..chain + chains {
+            got.extend(buffer(&mem, i, 8192));
+        }
+        got.truncate(f.len());
+        assert_eq!(got[10..12], (chains as u16).to_le_bytes());
+        assert_eq!(got[12..], f[12..], "frame of {} bytes", f.len());
+        for i in 0..chains {
+            let len = (f.len() - i as usize * 8192).min(8192) as u32;
+            assert_eq!(used_at(&mem, used), ((chain + i) as u32, len));
+            used += 1;
+        }
+        chain += chains;
+    }
+    assert_eq!(dev.stats().rx_frames, 3);
+    assert_eq!(dev.stats().rx_dropped, 0);
 }

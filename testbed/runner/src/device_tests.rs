@@ -614,6 +614,13 @@ pub fn read_only(env: &Env) -> Outcome {
 /// Ping over the tap, then 64 MiB each way with matching checksums.
 pub fn net_ping_and_64mib_each_way(env: &Env) -> Outcome {
     let s = session(env)?;
+    // The transfers below run over mergeable receive buffers: the driver took
+    // VIRTIO_NET_F_MRG_RXBUF (bit 15), so a TCP segment from the host spans several chains.
+    let features = s.get("net", "features")?;
+    ensure!(
+        features.as_bytes().get(15) == Some(&b'1'),
+        "the guest driver did not take VIRTIO_NET_F_MRG_RXBUF: features {features}"
+    );
     let received = s.get("ping", "received")?;
     ensure!(
         received == "3",
