@@ -119,7 +119,10 @@ for suite in "${suites[@]}"; do
 for f in /sys/devices/system/node/node*/hugepages/hugepages-1048576kB/nr_hugepages; do
     [ "$suite" != 4node ] && [ "\$(cat \$f)" -lt 1 ] && echo 1 > \$f
 done
-./vmhost-testbed --suite $suite --vmhost ./vmhost ${only:+--only $only} 2>&1 | tee results.txt
+# skip: the tests that passed in an earlier boot of this host (written by run.sh after the
+# emulated machine locked up).
+skip=""; [ -s skip ] && skip="--skip \$(cat skip)"
+./vmhost-testbed --suite $suite --vmhost ./vmhost ${only:+--only $only} \$skip 2>&1 | tee results.txt
 exit \$(grep -c '^FAIL' results.txt)
 RUN
     chmod +x "$share/run"
@@ -128,24 +131,33 @@ RUN
     log="$tb/logs/$suite.log"
     echo "== testbed: $suite host (${nodes} NUMA nodes), serial log $log"
     rc=0
-    for attempt in 1 2; do
+    rm -f "$share/skip" "$share/passed-earlier"
+    for attempt in 1 2 3; do
         rm -f "$share/results.txt"
         boot_and_watch "$nodes" "$share" "$log" || rc=$?
         why=$(emulator_fault "$log")
         # The emulated machine itself locked up (a CPU stuck in its own kernel, or no output
         # at all for VMHOST_TESTBED_SILENCE s while the runner writes a watchdog line every 60 s):
-        # a fault of the emulator, seen before any test was running too. Boot the host once
-        # more, unless a test had already failed (that failure stands).
-        if [[ -n "$why" && $attempt -eq 1 ]] && ! grep -q '^FAIL' "$share/results.txt" 2>/dev/null; then
+        # a fault of the emulator, seen before any test was running too. Boot the host again,
+        # at most twice, unless a test had already failed (that failure stands). The tests that
+        # passed before the lockup stand too; the next boot runs the rest.
+        if [[ -n "$why" && $attempt -lt 3 ]] && ! grep -q '^FAIL' "$share/results.txt" 2>/dev/null; then
             keep="$tb/failed/$(date +%Y%m%d-%H%M%S)-$suite-emulator-fault.log"
             cp "$log" "$keep"
+            grep '^PASS' "$share/results.txt" >> "$share/passed-earlier" 2>/dev/null || true
+            sed -E 's/^PASS ([^ ]+).*/\1/' "$share/passed-earlier" 2>/dev/null | paste -sd, - > "$share/skip"
             echo "== testbed: the emulated $suite host locked up ($why); serial log kept in $keep;" \
-                "this is a fault of the emulated machine, not a test result: booting it once more"
+                "this is a fault of the emulated machine, not a test result: booting it again" \
+                "(boot $((attempt + 1)) of at most 3) for the tests that have not passed yet"
             rc=0
             continue
         fi
         break
     done
+    if [[ -s "$share/passed-earlier" ]]; then
+        cat "$share/passed-earlier" "$share/results.txt" > "$share/results.all" 2>/dev/null || true
+        mv "$share/results.all" "$share/results.txt"
+    fi
     grep -E '^(RUN|PASS|FAIL|     )' "$share/results.txt" 2>/dev/null || true
     p=$(grep -c '^PASS' "$share/results.txt" 2>/dev/null || true)
     f=$(grep -c '^FAIL' "$share/results.txt" 2>/dev/null || true)
