@@ -145,7 +145,8 @@ RUN
             keep="$tb/failed/$(date +%Y%m%d-%H%M%S)-$suite-emulator-fault.log"
             cp "$log" "$keep"
             grep '^PASS' "$share/results.txt" >> "$share/passed-earlier" 2>/dev/null || true
-            sed -E 's/^PASS ([^ ]+).*/\1/' "$share/passed-earlier" 2>/dev/null | paste -sd, - > "$share/skip"
+            names=$(sed -E 's/^PASS ([^ ]+).*/\1/' "$share/passed-earlier" 2>/dev/null | paste -sd, -)
+            if [[ -n "$names" ]]; then echo "$names" > "$share/skip"; else rm -f "$share/skip"; fi
             echo "== testbed: the emulated $suite host locked up ($why); serial log kept in $keep;" \
                 "this is a fault of the emulated machine, not a test result: booting it again" \
                 "(boot $((attempt + 1)) of at most 3) for the tests that have not passed yet"
