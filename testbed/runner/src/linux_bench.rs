@@ -204,19 +204,19 @@ fn median(v: &mut [f64]) -> f64 {
 /// gets next) and 1 GiB of anonymous memory (freed pages QEMU's guest is likely to get next),
 /// so the boot after it pays what it would on a host without that emulator cost.
 fn scrub(a: &Assets, env: &Env, spec: &Path) -> Result<(), String> {
-    let out = Command::new(&a.vmhost_release)
+    let mut memory = Command::new(&a.vmhost_release);
+    memory
         .arg("--run-dir")
         .arg(&env.run_dir)
         .arg("--config")
         .arg(spec)
-        .arg("memory")
-        .output()
-        .map_err(|e| format!("vmhost memory: {e}"))?;
+        .arg("memory");
+    let out = crate::vm::run_command(memory, "vmhost memory")?;
     ensure!(
-        out.status.success(),
-        "vmhost memory: {:?}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+        out.code == 0,
+        "vmhost memory: exit {}: {}",
+        out.code,
+        out.stderr
     );
     let mut anon = vec![0u8; 1 << 30];
     for page in anon.chunks_mut(4096) {
