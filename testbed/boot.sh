@@ -8,7 +8,8 @@
 #   4 nodes: 4 sockets x 2 cores, 1 GiB per node, the asymmetric matrix
 #            10 16 22 28 / 18 10 28 22 / 24 30 10 16 / 32 26 20 10.
 # DIR is shared read-write over virtio-9p (mounted at /mnt inside). The serial console goes to
-# stdout and FILE. The exit status is the status of DIR/run inside, or 124 on a time-out, or
+# stdout and FILE; QEMU's monitor listens on the Unix socket FILE.monitor (testbed/run.sh asks
+# it where the emulated CPUs are when the machine locks up). The exit status is the status of DIR/run inside, or 124 on a time-out, or
 # 125 when the host did not report one (it crashed or never ran the script).
 set -euo pipefail
 
@@ -65,7 +66,8 @@ timeout -k 10 "$timeout" qemu-system-x86_64 \
     -fsdev "local,id=fs0,path=$share,security_model=none" \
     -device virtio-9p-pci,fsdev=fs0,mount_tag=share \
     -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
-    -display none -monitor none -serial stdio -no-reboot </dev/null 2>&1 | tee "$log"
+    -display none -monitor "unix:$log.monitor,server=on,wait=off" \
+    -serial stdio -no-reboot </dev/null 2>&1 | tee "$log"
 qemu=${PIPESTATUS[0]}
 set -e
 if [[ $qemu -eq 124 || $qemu -eq 137 ]]; then

@@ -40,6 +40,36 @@ emulator_fault() {
     fi
 }
 
+# Asks QEMU's monitor (testbed/boot.sh's FILE.monitor socket) where each emulated CPU is: `info
+# cpus` and every CPU's registers, for the log of a machine that locked up. A QEMU that does not
+# answer within 5 s is stuck itself, and that is said too.
+monitor_dump() {
+    python3 - "$1" <<'PY'
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    sys.exit(f"no QEMU monitor: {e}")
+s.sendall(b"info cpus\ninfo registers -a\n")
+out, end = b"", time.time() + 8
+s.settimeout(1.5)
+while time.time() < end:
+    try:
+        chunk = s.recv(65536)
+    except socket.timeout:
+        break
+    if not chunk:
+        break
+    out += chunk
+keep = ("CPU#", "* CPU", "CPU #", "RIP=", "CS =", "CR0=", "EFER=", "HLT=")
+lines = [l.rstrip() for l in out.decode(errors="replace").replace("\r", "").splitlines()]
+found = [l for l in lines if l.lstrip().startswith(keep) or "thread_id" in l]
+print("\n".join(found) or "QEMU's monitor did not answer within 8 s (QEMU itself is stuck)")
+PY
+}
+
 # Boots one host (testbed/boot.sh) and watches its serial log: a kernel lockup report, or no
 # output for VMHOST_TESTBED_SILENCE seconds (default 150), stops it at once instead of at the
 # timeout. Returns boot.sh's status (124 when stopped).
@@ -66,10 +96,15 @@ boot_and_watch() {
             stuck=silence
         fi
         if [[ -n "$stuck" ]]; then
+            monitor_dump "$log.monitor" > "$log.cpus" 2>&1 || true
             pkill -TERM -f "path=$share,security_model" 2>/dev/null || true
             wait "$pid" 2>/dev/null
             # After QEMU and tee are gone: the log says why it was stopped.
             [[ -s "$log.frozen" ]] && echo "testbed: $(cat "$log.frozen")" >> "$log"
+            if [[ -s "$log.cpus" ]]; then
+                echo "testbed: the emulated CPUs when it was stopped (QEMU monitor):" >> "$log"
+                sed 's/^/testbed:   /' "$log.cpus" >> "$log"
+            fi
             return 124
         fi
     done
