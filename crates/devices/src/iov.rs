@@ -310,6 +310,25 @@ impl<'a> GuestDst<'a> {
             unsafe { libc::readv(fd, iov.as_ptr(), count(iov)) }
         })
     }
+
+    /// One frame from `file` into these guest buffers, with `overflow` after them: a frame
+    /// longer than the guest's buffers spills into it, and the read returning more than the
+    /// room says so. Returns the room (0 when the guest's buffers are in more pieces than one
+    /// `readv` takes: the frame then lands in `overflow` alone) and what the call returned.
+    pub fn read_frame(
+        mut self,
+        overflow: &'a mut [u8],
+        file: &impl AsFd,
+    ) -> (usize, io::Result<usize>) {
+        let room = if self.count() < IOV_MAX {
+            self.len()
+        } else {
+            self.clear();
+            0
+        };
+        self.push_host(overflow);
+        (room, self.read_once(file))
+    }
 }
 
 #[cfg(test)]

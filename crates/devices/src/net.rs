@@ -403,16 +403,7 @@ impl Net {
             chain.push_writable(mem, &mut dst)?;
             direct_room += chain.writable_len();
         }
-        let direct = if dst.count() < IOV_MAX {
-            dst.len()
-        } else {
-            // More pieces than one readv takes: all of the frame lands in the host buffer.
-            dst.clear();
-            0
-        };
-        dst.push_host(&mut self.rx_overflow);
-        let read = dst.read_once(&self.backend);
-        drop(dst);
+        let (direct, read) = dst.read_frame(&mut self.rx_overflow, &self.backend);
         let n = match read {
             Ok(0) => return Ok(Merged::Nothing),
             Ok(n) => n,
@@ -461,17 +452,9 @@ impl Net {
         // frame longer than the guest's buffers spills into it, the read says so and the frame
         // is dropped, not delivered cut short.
         let room = chain.writable_len().min(MAX_FRAME as u64);
-        let mut dst = chain.writable_iovecs(mem, &mut self.iovecs, 0, room)?;
-        let room = if dst.count() < IOV_MAX {
-            dst.len()
-        } else {
-            // Buffers in more pieces than one readv takes: the frame is read and dropped.
-            dst.clear();
-            0
-        };
-        dst.push_host(&mut self.rx_overflow);
-        let read = dst.read_once(&self.backend);
-        drop(dst);
+        let dst = chain.writable_iovecs(mem, &mut self.iovecs, 0, room)?;
+        // Buffers in more pieces than one readv takes: room 0, the frame is read and dropped.
+        let (room, read) = dst.read_frame(&mut self.rx_overflow, &self.backend);
         match read {
             Ok(0) => Ok(Received::Nothing),
             Ok(n) if n < VNET_HDR_LEN => {
