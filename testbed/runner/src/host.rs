@@ -203,3 +203,48 @@ pub fn sched_policy(pid: u32, tid: u32) -> Result<u32, String> {
         .and_then(|p| p.parse().ok())
         .ok_or_else(|| format!("{path}: no policy field"))
 }
+
+/// What each thread of process `pid` is doing, one line each: thread id, name, state, the CPU
+/// it last ran on and its kernel wait channel. For the log of a VM that hung, so it shows
+/// whether a vCPU thread was blocked in vmhost, sleeping in the kernel or running.
+pub fn thread_states(pid: u32) -> String {
+    let mut lines = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let read = |f: &str| std::fs::read_to_string(task.path().join(f)).unwrap_or_default();
+        let stat = read("stat");
+        // After the command's closing parenthesis: state is field 3, processor field 39.
+        let fields: Vec<&str> = stat
+            .rsplit_once(") ")
+            .map_or(Vec::new(), |(_, a)| a.split_whitespace().collect());
+        lines.push(format!(
+            "thread {} {} state {} cpu {} wchan {}",
+            task.file_name().to_string_lossy(),
+            read("comm").trim(),
+            fields.first().unwrap_or(&"?"),
+            fields.get(36).unwrap_or(&"?"),
+            read("wchan").trim()
+        ));
+    }
+    lines.sort();
+    lines.join("; ")
+}
+
+#[cfg(test)]
+mod thread_state_tests {
+    #[test]
+    fn thread_states_lists_the_calling_thread_running() {
+        let named = std::thread::Builder::new()
+            .name("tstate-probe".into())
+            .spawn(|| super::thread_states(std::process::id()))
+            .unwrap();
+        let states = named.join().unwrap();
+        assert!(
+            states.contains("tstate-probe state R cpu "),
+            "the probe thread itself is running: {states}"
+        );
+    }
+}

@@ -71,17 +71,7 @@ fn time_to_init(mut cmd: Command, what: &str) -> Result<Boot, String> {
     };
     if status.is_none() {
         // What each of its threads was doing, for the log, before it is killed.
-        let task_dir = format!("/proc/{}/task", child.id());
-        for task in std::fs::read_dir(&task_dir).into_iter().flatten().flatten() {
-            let read = |f: &str| std::fs::read_to_string(task.path().join(f)).unwrap_or_default();
-            println!(
-                "     {what} hung: thread {} {} state {} wchan {}",
-                task.file_name().to_string_lossy(),
-                read("comm").trim(),
-                read("stat").rsplit_once(") ").map_or("?", |(_, a)| &a[..1]),
-                read("wchan").trim()
-            );
-        }
+        println!("     {what} hung: {}", host::thread_states(child.id()));
         let _ = child.kill();
         let _ = child.wait();
     }

@@ -250,9 +250,11 @@ fn wait_for_serial(vm: &Running, out: &Path, marker: &str) -> Result<String, Str
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "no {marker:?} on the guest console within {BOOT_LIMIT:?}: {}; stderr: {}",
+                "no {marker:?} on the guest console within {BOOT_LIMIT:?}: {}; stderr: {}; \
+                 the VMM's threads: {}",
                 tail(&serial),
-                vm.stderr()
+                vm.stderr(),
+                host::thread_states(vm.vmm)
             ));
         }
         std::thread::sleep(Duration::from_millis(200));
