@@ -239,18 +239,10 @@ impl Chain {
         len: u64,
     ) -> Result<GuestDst<'a>, ChainError> {
         let mut dst = GuestDst::new(store);
-        for (addr, n) in span(&self.writable, offset, to_usize(len)) {
-            dst.push(mem, addr, n)
-                .map_err(|source| ChainError::Memory {
-                    head: self.head,
-                    source,
-                })?;
-        }
+        self.push_writable_span(mem, &mut dst, offset, len)?;
         Ok(dst)
     }
-}
 
-impl Chain {
     /// Appends all of this chain's device-writable bytes to `dst`, after what it holds (a
     /// frame spread over several receive chains, `VIRTIO_NET_F_MRG_RXBUF`).
     pub fn push_writable<'a>(
@@ -258,7 +250,18 @@ impl Chain {
         mem: &'a GuestMemoryMmap,
         dst: &mut GuestDst<'a>,
     ) -> Result<(), ChainError> {
-        for (addr, n) in span(&self.writable, 0, to_usize(self.writable_len())) {
+        self.push_writable_span(mem, dst, 0, self.writable_len())
+    }
+
+    /// Appends the device-writable bytes `offset..offset + len` to `dst`.
+    fn push_writable_span<'a>(
+        &self,
+        mem: &'a GuestMemoryMmap,
+        dst: &mut GuestDst<'a>,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), ChainError> {
+        for (addr, n) in span(&self.writable, offset, to_usize(len)) {
             dst.push(mem, addr, n)
                 .map_err(|source| ChainError::Memory {
                     head: self.head,

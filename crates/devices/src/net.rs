@@ -228,6 +228,8 @@ pub struct Net {
     rx_held_room: u64,
     /// With `mergeable`: the bytes a frame is expected to take (the last frame's length).
     rx_expect: usize,
+    /// With `mergeable`: the used entries of the frame being received (reused storage).
+    rx_used: Vec<(u16, u32)>,
 }
 
 impl Net {
@@ -248,6 +250,7 @@ impl Net {
             rx_held: VecDeque::new(),
             rx_held_room: 0,
             rx_expect: MAX_MTU_FRAME,
+            rx_used: Vec::new(),
         }
     }
 
@@ -295,13 +298,12 @@ impl Net {
         if self.mergeable {
             return self.process_rx_mergeable(queue, mem);
         }
-        let limits = RX_LIMITS;
         let mut used = false;
         // A buffer first, then the frame: without one the backend is not read and keeps the
         // frame; queue 0's next notification (the guest posted buffers) or the backend's next
         // readable edge comes back here.
         while let Some(desc) = queue.iter(mem).map_err(DeviceError::queue(RX))?.next() {
-            let chain = Chain::parse(desc, &limits).map_err(DeviceError::chain(RX))?;
+            let chain = Chain::parse(desc, &RX_LIMITS).map_err(DeviceError::chain(RX))?;
             match self.receive(&chain, mem).map_err(DeviceError::chain(RX))? {
                 Received::Used(written) => {
                     queue
@@ -358,7 +360,8 @@ impl Net {
             };
             // The chains the frame filled, in order; the header is in the first (each holds
             // at least a header).
-            let mut entries = Vec::new();
+            let mut entries = std::mem::take(&mut self.rx_used);
+            entries.clear();
             let mut left = n;
             for chain in &self.rx_held {
                 if left == 0 {
@@ -383,6 +386,7 @@ impl Net {
                     self.rx_held_room -= chain.writable_len();
                 }
             }
+            self.rx_used = entries;
             self.rx_expect = usize::try_from(n).unwrap_or(MAX_FRAME);
             self.stats.rx_frames += 1;
             used = true;
