@@ -149,8 +149,9 @@ for suite in "${suites[@]}"; do
     bash "$root/testbed/build-disks.sh" "$share/guest/virtio"
     cat > "$share/run" <<RUN
 #!/bin/sh
-# 1 GiB pages: boot.sh reserves one per node on the kernel command line, which now and then
-# comes up empty on a node; allocate it now, while the node's memory is still unfragmented.
+# 1 GiB pages: boot.sh reserves one per node on the kernel command line (with nokaslr, so the
+# kernel image never takes node 0's only free 1 GiB range); should a node still have none,
+# try once more now, while its memory is still unfragmented.
 for f in /sys/devices/system/node/node*/hugepages/hugepages-1048576kB/nr_hugepages; do
     [ "$suite" != 4node ] && [ "\$(cat \$f)" -lt 1 ] && echo 1 > \$f
 done

@@ -223,12 +223,17 @@ pub fn pool_short_on_node1_refused(env: &Env) -> Outcome {
 /// 1 GiB pages per node: a 2-cell VM takes the page reserved at boot on each node.
 pub fn one_gig_pages_per_node(env: &Env) -> Outcome {
     host::set_2m_pools(&[0, 0])?;
-    for node in [0, 1] {
-        let (total, free) = host::hugepages(node, 1048576)?;
+    let pools = [host::hugepages(0, 1048576)?, host::hugepages(1, 1048576)?];
+    for (node, (total, free)) in pools.iter().enumerate() {
         ensure!(
-            free >= 1,
-            "node{node} has {free} free of {total} 1 GiB pages (testbed/boot.sh reserves one per node); {}",
-            host::read("/proc/meminfo")?.lines().filter(|l| l.starts_with("Huge")).collect::<Vec<_>>().join(", ")
+            *free >= 1,
+            "node{node} has {free} free of {total} 1 GiB pages (testbed/boot.sh reserves one per \
+             node); (total, free) per node: {pools:?}; kernel image: {}",
+            host::read("/proc/iomem")?
+                .lines()
+                .find(|l| l.contains("Kernel code"))
+                .unwrap_or("?")
+                .trim()
         );
     }
     let toml =
