@@ -263,13 +263,52 @@ fn shutdown_outcome(vcpu: usize, ctx: &VcpuContext, fd: &VcpuFd) -> VcpuOutcome 
             how: RebootVia::TripleFault { vector, rip },
         };
     }
+    let payload_status = payload_status(vcpu, ctx);
+    // The reset state (RIP 0xfff0, RFLAGS 0x2); KVM_GET_SREGS is not in the vCPU thread's
+    // seccomp filter, and these two suffice: no payload runs code at 0xfff0.
+    let reset = rip == 0xfff0 && fd.get_regs().map(|r| r.rflags == 0x2).unwrap_or(false);
     tracing::error!(
         vcpu,
         ?vector,
         rip = format_args!("{rip:#x}"),
-        "guest shut down (triple fault)"
+        ?payload_status,
+        registers_reset = reset,
+        "guest shut down (triple fault){}",
+        if reset {
+            ": KVM reset the vCPU (AMD), so RIP is not where it faulted"
+        } else {
+            ""
+        }
     );
-    VcpuOutcome::Shutdown { vector, rip }
+    VcpuOutcome::Shutdown {
+        vector,
+        rip,
+        payload_status,
+    }
+}
+
+/// The progress word of vCPU `vcpu`'s payload mailbox, if the mailbox still holds the VMM's
+/// magic.
+fn payload_status(vcpu: usize, ctx: &VcpuContext) -> Option<u64> {
+    let GuestCtx::Payload { boot, boot_mem } = &ctx.guest else {
+        return None;
+    };
+    let gpa = boot.mailbox(vcpu);
+    match boot_mem.read_obj::<Mailbox>(GuestAddress(gpa)) {
+        Ok(m) if m.magic == crate::payload::mailbox::MAGIC => Some(m.status),
+        Ok(_) => {
+            tracing::error!(
+                vcpu,
+                gpa = format_args!("{gpa:#x}"),
+                "payload mailbox overwritten"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::error!(vcpu, gpa = format_args!("{gpa:#x}"), %e, "payload mailbox unreadable");
+            None
+        }
+    }
 }
 
 /// Describes a `KVM_EXIT_INTERNAL_ERROR`: suberror, RIP, and for an emulation failure the

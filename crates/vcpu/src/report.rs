@@ -45,8 +45,14 @@ pub enum VcpuOutcome {
     Shutdown {
         /// Exception vector from `KVM_GET_VCPU_EVENTS`, if one was recorded.
         vector: Option<u8>,
-        /// Guest RIP.
+        /// Guest RIP. On AMD, KVM resets the vCPU on a shutdown intercept, so this is then the
+        /// reset vector (0xfff0), not where the guest faulted.
         rip: u64,
+        /// How far the built-in payload got, from its mailbox (see
+        /// [`crate::payload::mailbox::status`]: 0 still in the ring-0 prologue, 1 prologue
+        /// done, 2 in ring 3); `None` when the mailbox no longer holds the VMM's magic (guest
+        /// memory was overwritten) or the guest is not a payload.
+        payload_status: Option<u64>,
     },
     /// An exception reached the guest's IDT.
     Exception {
@@ -108,10 +114,23 @@ impl std::fmt::Display for VcpuOutcome {
             VcpuOutcome::Halted => f.write_str("halted"),
             VcpuOutcome::Stopped => f.write_str("stopped"),
             VcpuOutcome::NotStarted => f.write_str("not started"),
-            VcpuOutcome::Shutdown { vector: Some(v), rip } => {
-                write!(f, "triple fault (last exception {v}) at RIP {rip:#x}")
+            VcpuOutcome::Shutdown {
+                vector,
+                rip,
+                payload_status,
+            } => {
+                match vector {
+                    Some(v) => write!(f, "triple fault (last exception {v}) at RIP {rip:#x}")?,
+                    None => write!(f, "shutdown at RIP {rip:#x}")?,
+                }
+                match payload_status {
+                    Some(0) => f.write_str(", payload in its ring-0 prologue"),
+                    Some(1) => f.write_str(", payload past its ring-0 prologue"),
+                    Some(2) => f.write_str(", payload in ring 3"),
+                    Some(s) => write!(f, ", payload status {s}"),
+                    None => Ok(()),
+                }
             }
-            VcpuOutcome::Shutdown { vector: None, rip } => write!(f, "shutdown at RIP {rip:#x}"),
             VcpuOutcome::Exception { vector, error_code, rip, ring, cr2 } => write!(
                 f,
                 "exception {vector} (error code {error_code:#x}) in ring {ring} at RIP {rip:#x}, CR2 {cr2:#x}"
@@ -492,7 +511,12 @@ mod tests {
         payload.vcpus[0].outcome = VcpuOutcome::Shutdown {
             vector: Some(8),
             rip: 0,
+            payload_status: Some(2),
         };
+        assert_eq!(
+            payload.vcpus[0].outcome.to_string(),
+            "triple fault (last exception 8) at RIP 0x0, payload in ring 3"
+        );
         assert!(payload.vcpus[0].outcome.is_failure());
         assert_eq!(payload.exit_code(), 4);
         let mut linux = report(RunStatus::Rebooted, PayloadKind::Halt);

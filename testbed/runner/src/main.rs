@@ -16,6 +16,7 @@ mod ledger_tests;
 mod linux_bench;
 mod linux_tests;
 mod memory_tests;
+mod static_keys;
 mod topology_tests;
 mod vm;
 mod vsock_af;
@@ -257,6 +258,13 @@ fn main() {
         }
     }
     watchdog();
+    let keys = match static_keys::hold() {
+        Ok(keys) => keys,
+        Err(e) => {
+            println!("FAIL testbed_setup: holding the kernel's static keys: {e}");
+            std::process::exit(1);
+        }
+    };
     let env = match vm::Env::new(&vmhost) {
         Ok(env) => env,
         Err(e) => {
@@ -293,5 +301,6 @@ fn main() {
         }
     }
     println!("{passed} passed, {failed} failed, {skipped} passed in an earlier boot");
+    drop(keys);
     std::process::exit(i32::from(failed > 0 || passed + skipped == 0));
 }
