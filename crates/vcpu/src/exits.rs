@@ -251,7 +251,8 @@ fn shutdown_outcome(vcpu: usize, ctx: &VcpuContext, fd: &VcpuFd) -> VcpuOutcome 
             ev.exception.injected != 0 || ev.exception.pending != 0 || ev.exception.nr != 0
         })
         .map(|ev| ev.exception.nr);
-    let rip = fd.get_regs().map(|r| r.rip).unwrap_or(0);
+    let regs = fd.get_regs().ok();
+    let rip = regs.map_or(0, |r| r.rip);
     if let GuestCtx::Linux { .. } = ctx.guest {
         tracing::info!(
             vcpu,
@@ -266,7 +267,7 @@ fn shutdown_outcome(vcpu: usize, ctx: &VcpuContext, fd: &VcpuFd) -> VcpuOutcome 
     let payload_status = payload_status(vcpu, ctx);
     // The reset state (RIP 0xfff0, RFLAGS 0x2); KVM_GET_SREGS is not in the vCPU thread's
     // seccomp filter, and these two suffice: no payload runs code at 0xfff0.
-    let reset = rip == 0xfff0 && fd.get_regs().map(|r| r.rflags == 0x2).unwrap_or(false);
+    let reset = regs.is_some_and(|r| r.rip == 0xfff0 && r.rflags == 0x2);
     tracing::error!(
         vcpu,
         ?vector,

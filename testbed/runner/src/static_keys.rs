@@ -29,8 +29,8 @@ const KVM_CREATE_VCPU: libc::c_ulong = 0xae41;
 /// `_IO(KVMIO, 0x60)`.
 const KVM_CREATE_IRQCHIP: libc::c_ulong = 0xae60;
 
-/// The cpuset cgroup kept for the whole suite.
-const CPUSET_PIN: &str = "/sys/fs/cgroup/testbed-static-keys";
+/// The cgroup (cpuset and memory controllers) kept for the whole suite.
+const CGROUP_PIN: &str = "/sys/fs/cgroup/testbed-static-keys";
 
 /// The held VMs and cgroup; dropped (closed, removed) at the end of the suite.
 pub struct StaticKeyPin {
@@ -85,7 +85,7 @@ pub fn hold() -> Result<StaticKeyPin, String> {
     // cpusets_enabled_key and memcg_sockets_enabled_key: one cgroup besides the root with the
     // cpuset and memory controllers.
     crate::host::write("/sys/fs/cgroup/cgroup.subtree_control", "+cpuset +memory")?;
-    let dir = PathBuf::from(CPUSET_PIN);
+    let dir = PathBuf::from(CGROUP_PIN);
     if !dir.exists() {
         std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
     }
