@@ -44,21 +44,23 @@ impl Drop for StaticKeyPin {
     }
 }
 
-/// One KVM ioctl returning a new file descriptor.
-fn ioctl_fd(
-    fd: &impl AsRawFd,
-    request: libc::c_ulong,
-    arg: libc::c_ulong,
-) -> Result<OwnedFd, String> {
-    // SAFETY: the KVM requests used here take an integer argument and return a new descriptor
-    // (or -1); no memory is passed to the kernel.
-    let raw = unsafe { libc::ioctl(fd.as_raw_fd(), request, arg) };
-    if raw < 0 {
+/// One KVM ioctl without an argument (all those used here); returns its non-negative result.
+fn kvm_ioctl(fd: &impl AsRawFd, request: libc::c_ulong) -> Result<i32, String> {
+    // SAFETY: KVM_CREATE_VM (type 0), KVM_CREATE_VCPU (id 0) and KVM_CREATE_IRQCHIP take an
+    // integer argument, here 0; no memory is passed to the kernel.
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), request, 0) };
+    if ret < 0 {
         return Err(format!(
             "KVM ioctl {request:#x}: {}",
             std::io::Error::last_os_error()
         ));
     }
+    Ok(ret)
+}
+
+/// A KVM ioctl that creates an object and returns its file descriptor.
+fn ioctl_fd(fd: &impl AsRawFd, request: libc::c_ulong) -> Result<OwnedFd, String> {
+    let raw = kvm_ioctl(fd, request)?;
     // SAFETY: `raw` is a descriptor the kernel just returned to us, owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
@@ -68,19 +70,13 @@ pub fn hold() -> Result<StaticKeyPin, String> {
     let kvm = File::open("/dev/kvm").map_err(|e| format!("/dev/kvm: {e}"))?;
     let mut fds = Vec::new();
     // preempt_notifier_key + kvm_has_noapic_vcpu.
-    let plain = ioctl_fd(&kvm, KVM_CREATE_VM, 0)?;
-    fds.push(ioctl_fd(&plain, KVM_CREATE_VCPU, 0)?);
+    let plain = ioctl_fd(&kvm, KVM_CREATE_VM)?;
+    fds.push(ioctl_fd(&plain, KVM_CREATE_VCPU)?);
     fds.push(plain);
     // apic_sw_disabled (a LAPIC is software-disabled from creation until the guest enables it).
-    let irqchip = ioctl_fd(&kvm, KVM_CREATE_VM, 0)?;
-    // SAFETY: KVM_CREATE_IRQCHIP takes no argument.
-    if unsafe { libc::ioctl(irqchip.as_raw_fd(), KVM_CREATE_IRQCHIP, 0) } < 0 {
-        return Err(format!(
-            "KVM_CREATE_IRQCHIP: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    fds.push(ioctl_fd(&irqchip, KVM_CREATE_VCPU, 0)?);
+    let irqchip = ioctl_fd(&kvm, KVM_CREATE_VM)?;
+    kvm_ioctl(&irqchip, KVM_CREATE_IRQCHIP)?;
+    fds.push(ioctl_fd(&irqchip, KVM_CREATE_VCPU)?);
     fds.push(irqchip);
     // cpusets_enabled_key and memcg_sockets_enabled_key: one cgroup besides the root with the
     // cpuset and memory controllers.
