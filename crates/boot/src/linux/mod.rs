@@ -26,6 +26,7 @@ mod sparse;
 mod tests;
 
 use std::fs::File;
+use std::io::{Read, Seek};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -36,7 +37,7 @@ use linux_loader::loader::bootparam::setup_header;
 use linux_loader::loader::bzimage::BzImage;
 use linux_loader::loader::elf::{Elf, PvhBootCapability};
 use linux_loader::loader::{load_cmdline, Cmdline, KernelLoader, KernelLoaderResult};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError, ReadVolatile};
 use vmhost_memory::GuestLayout;
 
 use crate::acpi::{AcpiError, AcpiTables};
@@ -320,10 +321,10 @@ pub fn load_linux<M: GuestMemoryBackend>(
 
     let (loaded, kernel_range) = load_kernel(mem, kernel, &mut kfile, &probe, ram_end)?;
     let initrd_range = match initrd_file {
-        Some((path, file, size)) => Some(load_initrd(
+        Some((path, mut file, size)) => Some(load_initrd(
             mem,
             &path,
-            file,
+            &mut file,
             size,
             kernel_range.end,
             &probe,
@@ -401,12 +402,12 @@ fn write_params<M: GuestMemoryBackend>(
     Ok(addr)
 }
 
-/// Loads the kernel image and returns the loader's result and the kernel's footprint, which
-/// must lie in low RAM above 1 MiB.
-fn load_kernel<M: GuestMemoryBackend>(
+/// Loads the kernel image from `file` and returns the loader's result and the kernel's
+/// footprint, which must lie in low RAM above 1 MiB.
+fn load_kernel<M: GuestMemoryBackend, F: Read + Seek + ReadVolatile>(
     mem: &M,
     path: &Path,
-    file: &mut File,
+    file: &mut F,
     probe: &image::Probe,
     ram_end: u64,
 ) -> Result<(KernelLoaderResult, Range<u64>), BootError> {
@@ -528,10 +529,10 @@ fn open_regular(path: &Path, what: &'static str, field: &'static str) -> Result<
 
 /// Places the initramfs at the first page after `after` and reads it in, if it ends below
 /// both the kernel's `initrd_addr_max` and `ram_end`.
-fn load_initrd<M: GuestMemoryBackend>(
+fn load_initrd<M: GuestMemoryBackend, F: ReadVolatile>(
     mem: &M,
     path: &Path,
-    mut file: File,
+    file: &mut F,
     size: u64,
     after: u64,
     probe: &image::Probe,
@@ -552,7 +553,7 @@ fn load_initrd<M: GuestMemoryBackend>(
         return Err(too_large());
     }
     let count = usize::try_from(size).map_err(|_| too_large())?;
-    mem.read_exact_volatile_from(GuestAddress(addr), &mut file, count)
+    mem.read_exact_volatile_from(GuestAddress(addr), file, count)
         .map_err(|source| BootError::ReadInitrd {
             path: path.to_path_buf(),
             addr,
