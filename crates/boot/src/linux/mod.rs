@@ -21,6 +21,9 @@
 mod image;
 mod params;
 mod preflight;
+mod reader;
+#[cfg(test)]
+mod short_read_tests;
 mod sparse;
 #[cfg(test)]
 mod tests;
@@ -46,6 +49,7 @@ use crate::addrs::{
 };
 use crate::cpu::{write_boot_tables, CpuSetupError, CpuState};
 use crate::e820::{e820_map, E820Entry};
+use reader::FullReads;
 
 pub use image::{KernelFormat, ELF_CMDLINE_MAX, ELF_INITRD_ADDR_MAX, MIN_BZIMAGE_VERSION};
 pub use params::{MAX_PVH_MEMMAP, MAX_ZERO_PAGE_E820};
@@ -421,6 +425,8 @@ fn load_kernel<M: GuestMemoryBackend, F: Read + Seek + ReadVolatile>(
         path: path.to_path_buf(),
         source,
     };
+    // The loaders expect every read to fill its buffer; a 9p or FUSE file may read short.
+    let file = &mut FullReads(file);
     let (loaded, end) = match probe.format {
         KernelFormat::Elf => {
             // Guest RAM is new, hence zero: the .bss bytes in the file need no copying.
@@ -496,8 +502,11 @@ impl OpenError {
 }
 
 /// Opens `path` for reading without blocking (`O_NONBLOCK`: opening a FIFO with no writer
-/// would wait forever) and accepts it only when it is a regular file.
+/// would wait forever) and accepts it only when it is a regular file, which it then reads in
+/// blocking mode: on 9p a non-blocking read returns at most one server reply (the mount's
+/// `iounit`, 258048 bytes with `msize=262144`), however large the buffer.
 fn open_regular(path: &Path, what: &'static str, field: &'static str) -> Result<File, OpenError> {
+    use std::os::fd::AsFd;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -506,6 +515,7 @@ fn open_regular(path: &Path, what: &'static str, field: &'static str) -> Result<
         .map_err(OpenError::Io)?;
     let ft = file.metadata().map_err(OpenError::Io)?.file_type();
     if ft.is_file() {
+        crate::sys::clear_nonblocking(file.as_fd()).map_err(OpenError::Io)?;
         return Ok(file);
     }
     let kind = if ft.is_fifo() {
@@ -553,7 +563,7 @@ fn load_initrd<M: GuestMemoryBackend, F: ReadVolatile>(
         return Err(too_large());
     }
     let count = usize::try_from(size).map_err(|_| too_large())?;
-    mem.read_exact_volatile_from(GuestAddress(addr), file, count)
+    mem.read_exact_volatile_from(GuestAddress(addr), &mut FullReads(file), count)
         .map_err(|source| BootError::ReadInitrd {
             path: path.to_path_buf(),
             addr,
