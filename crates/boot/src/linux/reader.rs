@@ -63,3 +63,42 @@ impl<R: Seek> Seek for FullReads<'_, R> {
         self.0.seek(to)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes handed out one at a time, with an `EINTR` before each.
+    struct Trickle<'a> {
+        bytes: &'a [u8],
+        interrupt: bool,
+    }
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.interrupt = !self.interrupt;
+            if self.interrupt {
+                return Err(io::Error::from_raw_os_error(libc::EINTR));
+            }
+            let n = self.bytes.len().min(buf.len()).min(1);
+            buf[..n].copy_from_slice(&self.bytes[..n]);
+            self.bytes = &self.bytes[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn reads_fill_the_buffer_and_stop_short_only_at_the_end_of_the_file() {
+        let mut src = Trickle {
+            bytes: b"kernel",
+            interrupt: false,
+        };
+        let mut buf = [0u8; 4];
+        assert_eq!(FullReads(&mut src).read(&mut buf).unwrap(), 4);
+        assert_eq!(&buf, b"kern");
+        // A truncated file still reads short, so the loaders' errors for it stay.
+        assert_eq!(FullReads(&mut src).read(&mut buf).unwrap(), 2);
+        assert_eq!(&buf[..2], b"el");
+        assert_eq!(FullReads(&mut src).read(&mut buf).unwrap(), 0);
+    }
+}
