@@ -7,7 +7,8 @@
 #            distances 10/20 (symmetric).
 #   4 nodes: 4 sockets x 2 cores, 1 GiB per node, the asymmetric matrix
 #            10 16 22 28 / 18 10 28 22 / 24 30 10 16 / 32 26 20 10.
-# DIR is shared read-write over virtio-9p (mounted at /mnt inside). The serial console goes to
+# DIR is shared read-write over virtio-9p (mounted at /mnt inside), and read-only through a
+# second virtio-9p device (tag share-small, mounted at /mnt-small with a smaller msize). The serial console goes to
 # stdout and FILE; QEMU's monitor listens on the Unix socket FILE.monitor (testbed/run.sh asks
 # it where the emulated CPUs are when the machine locks up). The exit status is the status of DIR/run inside, or 124 on a time-out, or
 # 125 when the host did not report one (it crashed or never ran the script).
@@ -69,6 +70,8 @@ timeout -k 10 "$timeout" qemu-system-x86_64 \
     -kernel "$img/bzImage" -initrd "$img/initramfs.cpio" -append "$append" \
     -fsdev "local,id=fs0,path=$share,security_model=none" \
     -device virtio-9p-pci,fsdev=fs0,mount_tag=share \
+    -fsdev "local,id=fs1,path=$share,security_model=none,readonly=on" \
+    -device virtio-9p-pci,fsdev=fs1,mount_tag=share-small \
     -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
     -display none -monitor "unix:$log.monitor,server=on,wait=off" \
     -serial stdio -no-reboot </dev/null 2>&1 | tee "$log"

@@ -21,6 +21,7 @@ pub mod addrs;
 pub mod cpu;
 pub mod e820;
 pub mod linux;
+mod sys;
 #[cfg(test)]
 mod testutil;
 

@@ -113,6 +113,14 @@ const TWO_NODE: &[Test] = &[
         linux_tests::bzimage_two_vcpus_sigterm_exit_130,
     ),
     (
+        "linux_bzimage_from_9p_msize_256k",
+        linux_tests::bzimage_from_9p_msize_256k,
+    ),
+    (
+        "linux_vmlinux_from_9p_msize_256k",
+        linux_tests::vmlinux_from_9p_msize_256k,
+    ),
+    (
         "vsock_linux_guest_echo_both_ways",
         vsock_tests::linux_guest_echo_both_ways,
     ),

@@ -21,11 +21,15 @@
 mod image;
 mod params;
 mod preflight;
+mod reader;
+#[cfg(test)]
+mod short_read_tests;
 mod sparse;
 #[cfg(test)]
 mod tests;
 
 use std::fs::File;
+use std::io::{Read, Seek};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -36,7 +40,7 @@ use linux_loader::loader::bootparam::setup_header;
 use linux_loader::loader::bzimage::BzImage;
 use linux_loader::loader::elf::{Elf, PvhBootCapability};
 use linux_loader::loader::{load_cmdline, Cmdline, KernelLoader, KernelLoaderResult};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError, ReadVolatile};
 use vmhost_memory::GuestLayout;
 
 use crate::acpi::{AcpiError, AcpiTables};
@@ -45,6 +49,7 @@ use crate::addrs::{
 };
 use crate::cpu::{write_boot_tables, CpuSetupError, CpuState};
 use crate::e820::{e820_map, E820Entry};
+use reader::FullReads;
 
 pub use image::{KernelFormat, ELF_CMDLINE_MAX, ELF_INITRD_ADDR_MAX, MIN_BZIMAGE_VERSION};
 pub use params::{MAX_PVH_MEMMAP, MAX_ZERO_PAGE_E820};
@@ -320,10 +325,10 @@ pub fn load_linux<M: GuestMemoryBackend>(
 
     let (loaded, kernel_range) = load_kernel(mem, kernel, &mut kfile, &probe, ram_end)?;
     let initrd_range = match initrd_file {
-        Some((path, file, size)) => Some(load_initrd(
+        Some((path, mut file, size)) => Some(load_initrd(
             mem,
             &path,
-            file,
+            &mut file,
             size,
             kernel_range.end,
             &probe,
@@ -401,12 +406,12 @@ fn write_params<M: GuestMemoryBackend>(
     Ok(addr)
 }
 
-/// Loads the kernel image and returns the loader's result and the kernel's footprint, which
-/// must lie in low RAM above 1 MiB.
-fn load_kernel<M: GuestMemoryBackend>(
+/// Loads the kernel image from `file` and returns the loader's result and the kernel's
+/// footprint, which must lie in low RAM above 1 MiB.
+fn load_kernel<M: GuestMemoryBackend, F: Read + Seek + ReadVolatile>(
     mem: &M,
     path: &Path,
-    file: &mut File,
+    file: &mut F,
     probe: &image::Probe,
     ram_end: u64,
 ) -> Result<(KernelLoaderResult, Range<u64>), BootError> {
@@ -420,6 +425,8 @@ fn load_kernel<M: GuestMemoryBackend>(
         path: path.to_path_buf(),
         source,
     };
+    // The loaders expect every read to fill its buffer; a 9p or FUSE file may read short.
+    let file = &mut FullReads(file);
     let (loaded, end) = match probe.format {
         KernelFormat::Elf => {
             // Guest RAM is new, hence zero: the .bss bytes in the file need no copying.
@@ -495,8 +502,11 @@ impl OpenError {
 }
 
 /// Opens `path` for reading without blocking (`O_NONBLOCK`: opening a FIFO with no writer
-/// would wait forever) and accepts it only when it is a regular file.
+/// would wait forever) and accepts it only when it is a regular file, which it then reads in
+/// blocking mode: on 9p a non-blocking read returns at most one server reply (the mount's
+/// `iounit`, 258048 bytes with `msize=262144`), however large the buffer.
 fn open_regular(path: &Path, what: &'static str, field: &'static str) -> Result<File, OpenError> {
+    use std::os::fd::AsFd;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -505,6 +515,7 @@ fn open_regular(path: &Path, what: &'static str, field: &'static str) -> Result<
         .map_err(OpenError::Io)?;
     let ft = file.metadata().map_err(OpenError::Io)?.file_type();
     if ft.is_file() {
+        crate::sys::clear_nonblocking(file.as_fd()).map_err(OpenError::Io)?;
         return Ok(file);
     }
     let kind = if ft.is_fifo() {
@@ -528,10 +539,10 @@ fn open_regular(path: &Path, what: &'static str, field: &'static str) -> Result<
 
 /// Places the initramfs at the first page after `after` and reads it in, if it ends below
 /// both the kernel's `initrd_addr_max` and `ram_end`.
-fn load_initrd<M: GuestMemoryBackend>(
+fn load_initrd<M: GuestMemoryBackend, F: ReadVolatile>(
     mem: &M,
     path: &Path,
-    mut file: File,
+    file: &mut F,
     size: u64,
     after: u64,
     probe: &image::Probe,
@@ -552,7 +563,7 @@ fn load_initrd<M: GuestMemoryBackend>(
         return Err(too_large());
     }
     let count = usize::try_from(size).map_err(|_| too_large())?;
-    mem.read_exact_volatile_from(GuestAddress(addr), &mut file, count)
+    mem.read_exact_volatile_from(GuestAddress(addr), &mut FullReads(file), count)
         .map_err(|source| BootError::ReadInitrd {
             path: path.to_path_buf(),
             addr,

@@ -12,7 +12,6 @@
 //! into the file through the `PT_LOAD` segment whose file-backed addresses contain them. An image
 //! without section headers, or with headers that do not parse, has no holes and loads whole.
 
-use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::ops::Range;
 
@@ -35,7 +34,7 @@ const MAX_PHDRS: usize = 64;
 /// The file ranges of a 64-bit ELF's `SHT_NOBITS` sections that lie inside the file-backed part
 /// of a `PT_LOAD` segment, sorted and merged (Debian's 6.1 vmlinux: `.bss` and `.brk`, one range
 /// of 17.2 MiB). Empty when the file has no (usable) section headers.
-pub(super) fn nobits_file_ranges(file: &mut File) -> io::Result<Vec<Range<u64>>> {
+pub(super) fn nobits_file_ranges<F: Read + Seek>(file: &mut F) -> io::Result<Vec<Range<u64>>> {
     let mut ehdr = [0u8; 64];
     file.seek(SeekFrom::Start(0))?;
     file.read_exact(&mut ehdr)?;
@@ -89,7 +88,7 @@ pub(super) fn nobits_file_ranges(file: &mut File) -> io::Result<Vec<Range<u64>>>
     Ok(merged)
 }
 
-fn read_table(file: &mut File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+fn read_table<F: Read + Seek>(file: &mut F, offset: u64, len: usize) -> io::Result<Vec<u8>> {
     let mut table = vec![0u8; len];
     file.seek(SeekFrom::Start(offset))?;
     file.read_exact(&mut table)?;
@@ -98,17 +97,17 @@ fn read_table(file: &mut File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
 
 /// A kernel file whose `holes` (file ranges) read as "done" without touching the destination:
 /// for loading into guest memory that is already zero (see the module documentation).
-pub(super) struct SparseElf<'a> {
-    file: &'a mut File,
+pub(super) struct SparseElf<'a, F> {
+    file: &'a mut F,
     pos: u64,
     holes: Vec<Range<u64>>,
     /// Bytes not copied because they lie in a hole.
     pub skipped: u64,
 }
 
-impl<'a> SparseElf<'a> {
+impl<'a, F: Seek> SparseElf<'a, F> {
     /// `file` with `holes` (sorted, disjoint), positioned at its start.
-    pub(super) fn new(file: &'a mut File, holes: Vec<Range<u64>>) -> io::Result<Self> {
+    pub(super) fn new(file: &'a mut F, holes: Vec<Range<u64>>) -> io::Result<Self> {
         file.seek(SeekFrom::Start(0))?;
         Ok(SparseElf {
             file,
@@ -128,7 +127,7 @@ impl<'a> SparseElf<'a> {
     }
 }
 
-impl Read for SparseElf<'_> {
+impl<F: Read> Read for SparseElf<'_, F> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         // Headers and notes: plain reads (the loader reads those with `Read`).
         let n = self.file.read(buf)?;
@@ -137,14 +136,14 @@ impl Read for SparseElf<'_> {
     }
 }
 
-impl Seek for SparseElf<'_> {
+impl<F: Seek> Seek for SparseElf<'_, F> {
     fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
         self.pos = self.file.seek(to)?;
         Ok(self.pos)
     }
 }
 
-impl ReadVolatile for SparseElf<'_> {
+impl<F: ReadVolatile + Seek> ReadVolatile for SparseElf<'_, F> {
     /// Fills all of `buf` (the loader asks for a whole segment in one call) except the parts
     /// in holes, which are left as they are; returns fewer bytes only at the end of the file.
     fn read_volatile<B: BitmapSlice>(
@@ -185,6 +184,7 @@ mod tests {
     use super::*;
     use linux_loader::loader::elf::Elf;
     use linux_loader::loader::KernelLoader;
+    use std::fs::File;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     const PADDR: u64 = 0x100_0000;
