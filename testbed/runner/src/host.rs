@@ -188,6 +188,52 @@ pub fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The live processes whose executable is `exe` (from `/proc/<n>/exe`), with their command
+/// lines; zombies and processes already gone are left out.
+pub fn processes_of(exe: &std::path::Path) -> Vec<(u32, String)> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out: Vec<(u32, String)> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|n| fs::read_link(format!("/proc/{n}/exe")).is_ok_and(|p| p == exe))
+        .filter(|n| state(*n).is_some_and(|s| s != 'Z'))
+        .map(|n| {
+            let cmdline = fs::read(format!("/proc/{n}/cmdline")).unwrap_or_default();
+            let words: Vec<String> = cmdline
+                .split(|&b| b == 0)
+                .filter(|w| !w.is_empty())
+                .map(|w| String::from_utf8_lossy(w).into_owned())
+                .collect();
+            (n, words.join(" "))
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// The state letter of process `pid` (field 3 of its `stat`), if it still exists.
+fn state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// SIGKILLs a leftover process and waits (at most 10 s) until it is gone or a zombie.
+pub fn kill_and_reap(pid: u32) {
+    let Ok(raw) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) only sends a signal. `pid` was just read from /proc as a live vmhost
+    // process (not a zombie), so it names that process or, if it ended in between, at worst
+    // a pid not yet reused (Linux allocates pids cyclically).
+    unsafe { libc::kill(raw, libc::SIGKILL) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while state(pid).is_some_and(|s| s != 'Z') && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// The scheduling policy of thread `tid` of `pid` (field 41 of its `stat`: 0 SCHED_OTHER,
 /// 1 SCHED_FIFO, 2 SCHED_RR).
 pub fn sched_policy(pid: u32, tid: u32) -> Result<u32, String> {

@@ -65,7 +65,8 @@ pub struct Env {
     pub work: PathBuf,
     /// The ledger's run directory.
     pub run_dir: PathBuf,
-    children: Mutex<Vec<Child>>,
+    /// Every VM a test started in the background, with its name.
+    children: Mutex<Vec<(String, Child)>>,
     /// Cgroup directories a test created, removed at clean-up.
     pub cgroups: Mutex<Vec<PathBuf>>,
 }
@@ -171,7 +172,7 @@ impl Env {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        self.lock_children().push(child);
+        self.lock_children().push((name.to_string(), child));
         Ok(vm)
     }
 
@@ -209,10 +210,10 @@ impl Env {
         loop {
             {
                 let mut children = self.lock_children();
-                if let Some(i) = children.iter().position(|c| c.id() == pid) {
-                    if let Ok(Some(status)) = children[i].try_wait() {
+                if let Some(i) = children.iter().position(|(_, c)| c.id() == pid) {
+                    if let Ok(Some(status)) = children[i].1.try_wait() {
                         // Already reaped: wait() returns the status try_wait saw.
-                        let _ = children.remove(i).wait();
+                        let _ = children.remove(i).1.wait();
                         return Ok(status.code().unwrap_or(-1));
                     }
                 } else {
@@ -238,27 +239,40 @@ impl Env {
         Ok(())
     }
 
-    /// Ends every background VM a test left, and removes the cgroups it created.
+    /// Ends every background VM and every other `vmhost` process a test left, and removes
+    /// the cgroups it created. `Err` names each leftover that had to be killed or removed:
+    /// the test that left it fails.
     pub fn cleanup(&self) -> Result<(), String> {
-        let mut children = std::mem::take(&mut *self.lock_children());
-        let left = children.len();
-        for c in &mut children {
+        let mut leaked = Vec::new();
+        for (name, mut c) in std::mem::take(&mut *self.lock_children()) {
+            if let Ok(None) = c.try_wait() {
+                leaked.push(format!("VM {name} (vmhost pid {}) still running", c.id()));
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
+        // What the test started some other way, or what a killed supervisor left (its VMM).
+        for (pid, cmdline) in crate::host::processes_of(&self.vmhost) {
+            leaked.push(format!("vmhost pid {pid} still running ({cmdline})"));
+            crate::host::kill_and_reap(pid);
+        }
         let cgroups = std::mem::take(&mut *self.cgroups.lock().unwrap_or_else(|p| p.into_inner()));
         for dir in cgroups.iter().rev() {
-            let _ = std::fs::remove_dir(dir);
+            match std::fs::remove_dir(dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    leaked.push(format!("cgroup {} not removable: {e}", dir.display()));
+                }
+                _ => {}
+            }
         }
-        if left > 0 {
-            return Err(format!(
-                "{left} VM process(es) were still running and were killed"
-            ));
+        if leaked.is_empty() {
+            Ok(())
+        } else {
+            Err(leaked.join("; "))
         }
-        Ok(())
     }
 
-    fn lock_children(&self) -> std::sync::MutexGuard<'_, Vec<Child>> {
+    fn lock_children(&self) -> std::sync::MutexGuard<'_, Vec<(String, Child)>> {
         self.children.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
