@@ -234,6 +234,31 @@ pub fn kill_and_reap(pid: u32) {
     }
 }
 
+/// The CPU thread `tid` of `pid` last ran on (field 39 of its `stat`).
+pub fn last_cpu(pid: u32, tid: u32) -> Result<u32, String> {
+    let path = format!("/proc/{pid}/task/{tid}/stat");
+    let stat = read(&path)?;
+    let rest = stat
+        .rsplit_once(") ")
+        .map(|(_, r)| r)
+        .ok_or_else(|| format!("{path}: no (comm)"))?;
+    // After `(comm)` the fields start at 3: processor is field 39.
+    rest.split_whitespace()
+        .nth(39 - 3)
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("{path}: no processor field"))
+}
+
+/// The cgroup v2 path of thread `tid` of `pid` (`0::/a/b` in `/proc/<pid>/task/<tid>/cgroup`).
+pub fn task_cgroup(pid: u32, tid: u32) -> Result<String, String> {
+    let path = format!("/proc/{pid}/task/{tid}/cgroup");
+    let text = read(&path)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+        .ok_or_else(|| format!("{path}: no cgroup v2 line in {text:?}"))
+}
+
 /// The scheduling policy of thread `tid` of `pid` (field 41 of its `stat`: 0 SCHED_OTHER,
 /// 1 SCHED_FIFO, 2 SCHED_RR).
 pub fn sched_policy(pid: u32, tid: u32) -> Result<u32, String> {

@@ -120,6 +120,19 @@ impl Env {
     /// Starts a VM in the background with a control socket and waits until its API says
     /// `running` (every vCPU thread set up and pinned) and its `vcpus` vCPU threads are found.
     pub fn start(&self, name: &str, cmd: Command, vcpus: usize) -> Result<Running, String> {
+        self.start_watching(name, cmd, vcpus, &mut |_| false)
+    }
+
+    /// [`Env::start`], calling `watch(pid)` at every poll while the VM starts up (to catch
+    /// short-lived threads such as the prefault workers). While `watch` returns true the
+    /// runner polls every 2 ms and asks the API for the state only every 50th time.
+    pub fn start_watching(
+        &self,
+        name: &str,
+        cmd: Command,
+        vcpus: usize,
+        watch: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Running, String> {
         let mut cmd = cmd;
         let socket = self.work.join(format!("{name}.sock"));
         let out = self.work.join(format!("{name}.out"));
@@ -141,7 +154,10 @@ impl Env {
             err,
         };
         let deadline = Instant::now() + COMMAND_LIMIT;
+        let mut polls = 0u32;
         loop {
+            let fast = watch(pid);
+            polls = polls.wrapping_add(1);
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(format!(
                     "VM {name} ended before it was ready ({status}); stderr: {}",
@@ -154,7 +170,8 @@ impl Env {
                     .unwrap_or(false)
             };
             // Running (in the API) means every vCPU thread is set up and pinned.
-            if vm.socket.exists() && self.state(&vm).as_deref() == Some("running") {
+            let ask = !fast || polls % 50 == 0;
+            if ask && vm.socket.exists() && self.state(&vm).as_deref() == Some("running") {
                 if let Some(vmm) = std::iter::once(pid)
                     .chain(crate::host::children(pid))
                     .find(|&p| has_vcpus(p))
@@ -170,7 +187,7 @@ impl Env {
                     vm.stderr()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(if fast { 2 } else { 100 }));
         }
         self.lock_children().push((name.to_string(), child));
         Ok(vm)
