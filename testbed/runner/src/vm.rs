@@ -390,3 +390,76 @@ pub fn num(v: &Value, what: &str) -> Result<u32, String> {
 pub fn opt_num(v: &Value) -> Option<u32> {
     v.as_u64().and_then(|n| u32::try_from(n).ok())
 }
+
+#[cfg(test)]
+mod cleanup_tests {
+    use super::*;
+
+    /// An environment whose "vmhost" is a private copy of `sleep`: only the processes this
+    /// test starts from it can match, never anyone else's.
+    fn env_with_private_binary(dir: &Path) -> Env {
+        let bin = dir.join("vmhost-under-test");
+        std::fs::copy("/bin/sleep", &bin).unwrap();
+        Env {
+            vmhost: std::fs::canonicalize(&bin).unwrap(),
+            work: dir.to_path_buf(),
+            run_dir: dir.join("run"),
+            children: Mutex::new(Vec::new()),
+            cgroups: Mutex::new(Vec::new()),
+        }
+    }
+
+    #[test]
+    fn cleanup_fails_naming_a_leaked_vm_and_an_untracked_vmhost() {
+        let dir = std::env::temp_dir().join(format!("testbed-cleanup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let env = env_with_private_binary(&dir);
+        assert_eq!(env.cleanup(), Ok(()), "nothing started, nothing leaked");
+
+        let tracked = Command::new(&env.vmhost).arg("600").spawn().unwrap();
+        let tracked_pid = tracked.id();
+        env.lock_children().push(("leaky".into(), tracked));
+        // Started some other way (as a supervisor's orphaned VMM would be).
+        let mut untracked = Command::new(&env.vmhost).arg("601").spawn().unwrap();
+        let untracked_pid = untracked.id();
+        let why = env.cleanup().unwrap_err();
+        assert!(
+            why.contains(&format!(
+                "VM leaky (vmhost pid {tracked_pid}) still running"
+            )),
+            "{why}"
+        );
+        assert!(
+            why.contains(&format!("vmhost pid {untracked_pid} still running")),
+            "{why}"
+        );
+        // The untracked one was SIGKILLed by cleanup(): reaping it shows the signal.
+        let status = untracked.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+        assert!(crate::host::processes_of(&env.vmhost).is_empty());
+        assert_eq!(env.cleanup(), Ok(()), "the second clean-up finds nothing");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A test that passes but leaves a VM running fails, naming it (`run_one` is what the
+    /// runner calls for every test).
+    #[test]
+    fn a_passing_test_that_leaks_a_vm_fails() {
+        let dir = std::env::temp_dir().join(format!("testbed-leak-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let env = env_with_private_binary(&dir);
+        fn leaks(env: &Env) -> crate::Outcome {
+            let child = Command::new(&env.vmhost).arg("602").spawn().unwrap();
+            env.lock_children().push(("forgotten".into(), child));
+            Ok(())
+        }
+        let outcome = crate::run_one(&env, leaks);
+        let why = outcome.unwrap_err();
+        assert!(why.starts_with("it left behind VM forgotten"), "{why}");
+        assert_eq!(crate::run_one(&env, |_| Ok(())), Ok(()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
