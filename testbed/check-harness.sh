@@ -85,6 +85,10 @@ STUB
 run_in() { (cd "$1" && ./run > run.out 2>&1) || echo $? > "$1/run-exit"; }
 verdict_ok() { suite_verdict "$1" > "$1/verdict"; }
 verdict_fails() { ! suite_verdict "$1" > "$1/verdict" && grep -q "$2" "$1/verdict"; }
+verdict_only_failed() {
+    ! suite_verdict "$1" > "$1/verdict" && grep -qx "did not pass: beta" "$1/verdict" \
+        && ! grep -q "no result line" "$1/verdict"
+}
 
 share=$(share_with 'for t in $tests; do echo "RUN  $t"; echo "PASS $t (0.1 s)"; done; exit 0')
 run_in "$share"
@@ -95,6 +99,8 @@ share=$(share_with 'echo "RUN  alpha"; echo "PASS alpha (0.1 s)"; echo "RUN  bet
 run_in "$share"
 check "a runner that aborts mid-suite fails the suite, naming what did not pass" \
     verdict_fails "$share" "did not pass: beta,gamma"
+check "... and says which tests have no result line at all" \
+    grep -q "no result line at all: beta,gamma" "$share/verdict"
 check "... and its status (SIGABRT, 134) is kept through the pipe" \
     grep -qx 134 "$share/runner-status"
 check "... and the run script exits with it" grep -qx 134 "$share/run-exit"
@@ -103,6 +109,11 @@ share=$(share_with 'echo "PASS alpha (0.1 s)"; exit 0')
 run_in "$share"
 check "a runner that exits 0 after running only some tests fails the suite" \
     verdict_fails "$share" "did not pass: beta,gamma"
+
+share=$(share_with 'echo "PASS alpha (0.1 s)"; echo "FAIL beta (0.1 s): x"; echo "PASS gamma (0.1 s)"; exit 1')
+run_in "$share"
+check "a runner whose test failed fails the suite, every test with a result line" \
+    verdict_only_failed "$share"
 
 share=$(share_with 'for t in $tests; do echo "PASS $t (0.1 s)"; done; exit 0')
 echo "PASS alpha (1.0 s)" > "$share/passed-earlier"

@@ -80,15 +80,21 @@ RUN
 # Did the suite run completely? Compares the share's files: `expected` (the runner's `--list`
 # for this run), `results.txt` (this boot's output, with `passed-earlier`'s PASS lines from
 # earlier boots prepended by run.sh) and `runner-status` (the last boot's runner exit status).
-# Prints one line per problem; returns 1 when there is one.
+# Prints one line per problem; returns 1 when there is one. Only `did not pass:` and a runner
+# status of 1 are what a run whose every test reported, some with FAIL, shows.
 suite_verdict() {
-    local share="$1" problems=() want got missing extra status
+    local share="$1" problems=() want got missing silent extra status
     want=$(sort -u "$share/expected" 2>/dev/null || true)
     got=$(sed -n -E 's/^PASS ([^ ]+).*/\1/p' "$share/results.txt" 2>/dev/null | sort || true)
     [[ -n "$want" ]] || problems+=("no test was to run (empty --list)")
     missing=$(comm -23 <(printf '%s\n' "$want") <(printf '%s\n' "$got" | sort -u) | paste -sd, -)
     extra=$(comm -13 <(printf '%s\n' "$want") <(printf '%s\n' "$got" | sort -u) | paste -sd, -)
     [[ -z "$missing" ]] || problems+=("did not pass: $missing")
+    # Not even a FAIL line: the runner died, or never got to them.
+    silent=$(comm -23 <(printf '%s\n' "$want") \
+        <(sed -n -E 's/^(PASS|FAIL) ([^ ]+).*/\2/p' "$share/results.txt" 2>/dev/null | sort -u) \
+        | paste -sd, -)
+    [[ -z "$silent" ]] || problems+=("no result line at all: $silent")
     [[ -z "$extra" ]] || problems+=("PASS lines for tests not in the list: $extra")
     [[ $(printf '%s\n' "$got" | grep -c .) -eq $(printf '%s\n' "$got" | sort -u | grep -c .) ]] \
         || problems+=("a test passed twice")
