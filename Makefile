@@ -12,16 +12,19 @@ run: setup
 test: setup
 	bash crates/boot/scripts/fetch-test-kernel.sh
 	bash scripts/with-hugepages.sh $(CARGO) test --workspace
+	bash testbed/check-harness.sh
 	bash testbed/run.sh
 
 # The emulated multi-NUMA host suite alone (docs/testing.md).
 testbed: setup
 	bash crates/boot/scripts/fetch-test-kernel.sh
+	bash testbed/check-harness.sh
 	bash testbed/run.sh
 
 # The emulated host's benchmarks against QEMU (docs/benchmarks.md); not part of `make test`.
 bench-testbed: setup
 	bash crates/boot/scripts/fetch-test-kernel.sh
+	bash testbed/check-harness.sh
 	bash testbed/run.sh bench
 
 lint: setup

@@ -7,8 +7,9 @@
 # assert behaviour only; timings are reported by the benchmarks, never asserted.
 # Builds the image (cached, testbed/build-image.sh), builds vmhost and the in-host runner
 # (vmhost-testbed), then boots each emulated host (testbed/boot.sh) with both on a 9p share and
-# runs its suite inside. Prints every PASS/FAIL line and a summary; exits non-zero when a test
-# failed or a host could not run its suite. Each host's serial log is kept under
+# runs its suite inside. Prints every PASS/FAIL line and a summary; exits non-zero unless every
+# test the runner lists for the run (`vmhost-testbed --list`, run here: it is a static binary)
+# printed a PASS line and the runner itself exited 0 (testbed/harness.sh). Each host's serial log is kept under
 # target/testbed/logs/ (the last run) and, for a failing host, copied to
 # target/testbed/failed/<time>-<suite>.log.
 set -euo pipefail
@@ -26,19 +27,9 @@ while [[ $# -gt 0 ]]; do
 done
 [[ ${#suites[@]} -gt 0 ]] || suites=(2node 4node)
 
-# What in a serial log shows that the emulated machine itself locked up; empty when nothing
-# does. `testbed/run.sh --check-log FILE` prints it for a kept log.
-emulator_fault() {
-    local log="$1" line
-    line=$(grep -a -m1 -E 'soft lockup - CPU#|rcu: INFO: rcu_(preempt|sched) (self-)?detected stall' "$log" || true)
-    if [[ -n "$line" ]]; then
-        echo "kernel: ${line#*] }"
-    elif grep -q -a '^testbed: no output for' "$log"; then
-        grep -a -m1 '^testbed: no output for' "$log" | sed 's/^testbed: //'
-    elif [[ -s "$log.frozen" ]]; then
-        cat "$log.frozen"
-    fi
-}
+# emulator_fault, write_run_script, suite_verdict.
+# shellcheck source=testbed/harness.sh
+source "$root/testbed/harness.sh"
 
 # Asks QEMU's monitor (testbed/boot.sh's FILE.monitor socket) where each emulated CPU is: `info
 # cpus` and every CPU's registers, for the log of a machine that locked up. A QEMU that does not
@@ -133,7 +124,7 @@ bin="$root/target/x86_64-unknown-linux-gnu/$profile"
 
 mkdir -p "$tb/logs" "$tb/failed"
 
-status=0 passed=0 failed=0
+status=0 passed=0 failed=0 retries=()
 for suite in "${suites[@]}"; do
     share="$tb/share-$suite"
     rm -rf "$share" && mkdir -p "$share"
@@ -147,21 +138,13 @@ for suite in "${suites[@]}"; do
     fi
     # The virtio device tests' disk images, new for every run.
     bash "$root/testbed/build-disks.sh" "$share/guest/virtio"
-    cat > "$share/run" <<RUN
-#!/bin/sh
-# 1 GiB pages: boot.sh reserves one per node on the kernel command line (with nokaslr, so the
-# kernel image never takes node 0's only free 1 GiB range); should a node still have none,
-# try once more now, while its memory is still unfragmented.
-for f in /sys/devices/system/node/node*/hugepages/hugepages-1048576kB/nr_hugepages; do
-    [ "$suite" != 4node ] && [ "\$(cat \$f)" -lt 1 ] && echo 1 > \$f
-done
-# skip: the tests that passed in an earlier boot of this host (written by run.sh after the
-# emulated machine locked up).
-skip=""; [ -s skip ] && skip="--skip \$(cat skip)"
-./vmhost-testbed --suite $suite --vmhost ./vmhost ${only:+--only $only} \$skip 2>&1 | tee results.txt
-exit \$(grep -c '^FAIL' results.txt)
-RUN
-    chmod +x "$share/run"
+    write_run_script "$share" "$suite" "$only"
+    # What is to run, from the runner itself (honouring --only): the PASS lines must match it.
+    if ! "$bin/vmhost-testbed" --suite "$suite" ${only:+--only "$only"} --list > "$share/expected"; then
+        cat "$share/expected"
+        status=1 failed=$((failed + 1))
+        continue
+    fi
     nodes=${suite%node}
     [[ "$suite" == bench ]] && nodes=2
     log="$tb/logs/$suite.log"
@@ -169,21 +152,23 @@ RUN
     rc=0
     rm -f "$share/skip" "$share/passed-earlier"
     for attempt in 1 2 3; do
-        rm -f "$share/results.txt"
+        rm -f "$share/results.txt" "$share/runner-status"
         boot_and_watch "$nodes" "$share" "$log" || rc=$?
         why=$(emulator_fault "$log")
         # The emulated machine itself locked up (a CPU stuck in its own kernel, or no output
         # at all for VMHOST_TESTBED_SILENCE s while the runner writes a watchdog line every 60 s):
         # a fault of the emulator, seen before any test was running too. Boot the host again,
-        # at most twice, unless a test had already failed (that failure stands). The tests that
-        # passed before the lockup stand too; the next boot runs the rest.
-        if [[ -n "$why" && $attempt -lt 3 ]] && ! grep -q '^FAIL' "$share/results.txt" 2>/dev/null; then
+        # at most twice, unless a test had already failed (that failure stands) or the stuck CPU
+        # was running a vmhost thread (`fail:`, a failure of its own). The tests that passed
+        # before the lockup stand too; the next boot runs the rest.
+        if [[ "$why" == retry:* && $attempt -lt 3 ]] && ! grep -q '^FAIL' "$share/results.txt" 2>/dev/null; then
             keep="$tb/failed/$(date +%Y%m%d-%H%M%S)-$suite-emulator-fault.log"
             cp "$log" "$keep"
             grep '^PASS' "$share/results.txt" >> "$share/passed-earlier" 2>/dev/null || true
             names=$(sed -E 's/^PASS ([^ ]+).*/\1/' "$share/passed-earlier" 2>/dev/null | paste -sd, -)
             if [[ -n "$names" ]]; then echo "$names" > "$share/skip"; else rm -f "$share/skip"; fi
-            echo "== testbed: the emulated $suite host locked up ($why); serial log kept in $keep;" \
+            retries+=("$suite boot $attempt: ${why#retry: }")
+            echo "== testbed: the emulated $suite host locked up (${why#retry: }); serial log kept in $keep;" \
                 "this is a fault of the emulated machine, not a test result: booting it again" \
                 "(boot $((attempt + 1)) of at most 3) for the tests that have not passed yet"
             rc=0
@@ -199,18 +184,26 @@ RUN
     p=$(grep -c '^PASS' "$share/results.txt" 2>/dev/null || true)
     f=$(grep -c '^FAIL' "$share/results.txt" 2>/dev/null || true)
     passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
-    if [[ $rc -ne 0 || ${p:-0} -eq 0 ]]; then
+    verdict=$(suite_verdict "$share" || true)
+    [[ "$why" == fail:* ]] && verdict+=$'\n'"${why#fail: }"
+    if [[ $rc -ne 0 || -n "$verdict" ]]; then
         status=1
         keep="$tb/failed/$(date +%Y%m%d-%H%M%S)-$suite.log"
         cp "$log" "$keep"
         echo "== testbed: $suite host FAILED (status $rc); serial log kept in $keep"
-        if [[ ${f:-0} -eq 0 ]]; then
+        # Every listed test reported and some failed: their FAIL lines say it all. Anything
+        # else (a test without a result line, a runner that died, a lockup on a vmhost thread,
+        # a host without a status) is a failure of its own.
+        if [[ ${f:-0} -eq 0 ]] \
+            || grep -v -q -E "^(did not pass: |the runner's exit status is 1 )" <<< "$verdict"; then
             failed=$((failed + 1))
-            echo "FAIL testbed_${suite}_host: the host did not run its suite (status $rc); last serial lines:"
+            echo "FAIL testbed_${suite}_host: the suite did not complete (status $rc):"
+            { grep . <<< "$verdict" || true; } | sed 's/^/     /'
+            echo "     last serial lines:"
             tail -n 25 "$log" | sed 's/^/     /'
         fi
     fi
 done
 echo "== testbed: $(( $(date +%s) - start )) s in all"
-echo "testbed: $passed passed, $failed failed"
+echo "testbed: $passed passed, $failed failed, ${#retries[@]} host boot(s) retried${retries:+ ($(IFS=';'; echo "${retries[*]}"))}"
 exit $status

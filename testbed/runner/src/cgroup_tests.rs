@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::host;
-use crate::vm::{at, dedicated_spec, opt_num, u32s, Env};
+use crate::vm::{at, dedicated_spec, opt_num, u32s, Env, Running};
 use crate::{ensure, Outcome};
 
 const ROOT: &str = "/sys/fs/cgroup";
@@ -335,37 +335,168 @@ pub fn breach_while_running(env: &Env) -> Outcome {
     Ok(())
 }
 
-/// Under `--cgroup`, a dedicated 256 MiB VM whose cpuset holds only its vCPU's PU still
-/// prefaults with workers on its node's PUs (the cpuset starts wide enough and narrows to the
-/// envelope afterwards); its pages are all on the planned node.
+/// A prefault worker thread as the kernel showed it, last time it was seen alive.
+#[derive(Debug)]
+struct Worker {
+    name: String,
+    /// Its `Cpus_allowed_list`.
+    allowed: Vec<u32>,
+    /// The CPU it last ran on (`stat` field 39).
+    last_cpu: u32,
+    /// Its cgroup (`/proc/<pid>/task/<tid>/cgroup`).
+    cgroup: String,
+    /// The cgroup's `cpuset.cpus.effective` at that moment.
+    effective: Vec<u32>,
+}
+
+/// Watches a starting `--cgroup` VM for its prefault workers (`prefault-c<cell>-<i>` threads
+/// of the VMM, the supervisor's child) and records what the kernel says about each.
+#[derive(Debug, Default)]
+struct PrefaultWatch {
+    vmm: Option<u32>,
+    workers: std::collections::BTreeMap<u32, Worker>,
+    /// Set once workers were seen and then none was left: the prefault is over.
+    done: bool,
+}
+
+impl PrefaultWatch {
+    /// One poll; true while the prefault may still be running (poll fast).
+    fn poll(&mut self, supervisor: u32, dir: &Path) -> bool {
+        if self.done {
+            return false;
+        }
+        // Read first: a worker still alive after this read was alive during it, so this is
+        // the cpuset before the narrowing that follows the prefault.
+        let effective = read_list(dir, "cpuset.cpus.effective");
+        // The VMM is the supervisor's child that has prefault workers.
+        let candidates = self
+            .vmm
+            .map_or_else(|| host::children(supervisor), |v| vec![v]);
+        let found = candidates.into_iter().find_map(|p| {
+            let threads = host::threads(p).ok()?;
+            let workers: Vec<host::Thread> = threads
+                .into_iter()
+                .filter(|t| t.name.starts_with("prefault-c"))
+                .collect();
+            (!workers.is_empty()).then_some((p, workers))
+        });
+        let Some((vmm, workers)) = found else {
+            // None seen yet, or (once the VMM is known) none left: the prefault is over.
+            self.done = self.vmm.is_some();
+            return !self.done;
+        };
+        self.vmm = Some(vmm);
+        for t in workers {
+            let (Ok(last_cpu), Ok(cgroup), Ok(effective)) = (
+                host::last_cpu(vmm, t.tid),
+                host::task_cgroup(vmm, t.tid),
+                effective.clone(),
+            ) else {
+                continue;
+            };
+            let w = Worker {
+                name: t.name,
+                allowed: t.cpus,
+                last_cpu,
+                cgroup,
+                effective,
+            };
+            self.workers.insert(t.tid, w);
+        }
+        true
+    }
+}
+
+/// Under `--cgroup`, a dedicated 512 MiB VM whose envelope holds only its own PUs still
+/// prefaults with workers on its node's PUs, inside its cgroup; the cpuset is wide while they
+/// run and narrows to the envelope afterwards; its pages are all on the planned node. All of
+/// it read from the kernel: the workers' `/proc` entries caught while they run, the cgroup's
+/// `cgroup.procs` and `cpuset.cpus.effective`, the VMM's `numa_maps`.
 pub fn prefault_inside_the_cgroup(env: &Env) -> Outcome {
-    host::set_2m_pools(&[128, 128])?;
-    let spec = env.spec("pf", &dedicated_spec("pf", 1, 1, "", "256Mi", "touch"))?;
+    host::set_2m_pools(&[288, 288])?;
+    let spec = env.spec("pf", &dedicated_spec("pf", 1, 1, "", "512Mi", "idle"))?;
     let plan = env.plan(&spec)?;
-    let workers = u32s(at(&plan, "/guest_cells/0/prefault_cpus")?);
+    let planned = u32s(at(&plan, "/guest_cells/0/prefault_cpus")?);
     ensure!(
-        workers.len() > 1,
-        "the plan prefaults with {workers:?}: want the node's PUs"
+        planned.len() > 1,
+        "the plan prefaults with {planned:?}: want the node's PUs"
     );
-    let out = env.run(&[
-        "--config",
-        &spec.to_string_lossy(),
-        "--cgroup",
-        "tbpf",
-        "--json",
-    ])?;
-    let report = out.expect_code(0)?.json()?;
-    for region in at(&report, "/audit/regions")?.as_array().ok_or("regions")? {
-        let node = region["expected_node"].to_string();
-        let by_node = region["pages_by_node"].as_object().ok_or("pages_by_node")?;
+    let node = opt_num(at(&plan, "/guest_cells/0/host_node")?).ok_or("no host_node in cell 0")?;
+    let node_cpus = host::node_cpus(node)?;
+    let envelope = plan_cpus(&plan)?;
+    ensure!(
+        planned.iter().any(|c| !envelope.contains(c)),
+        "the plan's prefault PUs {planned:?} are all in its envelope {envelope:?}: this test \
+         needs an envelope narrower than the node"
+    );
+    let dir = PathBuf::from(ROOT).join("vmhost/tbpf");
+    let mut watch = PrefaultWatch::default();
+    let cmd = env.command(&["--config", &spec.to_string_lossy(), "--cgroup", "tbpf"]);
+    let vm = env.start_watching("pf", cmd, 1, &mut |pid| watch.poll(pid, &dir))?;
+    ensure!(
+        !watch.workers.is_empty(),
+        "no prefault-c* thread of the VMM seen while the VM started (VMM {:?})",
+        watch.vmm
+    );
+    for w in watch.workers.values() {
         ensure!(
-            by_node.keys().all(|n| *n == node),
-            "pages off node{node}: {by_node:?}"
+            w.cgroup == "/vmhost/tbpf",
+            "{} ran in cgroup {}, not /vmhost/tbpf",
+            w.name,
+            w.cgroup
+        );
+        ensure!(
+            !w.allowed.is_empty()
+                && w.allowed.iter().all(|c| node_cpus.contains(c))
+                && node_cpus.contains(&w.last_cpu),
+            "{} allowed {:?}, last on CPU {}: want node{node}'s PUs {node_cpus:?}",
+            w.name,
+            w.allowed,
+            w.last_cpu
+        );
+        let wide = w
+            .allowed
+            .iter()
+            .chain(&envelope)
+            .all(|c| w.effective.contains(c))
+            && w.effective.len() > envelope.len();
+        ensure!(
+            wide,
+            "while {} ran cpuset.cpus.effective was {:?}: want it wider than the envelope \
+             {envelope:?} and holding the worker's {:?}",
+            w.name,
+            w.effective,
+            w.allowed
         );
     }
+    check_running_in_cgroup(&vm, &dir, &envelope, node)?;
+    env.shutdown_ok(&vm)?;
+    ensure!(!dir.exists(), "the cgroup is still there");
+    Ok(())
+}
+
+/// The running VM's VMM (not its supervisor) is in the cgroup, the cpuset narrowed to the
+/// envelope, and every guest page of the VMM (`numa_maps`) is a 2 MiB page on `node`.
+fn check_running_in_cgroup(vm: &Running, dir: &Path, envelope: &[u32], node: u32) -> Outcome {
+    let procs = host::read(&dir.join("cgroup.procs").to_string_lossy())?;
+    let listed = |pid: u32| procs.lines().any(|l| l == pid.to_string());
     ensure!(
-        !PathBuf::from(ROOT).join("vmhost/tbpf").exists(),
-        "the cgroup is still there"
+        listed(vm.vmm) && vm.vmm != vm.pid && !listed(vm.pid),
+        "cgroup.procs {procs:?}: want the VMM {} and not its supervisor {}",
+        vm.vmm,
+        vm.pid
+    );
+    let effective = read_list(dir, "cpuset.cpus.effective")?;
+    ensure!(
+        effective == envelope,
+        "after the prefault cpuset.cpus.effective is {effective:?}, the envelope {envelope:?}"
+    );
+    let pages = host::numa_maps_huge(vm.vmm)?;
+    let want =
+        std::collections::BTreeMap::from([(2048, std::collections::BTreeMap::from([(node, 256)]))]);
+    ensure!(
+        pages == want,
+        "the VMM's hugepages per size and node (numa_maps) are {pages:?}, want {want:?}"
     );
     Ok(())
 }

@@ -423,7 +423,9 @@ fn fd_flags(pid: u32, path: &str) -> Option<u32> {
 }
 
 /// Waits until the console log `out` contains `marker`, echoing the console to the runner's
-/// output as it comes (the rng bytes left out), so a guest that hangs shows where.
+/// output as it comes (the rng bytes left out), so a guest that hangs shows where. Each echoed
+/// line carries [`crate::GUEST_PREFIX`]: a guest kernel's lockup report must never pass for
+/// the emulated host's own (testbed/run.sh retries a host that locks up).
 fn wait_for(out: &Path, marker: &str, stderr: &dyn Fn() -> String) -> Result<String, String> {
     let deadline = Instant::now() + SESSION_LIMIT;
     let mut shown = 0;
@@ -432,7 +434,11 @@ fn wait_for(out: &Path, marker: &str, stderr: &dyn Fn() -> String) -> Result<Str
         let complete = serial.rfind('\n').map_or(0, |i| i + 1);
         for l in serial[shown.min(complete)..complete].lines() {
             let l = l.trim_end_matches('\r');
-            println!("     {}", l.split(" hex=").next().unwrap_or(l));
+            println!(
+                "{}{}",
+                crate::GUEST_PREFIX,
+                l.split(" hex=").next().unwrap_or(l)
+            );
         }
         shown = complete;
         // Only a whole line counts: the console may be read in the middle of the marker's.

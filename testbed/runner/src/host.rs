@@ -188,6 +188,77 @@ pub fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The live processes whose executable is `exe` (from `/proc/<n>/exe`), with their command
+/// lines; zombies and processes already gone are left out.
+pub fn processes_of(exe: &std::path::Path) -> Vec<(u32, String)> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out: Vec<(u32, String)> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|n| fs::read_link(format!("/proc/{n}/exe")).is_ok_and(|p| p == exe))
+        .filter(|n| state(*n).is_some_and(|s| s != 'Z'))
+        .map(|n| {
+            let cmdline = fs::read(format!("/proc/{n}/cmdline")).unwrap_or_default();
+            let words: Vec<String> = cmdline
+                .split(|&b| b == 0)
+                .filter(|w| !w.is_empty())
+                .map(|w| String::from_utf8_lossy(w).into_owned())
+                .collect();
+            (n, words.join(" "))
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// The state letter of process `pid` (field 3 of its `stat`), if it still exists.
+fn state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// SIGKILLs a leftover process and waits (at most 10 s) until it is gone or a zombie.
+pub fn kill_and_reap(pid: u32) {
+    let Ok(raw) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) only sends a signal. `pid` was just read from /proc as a live vmhost
+    // process (not a zombie), so it names that process or, if it ended in between, at worst
+    // a pid not yet reused (Linux allocates pids cyclically).
+    unsafe { libc::kill(raw, libc::SIGKILL) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while state(pid).is_some_and(|s| s != 'Z') && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// The CPU thread `tid` of `pid` last ran on (field 39 of its `stat`).
+pub fn last_cpu(pid: u32, tid: u32) -> Result<u32, String> {
+    let path = format!("/proc/{pid}/task/{tid}/stat");
+    let stat = read(&path)?;
+    let rest = stat
+        .rsplit_once(") ")
+        .map(|(_, r)| r)
+        .ok_or_else(|| format!("{path}: no (comm)"))?;
+    // After `(comm)` the fields start at 3: processor is field 39.
+    rest.split_whitespace()
+        .nth(39 - 3)
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("{path}: no processor field"))
+}
+
+/// The cgroup v2 path of thread `tid` of `pid` (`0::/a/b` in `/proc/<pid>/task/<tid>/cgroup`).
+pub fn task_cgroup(pid: u32, tid: u32) -> Result<String, String> {
+    let path = format!("/proc/{pid}/task/{tid}/cgroup");
+    let text = read(&path)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+        .ok_or_else(|| format!("{path}: no cgroup v2 line in {text:?}"))
+}
+
 /// The scheduling policy of thread `tid` of `pid` (field 41 of its `stat`: 0 SCHED_OTHER,
 /// 1 SCHED_FIFO, 2 SCHED_RR).
 pub fn sched_policy(pid: u32, tid: u32) -> Result<u32, String> {

@@ -6,7 +6,9 @@
 //! binary and checks what it did against the kernel's own account: sysfs, `/proc/<pid>/task`,
 //! `numa_maps`, the cgroup v2 files. Each prints one `PASS name` or `FAIL name: why` line; the
 //! summary line is `N passed, N failed` and the exit status is 0 only when every test passed.
-//! A test that cannot run (a missing node, no `/dev/kvm`) fails: nothing is skipped.
+//! A test that cannot run (a missing node, no `/dev/kvm`) fails: nothing is skipped, and a
+//! test that leaves a VM or a cgroup behind fails, naming it. `--list` prints the tests that
+//! `--only`/`--skip` select and runs nothing: `testbed/run.sh` counts the PASS lines against it.
 
 mod cgroup_tests;
 mod device_bench;
@@ -23,6 +25,11 @@ mod vsock_af;
 mod vsock_tests;
 
 use std::time::Instant;
+
+/// The prefix of every line of a guest's console the runner copies to its output (the
+/// emulated host's serial log): testbed/run.sh tells the host's own kernel lines (`[ t] ...`
+/// at the start of a line) from a nested guest's by it.
+pub const GUEST_PREFIX: &str = "     guest| ";
 
 /// What a test returns: `Err` carries the reason it failed.
 pub type Outcome = Result<(), String>;
@@ -221,34 +228,63 @@ fn watchdog() {
     }
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let mut suite = None;
-    let mut only: Vec<String> = Vec::new();
-    // Tests that passed in an earlier boot of this host (testbed/run.sh, after the emulated
-    // machine locked up): not run again.
-    let mut skip: Vec<String> = Vec::new();
-    let mut vmhost = "./vmhost".to_string();
+/// What the command line asks for.
+struct Args {
+    suite: Option<String>,
+    vmhost: String,
+    only: Vec<String>,
+    /// Tests that passed in an earlier boot of this host (testbed/run.sh, after the emulated
+    /// machine locked up): not run again.
+    skip: Vec<String>,
+    /// `--list`: print the tests that would run, one per line, and run nothing.
+    list: bool,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: vmhost-testbed --suite 2node|4node|bench [--vmhost PATH] [--only a,b] \
+         [--skip c,d] [--list]"
+    );
+    std::process::exit(2);
+}
+
+fn parse_args(args: &[String]) -> Args {
+    let mut a = Args {
+        suite: None,
+        vmhost: "./vmhost".to_string(),
+        only: Vec::new(),
+        skip: Vec::new(),
+        list: false,
+    };
     let mut i = 1;
     while i < args.len() {
+        if args[i] == "--list" {
+            a.list = true;
+            i += 1;
+            continue;
+        }
+        let names = |v: &String| -> Vec<String> {
+            v.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        };
         match (args[i].as_str(), args.get(i + 1)) {
-            ("--suite", Some(v)) => suite = Some(v.clone()),
-            ("--vmhost", Some(v)) => vmhost = v.clone(),
-            ("--only", Some(v)) => only.extend(v.split(',').map(str::to_string)),
-            ("--skip", Some(v)) => {
-                skip.extend(v.split(',').filter(|s| !s.is_empty()).map(str::to_string))
-            }
-            _ => {
-                eprintln!(
-                    "usage: vmhost-testbed --suite 2node|4node|bench [--vmhost PATH] [--only a,b] \
-                     [--skip c,d]"
-                );
-                std::process::exit(2);
-            }
+            ("--suite", Some(v)) => a.suite = Some(v.clone()),
+            ("--vmhost", Some(v)) => a.vmhost = v.clone(),
+            ("--only", Some(v)) => a.only.extend(names(v)),
+            ("--skip", Some(v)) => a.skip.extend(names(v)),
+            _ => usage(),
         }
         i += 2;
     }
-    let tests = match suite.as_deref() {
+    a
+}
+
+/// The suite's tests that `--only` and `--skip` select, in suite order; exits with a
+/// `FAIL testbed_setup` line when either names a test the suite does not have.
+fn select(args: &Args) -> (Vec<&'static Test>, usize) {
+    let tests = match args.suite.as_deref() {
         Some("2node") => TWO_NODE,
         Some("4node") => FOUR_NODE,
         Some("bench") => BENCH,
@@ -257,13 +293,69 @@ fn main() {
             std::process::exit(2);
         }
     };
-    for (option, names) in [("--only", &only), ("--skip", &skip)] {
+    for (option, names) in [("--only", &args.only), ("--skip", &args.skip)] {
         if let Some(unknown) = names.iter().find(|o| !tests.iter().any(|(n, _)| n == o)) {
             println!(
-                "FAIL testbed_setup: {option} names {unknown:?}, not a test of suite {suite:?}"
+                "FAIL testbed_setup: {option} names {unknown:?}, not a test of suite {:?}",
+                args.suite
             );
             std::process::exit(1);
         }
+    }
+    let chosen = tests
+        .iter()
+        .filter(|(name, _)| args.only.is_empty() || args.only.iter().any(|o| o == name));
+    let skipped = chosen
+        .clone()
+        .filter(|(name, _)| args.skip.iter().any(|s| s == name))
+        .count();
+    let run = chosen
+        .filter(|(name, _)| !args.skip.iter().any(|s| s == name))
+        .collect();
+    (run, skipped)
+}
+
+/// For testing the harness only (testbed/check-harness.sh, `run.sh` passes it into the
+/// emulated host): `VMHOST_TESTBED_ABORT_AFTER=N` makes the runner `abort()` once N tests
+/// have reported, as a runner that panics or is killed mid-suite would end.
+fn abort_after() -> Option<usize> {
+    std::env::var("VMHOST_TESTBED_ABORT_AFTER")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
+/// Prints a test's result line. A multi-line reason is indented on its further lines, so no
+/// line of it can pass for a kernel line or a result line in the serial log.
+fn report(name: &str, secs: f64, outcome: &Outcome) {
+    match outcome {
+        Ok(()) => println!("PASS {name} ({secs:.1} s)"),
+        Err(why) => println!(
+            "FAIL {name} ({secs:.1} s): {}",
+            why.trim_end().replace('\n', "\n     ")
+        ),
+    }
+}
+
+/// Runs one test, then cleans up after it: a VM or cgroup the test left behind fails it.
+fn run_one(env: &vm::Env, test: fn(&vm::Env) -> Outcome) -> Outcome {
+    let outcome = test(env);
+    let leaked = env.cleanup();
+    match (outcome, leaked) {
+        (Ok(()), Err(leak)) => Err(format!("it left behind {leak}")),
+        (Err(why), Err(leak)) => Err(format!("{why}; and it left behind {leak}")),
+        (outcome, Ok(())) => outcome,
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let args = parse_args(&args);
+    let (tests, skipped) = select(&args);
+    if args.list {
+        for (name, _) in &tests {
+            println!("{name}");
+        }
+        return;
     }
     watchdog();
     let keys = match static_keys::hold() {
@@ -273,7 +365,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let env = match vm::Env::new(&vmhost) {
+    let env = match vm::Env::new(&args.vmhost) {
         Ok(env) => env,
         Err(e) => {
             println!("FAIL testbed_setup: {e}");
@@ -281,34 +373,33 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
-    for (name, test) in tests {
-        if !only.is_empty() && !only.iter().any(|o| o == name) {
-            continue;
-        }
-        if skip.iter().any(|s| s == name) {
-            skipped += 1;
-            continue;
+    let abort = abort_after();
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in &tests {
+        if abort.is_some_and(|n| passed + failed >= n) {
+            println!("testbed: VMHOST_TESTBED_ABORT_AFTER: aborting the runner (harness check)");
+            std::process::abort();
         }
         println!("RUN  {name}");
         let start = Instant::now();
-        let outcome = test(&env);
-        let secs = start.elapsed().as_secs_f64();
-        if let Err(e) = env.cleanup() {
-            println!("     cleanup after {name}: {e}");
-        }
-        match outcome {
-            Ok(()) => {
-                passed += 1;
-                println!("PASS {name} ({secs:.1} s)");
-            }
-            Err(why) => {
-                failed += 1;
-                println!("FAIL {name} ({secs:.1} s): {why}");
-            }
+        let outcome = run_one(&env, *test);
+        report(name, start.elapsed().as_secs_f64(), &outcome);
+        if outcome.is_ok() {
+            passed += 1;
+        } else {
+            failed += 1;
         }
     }
     println!("{passed} passed, {failed} failed, {skipped} passed in an earlier boot");
     drop(keys);
-    std::process::exit(i32::from(failed > 0 || passed + skipped == 0));
+    // Every selected test must have reported; none selected at all is a failure too.
+    let complete = passed + failed == tests.len() && passed + skipped > 0;
+    if !complete {
+        println!(
+            "FAIL testbed_runner: {} tests were to run, {} reported, {skipped} passed earlier",
+            tests.len(),
+            passed + failed
+        );
+    }
+    std::process::exit(i32::from(failed > 0 || !complete));
 }

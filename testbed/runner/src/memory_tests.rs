@@ -254,19 +254,138 @@ pub fn one_gig_pages_per_node(env: &Env) -> Outcome {
     Ok(())
 }
 
+/// One scenario's read-back, every part of it required: an entry per guest cell for the
+/// guest's and the host baseline's memory, an entry per vCPU for the vCPU and baseline threads.
+struct Readback {
+    /// Guest memory per cell: the nodes its pages are on (never empty).
+    cell_nodes: Vec<Vec<u32>>,
+    /// vCPU threads: the PUs the kernel allowed each (never empty, = the scenario's).
+    vcpu_cpus: Vec<Vec<u32>>,
+}
+
+/// The nodes of a read-back cell's pages, each an online node of the host (sysfs).
+fn cell_nodes(name: &str, cell: &Value, online: &[u32]) -> Result<Vec<u32>, String> {
+    ensure!(
+        cell["matches"] == true,
+        "{name}: memory read back {} but the scenario set {}",
+        cell["numa_maps"],
+        cell["expected"]
+    );
+    let by_node = cell["pages_by_node"]
+        .as_object()
+        .ok_or_else(|| format!("{name}: a cell without pages_by_node: {cell}"))?;
+    let mut nodes = Vec::new();
+    for (node, pages) in by_node {
+        let n: u32 = node
+            .parse()
+            .map_err(|e| format!("{name}: node {node:?}: {e}"))?;
+        ensure!(online.contains(&n), "{name}: pages on node {n}, not online");
+        if pages.as_u64() > Some(0) {
+            nodes.push(n);
+        }
+    }
+    ensure!(
+        !nodes.is_empty(),
+        "{name}: no page of a cell read back: {cell}"
+    );
+    Ok(nodes)
+}
+
+/// A scenario's read-back from `vmhost bench numa --json`; fails when any part is missing or
+/// empty, when a count differs from the VM's vCPUs/cells, or when a thread's PUs differ from
+/// the scenario's.
+fn readback(report: &Value, name: &str, online: &[u32]) -> Result<Readback, String> {
+    let s = at(report, "/scenarios")?
+        .as_array()
+        .ok_or("scenarios")?
+        .iter()
+        .find(|s| s["scenario"] == name)
+        .ok_or_else(|| format!("no scenario {name}"))?;
+    ensure!(
+        s["skipped"].is_null(),
+        "scenario {name} skipped: {}",
+        s["skipped"]
+    );
+    ensure!(
+        s["entries"].as_array().is_some_and(|e| !e.is_empty()),
+        "scenario {name} has no results"
+    );
+    let (vcpus, cells) = (&report["vcpus"], &report["cells"]);
+    let list = |part: &str, want: &Value| -> Result<Vec<Value>, String> {
+        let items = s["readback"][part]
+            .as_array()
+            .ok_or_else(|| format!("{name}: no readback.{part}"))?;
+        ensure!(
+            Some(items.len() as u64) == want.as_u64() && !items.is_empty(),
+            "{name}: readback.{part} has {} entries, the VM {want}",
+            items.len()
+        );
+        Ok(items.clone())
+    };
+    for cell in list("host_memory", cells)? {
+        cell_nodes(&format!("{name} (host baseline)"), &cell, online)?;
+    }
+    thread_cpus(
+        &format!("{name} (host baseline)"),
+        &list("host_threads", vcpus)?,
+    )?;
+    let vcpu_cpus = thread_cpus(name, &list("vcpu_threads", vcpus)?)?;
+    let cell_nodes = list("guest_memory", cells)?
+        .iter()
+        .map(|c| cell_nodes(name, c, online))
+        .collect::<Result<_, _>>()?;
+    Ok(Readback {
+        cell_nodes,
+        vcpu_cpus,
+    })
+}
+
+/// The PUs each read-back thread was allowed; fails when a thread's are empty or not the
+/// scenario's.
+fn thread_cpus(name: &str, threads: &[Value]) -> Result<Vec<Vec<u32>>, String> {
+    let mut out = Vec::new();
+    for t in threads {
+        let allowed = u32s(&t["cpus_allowed"]);
+        ensure!(
+            !allowed.is_empty() && allowed == u32s(&t["expected"]),
+            "{name}: thread allowed {} planned {}",
+            t["cpus_allowed"],
+            t["expected"]
+        );
+        out.push(allowed);
+    }
+    Ok(out)
+}
+
+/// The nodes (sysfs) whose PUs the threads may run on.
+fn nodes_of_pus(threads: &[Vec<u32>]) -> Result<Vec<u32>, String> {
+    let mut nodes = Vec::new();
+    for n in host::nodes()? {
+        let cpus = host::node_cpus(n)?;
+        if threads.iter().flatten().any(|pu| cpus.contains(pu)) {
+            nodes.push(n);
+        }
+    }
+    Ok(nodes)
+}
+
 /// `vmhost bench numa` runs pinned, floating, remote and interleave, none skipped, and each
 /// scenario's read-back placement is the scenario's: local, floating, remote, both nodes.
+/// Every read-back part is required; nodes and PUs are checked against sysfs, and afterwards
+/// every node's free 2 MiB pages are back (the kernel's count).
 pub fn bench_numa_all_scenarios(env: &Env) -> Outcome {
     host::set_2m_pools(&[96, 96])?;
+    let free_before = host::free_per_node(2048)?;
     let spec = env.spec(
         "bench",
         &dedicated_spec("bench", 1, 2, "", "128Mi", "numa-bench"),
     )?;
+    let spec = spec.to_string_lossy();
     let out = env.run(&[
         "bench",
         "numa",
         "--config",
-        &spec.to_string_lossy(),
+        &spec,
         "--repeat",
         "1",
         "--working-set-mib",
@@ -276,107 +395,45 @@ pub fn bench_numa_all_scenarios(env: &Env) -> Outcome {
         "--json",
     ])?;
     let report = out.expect_code(0)?.json()?;
-    let scenarios = at(&report, "/scenarios")?.as_array().ok_or("scenarios")?;
-    let by_name = |n: &str| {
-        scenarios
-            .iter()
-            .find(|s| s["scenario"] == n)
-            .ok_or_else(|| format!("no scenario {n}"))
-    };
-    for name in ["pinned", "floating", "remote", "interleave"] {
-        let s = by_name(name)?;
-        ensure!(
-            s["skipped"].is_null(),
-            "scenario {name} skipped: {}",
-            s["skipped"]
-        );
-        ensure!(
-            s["entries"].as_array().is_some_and(|e| !e.is_empty()),
-            "scenario {name} has no results"
-        );
-    }
-    let memory = |name: &str| -> Result<Vec<Value>, String> {
-        Ok(by_name(name)?["readback"]["guest_memory"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default())
-    };
-    let nodes_of = |cell: &Value| -> Vec<u32> {
-        cell["pages_by_node"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .filter(|(_, v)| v.as_u64() > Some(0))
-                    .filter_map(|(k, _)| k.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let vcpu_nodes = |name: &str| -> Result<Vec<u32>, String> {
-        let mut nodes = Vec::new();
-        for t in by_name(name)?["readback"]["vcpu_threads"]
-            .as_array()
-            .ok_or("vcpu_threads")?
-        {
-            ensure!(
-                t["expected"] == t["cpus_allowed"],
-                "{name}: vCPU thread allowed {} planned {}",
-                t["cpus_allowed"],
-                t["expected"]
-            );
-            for pu in u32s(&t["cpus_allowed"]) {
-                for n in host::nodes()? {
-                    if host::node_cpus(n)?.contains(&pu) && !nodes.contains(&n) {
-                        nodes.push(n);
-                    }
-                }
-            }
-        }
-        Ok(nodes)
-    };
-    for name in ["pinned", "floating", "remote", "interleave"] {
-        for cell in memory(name)? {
-            ensure!(
-                cell["matches"] == true,
-                "{name}: memory read back {} but the scenario set {}",
-                cell["numa_maps"],
-                cell["expected"]
-            );
-        }
-    }
-    let pinned_nodes = vcpu_nodes("pinned")?;
+    let free_after = host::free_per_node(2048)?;
     ensure!(
-        pinned_nodes.len() == 1,
-        "pinned: vCPUs on nodes {pinned_nodes:?}, want one node"
+        free_after == free_before,
+        "free 2 MiB pages per node {free_after:?} after the bench, {free_before:?} before"
     );
-    for cell in memory("pinned")? {
-        ensure!(
-            nodes_of(&cell) == pinned_nodes,
-            "pinned: pages on {:?}, vCPUs on {pinned_nodes:?}",
-            nodes_of(&cell)
-        );
-    }
-    let floating = by_name("floating")?["readback"]["vcpu_threads"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let online = host::nodes()?;
+    let rb = |name: &str| readback(&report, name, &online);
+
+    let pinned = rb("pinned")?;
+    let pinned_nodes = nodes_of_pus(&pinned.vcpu_cpus)?;
     ensure!(
-        floating.iter().all(|t| u32s(&t["cpus_allowed"]).len() > 1),
-        "floating: a vCPU thread is pinned to one PU: {floating:?}"
+        pinned_nodes.len() == 1 && pinned.vcpu_cpus.iter().all(|c| c.len() == 1),
+        "pinned: vCPUs allowed {:?} (nodes {pinned_nodes:?}), want one PU each on one node",
+        pinned.vcpu_cpus
     );
-    let remote_vcpus = vcpu_nodes("remote")?;
-    for cell in memory("remote")? {
-        let n = nodes_of(&cell);
+    for nodes in &pinned.cell_nodes {
         ensure!(
-            !n.is_empty() && n.iter().all(|x| !remote_vcpus.contains(x)),
-            "remote: pages on {n:?}, vCPUs on {remote_vcpus:?}"
+            *nodes == pinned_nodes,
+            "pinned: pages on {nodes:?}, vCPUs on {pinned_nodes:?}"
         );
     }
-    for cell in memory("interleave")? {
+    let floating = rb("floating")?;
+    ensure!(
+        floating.vcpu_cpus.iter().all(|c| c.len() > 1),
+        "floating: a vCPU thread is pinned to one PU: {:?}",
+        floating.vcpu_cpus
+    );
+    let remote = rb("remote")?;
+    let remote_vcpus = nodes_of_pus(&remote.vcpu_cpus)?;
+    for nodes in &remote.cell_nodes {
         ensure!(
-            nodes_of(&cell) == vec![0, 1],
-            "interleave: pages on {:?}, want both nodes",
-            nodes_of(&cell)
+            nodes.iter().all(|x| !remote_vcpus.contains(x)),
+            "remote: pages on {nodes:?}, vCPUs on {remote_vcpus:?}"
+        );
+    }
+    for nodes in &rb("interleave")?.cell_nodes {
+        ensure!(
+            *nodes == vec![0, 1],
+            "interleave: pages on {nodes:?}, want both nodes"
         );
     }
     Ok(())

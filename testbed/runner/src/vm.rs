@@ -65,7 +65,8 @@ pub struct Env {
     pub work: PathBuf,
     /// The ledger's run directory.
     pub run_dir: PathBuf,
-    children: Mutex<Vec<Child>>,
+    /// Every VM a test started in the background, with its name.
+    children: Mutex<Vec<(String, Child)>>,
     /// Cgroup directories a test created, removed at clean-up.
     pub cgroups: Mutex<Vec<PathBuf>>,
 }
@@ -119,6 +120,19 @@ impl Env {
     /// Starts a VM in the background with a control socket and waits until its API says
     /// `running` (every vCPU thread set up and pinned) and its `vcpus` vCPU threads are found.
     pub fn start(&self, name: &str, cmd: Command, vcpus: usize) -> Result<Running, String> {
+        self.start_watching(name, cmd, vcpus, &mut |_| false)
+    }
+
+    /// [`Env::start`], calling `watch(pid)` at every poll while the VM starts up (to catch
+    /// short-lived threads such as the prefault workers). While `watch` returns true the
+    /// runner polls every 2 ms and asks the API for the state only every 50th time.
+    pub fn start_watching(
+        &self,
+        name: &str,
+        cmd: Command,
+        vcpus: usize,
+        watch: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Running, String> {
         let mut cmd = cmd;
         let socket = self.work.join(format!("{name}.sock"));
         let out = self.work.join(format!("{name}.out"));
@@ -140,7 +154,10 @@ impl Env {
             err,
         };
         let deadline = Instant::now() + COMMAND_LIMIT;
+        let mut polls = 0u32;
         loop {
+            let fast = watch(pid);
+            polls = polls.wrapping_add(1);
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(format!(
                     "VM {name} ended before it was ready ({status}); stderr: {}",
@@ -153,7 +170,8 @@ impl Env {
                     .unwrap_or(false)
             };
             // Running (in the API) means every vCPU thread is set up and pinned.
-            if vm.socket.exists() && self.state(&vm).as_deref() == Some("running") {
+            let ask = !fast || polls % 50 == 0;
+            if ask && vm.socket.exists() && self.state(&vm).as_deref() == Some("running") {
                 if let Some(vmm) = std::iter::once(pid)
                     .chain(crate::host::children(pid))
                     .find(|&p| has_vcpus(p))
@@ -169,9 +187,9 @@ impl Env {
                     vm.stderr()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(if fast { 2 } else { 100 }));
         }
-        self.lock_children().push(child);
+        self.lock_children().push((name.to_string(), child));
         Ok(vm)
     }
 
@@ -209,10 +227,10 @@ impl Env {
         loop {
             {
                 let mut children = self.lock_children();
-                if let Some(i) = children.iter().position(|c| c.id() == pid) {
-                    if let Ok(Some(status)) = children[i].try_wait() {
+                if let Some(i) = children.iter().position(|(_, c)| c.id() == pid) {
+                    if let Ok(Some(status)) = children[i].1.try_wait() {
                         // Already reaped: wait() returns the status try_wait saw.
-                        let _ = children.remove(i).wait();
+                        let _ = children.remove(i).1.wait();
                         return Ok(status.code().unwrap_or(-1));
                     }
                 } else {
@@ -238,27 +256,40 @@ impl Env {
         Ok(())
     }
 
-    /// Ends every background VM a test left, and removes the cgroups it created.
+    /// Ends every background VM and every other `vmhost` process a test left, and removes
+    /// the cgroups it created. `Err` names each leftover that had to be killed or removed:
+    /// the test that left it fails.
     pub fn cleanup(&self) -> Result<(), String> {
-        let mut children = std::mem::take(&mut *self.lock_children());
-        let left = children.len();
-        for c in &mut children {
+        let mut leaked = Vec::new();
+        for (name, mut c) in std::mem::take(&mut *self.lock_children()) {
+            if let Ok(None) = c.try_wait() {
+                leaked.push(format!("VM {name} (vmhost pid {}) still running", c.id()));
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
+        // What the test started some other way, or what a killed supervisor left (its VMM).
+        for (pid, cmdline) in crate::host::processes_of(&self.vmhost) {
+            leaked.push(format!("vmhost pid {pid} still running ({cmdline})"));
+            crate::host::kill_and_reap(pid);
+        }
         let cgroups = std::mem::take(&mut *self.cgroups.lock().unwrap_or_else(|p| p.into_inner()));
         for dir in cgroups.iter().rev() {
-            let _ = std::fs::remove_dir(dir);
+            match std::fs::remove_dir(dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    leaked.push(format!("cgroup {} not removable: {e}", dir.display()));
+                }
+                _ => {}
+            }
         }
-        if left > 0 {
-            return Err(format!(
-                "{left} VM process(es) were still running and were killed"
-            ));
+        if leaked.is_empty() {
+            Ok(())
+        } else {
+            Err(leaked.join("; "))
         }
-        Ok(())
     }
 
-    fn lock_children(&self) -> std::sync::MutexGuard<'_, Vec<Child>> {
+    fn lock_children(&self) -> std::sync::MutexGuard<'_, Vec<(String, Child)>> {
         self.children.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -358,4 +389,77 @@ pub fn num(v: &Value, what: &str) -> Result<u32, String> {
 /// A JSON number as `u32`, if it is one.
 pub fn opt_num(v: &Value) -> Option<u32> {
     v.as_u64().and_then(|n| u32::try_from(n).ok())
+}
+
+#[cfg(test)]
+mod cleanup_tests {
+    use super::*;
+
+    /// An environment whose "vmhost" is a private copy of `sleep`: only the processes this
+    /// test starts from it can match, never anyone else's.
+    fn env_with_private_binary(dir: &Path) -> Env {
+        let bin = dir.join("vmhost-under-test");
+        std::fs::copy("/bin/sleep", &bin).unwrap();
+        Env {
+            vmhost: std::fs::canonicalize(&bin).unwrap(),
+            work: dir.to_path_buf(),
+            run_dir: dir.join("run"),
+            children: Mutex::new(Vec::new()),
+            cgroups: Mutex::new(Vec::new()),
+        }
+    }
+
+    #[test]
+    fn cleanup_fails_naming_a_leaked_vm_and_an_untracked_vmhost() {
+        let dir = std::env::temp_dir().join(format!("testbed-cleanup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let env = env_with_private_binary(&dir);
+        assert_eq!(env.cleanup(), Ok(()), "nothing started, nothing leaked");
+
+        let tracked = Command::new(&env.vmhost).arg("600").spawn().unwrap();
+        let tracked_pid = tracked.id();
+        env.lock_children().push(("leaky".into(), tracked));
+        // Started some other way (as a supervisor's orphaned VMM would be).
+        let mut untracked = Command::new(&env.vmhost).arg("601").spawn().unwrap();
+        let untracked_pid = untracked.id();
+        let why = env.cleanup().unwrap_err();
+        assert!(
+            why.contains(&format!(
+                "VM leaky (vmhost pid {tracked_pid}) still running"
+            )),
+            "{why}"
+        );
+        assert!(
+            why.contains(&format!("vmhost pid {untracked_pid} still running")),
+            "{why}"
+        );
+        // The untracked one was SIGKILLed by cleanup(): reaping it shows the signal.
+        let status = untracked.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+        assert!(crate::host::processes_of(&env.vmhost).is_empty());
+        assert_eq!(env.cleanup(), Ok(()), "the second clean-up finds nothing");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A test that passes but leaves a VM running fails, naming it (`run_one` is what the
+    /// runner calls for every test).
+    #[test]
+    fn a_passing_test_that_leaks_a_vm_fails() {
+        let dir = std::env::temp_dir().join(format!("testbed-leak-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let env = env_with_private_binary(&dir);
+        fn leaks(env: &Env) -> crate::Outcome {
+            let child = Command::new(&env.vmhost).arg("602").spawn().unwrap();
+            env.lock_children().push(("forgotten".into(), child));
+            Ok(())
+        }
+        let outcome = crate::run_one(&env, leaks);
+        let why = outcome.unwrap_err();
+        assert!(why.starts_with("it left behind VM forgotten"), "{why}");
+        assert_eq!(crate::run_one(&env, |_| Ok(())), Ok(()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

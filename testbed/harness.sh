@@ -1,0 +1,107 @@
+# The testbed harness's judgement, sourced by testbed/run.sh and testbed/check-harness.sh (which
+# exercises it on the CI host without booting QEMU): what a serial log says about the emulated
+# machine, the share's `run` script, and whether a suite really ran all its tests.
+
+# A line the emulated host's own kernel printed: `[ seconds.micros] ` at the very start of a
+# line. The runner prefixes every line of a nested guest's console it copies (`     guest| `),
+# and indents a FAIL reason's further lines, so a guest's kernel can never print such a line.
+host_kernel_line='^\[ *[0-9]+\.[0-9]+\] '
+host_lockup="${host_kernel_line}(watchdog: BUG: soft lockup - CPU#[0-9]+|rcu: INFO: rcu_(preempt|sched) (self-)?detected stall)"
+
+# Is a task name (`comm`) one of vmhost's threads? vCPUs are `vcpu<N>`, prefault workers
+# `prefault-c<cell>-<i>`, the rest `vmhost` or `vmhost-<what>`; the runner
+# (`vmhost-testbed`) is not vmhost.
+is_vmhost_comm() {
+    [[ "$1" != vmhost-testbed ]] && [[ "$1" =~ ^(vcpu[0-9]+|prefault-c[0-9]+-[0-9]+|vmhost(-[a-z]+)?)$ ]]
+}
+
+# What in a serial log shows that the emulated machine locked up, one line, empty when nothing
+# does: `retry: WHY` for a fault of the emulator (a CPU stuck in the host's own kernel, or no
+# output at all), `fail: WHY` when the stuck CPU was running a vmhost thread (a vmhost guest or
+# a vmhost bug must not be retried into green). The task on the stuck CPU comes from the
+# soft-lockup line's `[comm:pid]` and from any `CPU: N PID: P Comm: X` / `task:X` line the
+# kernel printed after the first lockup line.
+emulator_fault() {
+    local log="$1" line first comm comms=()
+    first=$(grep -a -n -m1 -E "$host_lockup" "$log" | cut -d: -f1 || true)
+    if [[ -n "$first" ]]; then
+        line=$(sed -n "${first}p" "$log" | tr -d '\r')
+        [[ "$line" =~ !\ \[([^[]+):[0-9]+\]$ ]] && comms+=("${BASH_REMATCH[1]}")
+        while read -r comm; do
+            comms+=("$comm")
+        done < <(tail -n +"$first" "$log" | tr -d '\r' | grep -a -E "$host_kernel_line" \
+            | head -n 200 | sed -n -E 's/.*(CPU: [0-9]+ PID: [0-9]+ Comm: |\] task:)([^ ]+).*/\2/p')
+        for comm in "${comms[@]}"; do
+            if is_vmhost_comm "$comm"; then
+                echo "fail: a CPU locked up running vmhost thread $comm: ${line#*] }"
+                return
+            fi
+        done
+        echo "retry: kernel: ${line#*] }"
+    elif grep -q -a '^testbed: no output for' "$log"; then
+        echo "retry: $(grep -a -m1 '^testbed: no output for' "$log" | sed 's/^testbed: //')"
+    elif [[ -s "$log.frozen" ]]; then
+        echo "retry: $(cat "$log.frozen")"
+    fi
+}
+
+# Writes the share's `run` script (busybox sh inside the emulated host). No pipeline status
+# is lost: the runner's own exit status goes to `runner-status` from inside the group whose
+# output `tee` copies, and `run` exits with it (or 125 when there is none).
+#   write_run_script SHARE SUITE ONLY
+write_run_script() {
+    local share="$1" suite="$2" only="$3" abort="" pages=""
+    [[ -n "${VMHOST_TESTBED_ABORT_AFTER:-}" ]] \
+        && abort="VMHOST_TESTBED_ABORT_AFTER=$VMHOST_TESTBED_ABORT_AFTER; export VMHOST_TESTBED_ABORT_AFTER"
+    # 1 GiB pages: boot.sh reserves one per node of the 2-node host on the kernel command line
+    # (with nokaslr, so the kernel image never takes node 0's only free 1 GiB range); should a
+    # node still have none, try once more, while its memory is still unfragmented. Only in
+    # that host: the script must never touch a pool anywhere else (check-harness.sh runs it).
+    if [[ "$suite" == 2node || "$suite" == bench ]]; then
+        pages='for f in /sys/devices/system/node/node*/hugepages/hugepages-1048576kB/nr_hugepages; do
+    [ "$(cat $f)" -lt 1 ] && echo 1 > $f
+done'
+    fi
+    cat > "$share/run" <<RUN
+#!/bin/sh
+$pages
+# skip: the tests that passed in an earlier boot of this host (written by run.sh after the
+# emulated machine locked up).
+skip=""; [ -s skip ] && skip="--skip \$(cat skip)"
+$abort
+rm -f runner-status
+{ ./vmhost-testbed --suite $suite --vmhost ./vmhost ${only:+--only $only} \$skip; echo \$? > runner-status; } 2>&1 | tee results.txt
+[ -s runner-status ] || exit 125
+exit \$(cat runner-status)
+RUN
+    chmod +x "$share/run"
+}
+
+# Did the suite run completely? Compares the share's files: `expected` (the runner's `--list`
+# for this run), `results.txt` (this boot's output, with `passed-earlier`'s PASS lines from
+# earlier boots prepended by run.sh) and `runner-status` (the last boot's runner exit status).
+# Prints one line per problem; returns 1 when there is one. Only `did not pass:` and a runner
+# status of 1 are what a run whose every test reported, some with FAIL, shows.
+suite_verdict() {
+    local share="$1" problems=() want got missing silent extra status
+    want=$(sort -u "$share/expected" 2>/dev/null || true)
+    got=$(sed -n -E 's/^PASS ([^ ]+).*/\1/p' "$share/results.txt" 2>/dev/null | sort || true)
+    [[ -n "$want" ]] || problems+=("no test was to run (empty --list)")
+    missing=$(comm -23 <(printf '%s\n' "$want") <(printf '%s\n' "$got" | sort -u) | paste -sd, -)
+    extra=$(comm -13 <(printf '%s\n' "$want") <(printf '%s\n' "$got" | sort -u) | paste -sd, -)
+    [[ -z "$missing" ]] || problems+=("did not pass: $missing")
+    # Not even a FAIL line: the runner died, or never got to them.
+    silent=$(comm -23 <(printf '%s\n' "$want") \
+        <(sed -n -E 's/^(PASS|FAIL) ([^ ]+).*/\2/p' "$share/results.txt" 2>/dev/null | sort -u) \
+        | paste -sd, -)
+    [[ -z "$silent" ]] || problems+=("no result line at all: $silent")
+    [[ -z "$extra" ]] || problems+=("PASS lines for tests not in the list: $extra")
+    [[ $(printf '%s\n' "$got" | grep -c .) -eq $(printf '%s\n' "$got" | sort -u | grep -c .) ]] \
+        || problems+=("a test passed twice")
+    status=$(cat "$share/runner-status" 2>/dev/null || true)
+    [[ "$status" == 0 ]] || problems+=("the runner's exit status is ${status:-missing} (want 0)")
+    if [[ ${#problems[@]} -gt 0 ]]; then
+        printf '%s\n' "${problems[@]}"
+        return 1
+    fi
+}
