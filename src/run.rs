@@ -23,7 +23,7 @@ use crate::background::Background;
 use crate::control::Control;
 use crate::enforce::{Enforcement, EXIT_LIMIT};
 use crate::output::placement_table;
-use crate::signals::StopSignals;
+use crate::signals::{StopSignals, EXIT_INTERRUPTED};
 use crate::timeline::{now_ns, Timeline};
 use vmhost_vcpu::{
     pin_current_thread_to_emulator, RunReport, StartHook, ThreadPlacement, UnknownAccessPolicy, Vm,
@@ -74,8 +74,8 @@ pub fn run(
     mut timeline: Timeline,
 ) -> Result<u8> {
     let sec_at_start = crate::overhead::sec_page_tables();
-    crate::sys::block_signals(&vmhost_vcpu::STOP_SIGNALS)
-        .context("blocking the stop signals until the VM can stop")?;
+    // The stop signals are blocked since `main` (see `signals`): one that came during setup
+    // is still pending, and the signal thread takes it.
     pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
     // Before any thread starts: on cgroup v2 entering forks the VMM off a supervisor, which
     // needs a single-threaded process (a stop signal meanwhile stays pending).
@@ -257,9 +257,6 @@ fn stopped_before_start(plan: &Plan) -> u8 {
         _ => EXIT_INTERRUPTED,
     }
 }
-
-/// Exit status of a run interrupted by a stop signal.
-const EXIT_INTERRUPTED: u8 = 130;
 
 /// How long the final report may wait for stdout.
 const STDOUT_TIMEOUT: Duration = Duration::from_millis(300);
