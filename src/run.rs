@@ -91,13 +91,18 @@ pub fn run(
     };
     // After the pinning: the signal thread inherits the emulator PUs.
     let signals = StopSignals::start().context("starting the signal thread")?;
-    let Some(mut memory) = guest_memory(plan, enforcement.as_deref(), &signals, opts.prefault)?
-    else {
-        eprintln!(
-            "vmhost: VM {}: stopped by a signal while its guest memory was set up",
-            plan.name
-        );
-        return Ok(stopped_before_start(plan));
+    let mut memory = match guest_memory(plan, enforcement.as_deref(), &signals, opts.prefault)? {
+        Ok(memory) => memory,
+        Err(Stopped { done, total }) => {
+            eprintln!(
+                "vmhost: VM {}: stopped by a signal while its guest memory was set up \
+                 ({} of {} MiB faulted in)",
+                plan.name,
+                done >> 20,
+                total >> 20
+            );
+            return Ok(stopped_before_start(plan));
+        }
     };
     let background = Background::start(&mut memory, plan, enforcement.as_ref(), !opts.json)
         .context("starting the background prefault")?;
@@ -215,25 +220,32 @@ fn serve_api(
     Ok(Some(server))
 }
 
-/// Allocates, binds and prefaults the guest memory; `None` when a stop signal cancelled it.
-/// A failure at the envelope's memory limit is exit status 5 with the limit named.
+/// A prefault a stop signal cancelled: how far it got.
+struct Stopped {
+    done: u64,
+    total: u64,
+}
+
+/// Allocates, binds and prefaults the guest memory; `Err(Stopped)` when a stop signal
+/// cancelled the prefault. A failure at the envelope's memory limit is exit status 5 with the
+/// limit named.
 fn guest_memory(
     plan: &Plan,
     enforcement: Option<&Enforcement>,
     signals: &StopSignals,
     timing: PrefaultTiming,
-) -> Result<Option<GuestMemory>> {
+) -> Result<Result<GuestMemory, Stopped>> {
     let mut options = MemoryOptions {
         timing,
         ..MemoryOptions::default()
     };
     options.prefault.cancel = Some(signals.cancel_flag());
     match GuestMemory::new(plan, &options) {
-        Ok(m) => Ok(Some(m)),
+        Ok(m) => Ok(Ok(m)),
         Err(MemoryError::Prefault {
-            source: PrefaultError::Cancelled { .. },
+            source: PrefaultError::Cancelled { done, total },
             ..
-        }) => Ok(None),
+        }) => Ok(Err(Stopped { done, total })),
         Err(e) => {
             if let Some(msg) = enforcement.and_then(Enforcement::limit_reached) {
                 let err = anyhow::Error::new(e).context(msg.clone());
