@@ -275,6 +275,21 @@ fn bytes_in(end: &impl std::os::fd::AsRawFd) -> usize {
     usize::try_from(n).unwrap()
 }
 
+/// True when `pid`'s `vmhost-serial` thread (the one that drains the guest's output into the
+/// pipe) sleeps in `write(2)` on it: the pipe is full, the event the old code hung on (the
+/// kernel's account, `/proc/PID/task/TID/syscall`).
+fn serial_writer_blocked(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).any(|t| {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let call = std::fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
+        comm.trim() == "vmhost-serial"
+            && call.split_whitespace().next() == Some(&libc::SYS_write.to_string())
+    })
+}
+
 /// A Linux guest (a tiny PVH "kernel") that prints without end, run with stdout a pipe nobody
 /// reads: once the pipe is full, SIGTERM still ends vmhost, with the ledger entry released. Before,
 /// the vCPU blocked in its write to the full pipe and nothing stopped it; the final report, too,
@@ -315,7 +330,7 @@ fn sigterm_ends_vmhost_whose_guest_prints_into_an_unread_stdout() {
     unsafe { libc::fcntl(unread.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
     // The event the old code hung on: the pipe is full, so the next write would block.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while bytes_in(&unread) < 4096 {
+    while !serial_writer_blocked(child.id()) {
         assert!(Instant::now() < deadline, "the guest never filled stdout");
         assert!(child.try_wait().unwrap().is_none(), "vmhost ended early");
         std::thread::sleep(Duration::from_millis(2));
@@ -337,7 +352,7 @@ fn sigterm_ends_vmhost_whose_guest_prints_into_an_unread_stdout() {
     let err = std::fs::read_to_string(d.join("stderr")).unwrap();
     assert_eq!(status.code(), Some(130), "{err}");
     // Nobody read stdout: the guest's output and the report were given up, not waited for.
-    assert_eq!(bytes_in(&unread), 4096, "{err}");
+    assert!(bytes_in(&unread) > 0, "{err}");
     let ps = common::vmhost(&["ps", "--json", "--run-dir", d.join("run").to_str().unwrap()]);
     let ps: Value = serde_json::from_slice(&ps.stdout).unwrap();
     assert!(ps["entries"].as_array().unwrap().is_empty(), "{ps}");
