@@ -204,6 +204,88 @@ fn background_prefault_lets_the_guest_start_first_and_ends_resident_on_the_bound
         assert_eq!(v["result"]["bytes"], 64u64 << 20, "{v}");
     }
     assert_eq!(pool(PAGE_2M), before, "hugepages released");
+    guest_starts_before_the_background_prefault_ends(&dir);
+}
+
+/// Shared memory (`RssShmem`, bytes) `pid` has faulted in: the kernel's account of the guest
+/// RAM a memfd-backed VM holds.
+fn rss_shmem(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssShmem:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("RssShmem in /proc/PID/status");
+    kb << 10
+}
+
+/// The order of the start, from vmhost's timeline and the kernel: with `--prefault background`
+/// the guest is released (its API reports it running) while the guest RAM is not yet all
+/// faulted in, and the timeline records the vCPUs runnable before the prefault's end.
+fn guest_starts_before_the_background_prefault_ends(dir: &std::path::Path) {
+    use std::io::Read;
+    use std::process::Stdio;
+    const GUEST: u64 = 2 << 30;
+    let d = dir.join("order");
+    std::fs::create_dir_all(&d).unwrap();
+    let spec = d.join("vm.toml");
+    // Anonymous 4 KiB pages: seconds of prefault here, milliseconds of VM creation.
+    std::fs::write(
+        &spec,
+        "name = \"bgpf-order\"\n[cpu]\ncores = 1\n[memory]\nguest = \"2Gi\"\n[boot]\npayload = \"idle\"\n",
+    )
+    .unwrap();
+    let extra = ["--prefault", "background", "--json"];
+    let (mut child, sock) = common::start_with_api(&d, &spec, &extra, Stdio::piped());
+    let pid = child.id();
+    let faulted_at_start = rss_shmem(pid);
+    let mut out = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        out.read_to_string(&mut text).unwrap();
+        text
+    });
+    // The prefault ends (its thread is gone), then the VM is stopped.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while thread_names(pid).iter().any(|n| n == "vmhost-prefault") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the prefault never ended"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(rss_shmem(pid), GUEST, "all guest RAM faulted in at the end");
+    assert_eq!(common::ctl(&sock, "shutdown").0, 0);
+    let status = child.wait().unwrap();
+    let text = reader.join().unwrap();
+    assert_eq!(status.code(), Some(0), "{text}");
+    assert!(
+        faulted_at_start < GUEST,
+        "the guest ran only once all {GUEST} bytes were faulted in"
+    );
+    let j: Value = serde_json::from_str(&text).unwrap();
+    let t = &j["timeline"];
+    let (runnable, ready) = (
+        t["vcpus_runnable_ns"].as_u64().unwrap(),
+        t["memory_ready_ns"].as_u64().unwrap(),
+    );
+    assert!(runnable > 0 && ready > 0, "{t}");
+    assert!(
+        runnable < ready,
+        "the guest was released after the prefault ended: {t}"
+    );
+    assert_eq!(j["audit"]["regions"][0]["pages_not_present"], 0, "{j:#}");
+}
+
+/// The kernel thread names of process `pid`.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[test]
