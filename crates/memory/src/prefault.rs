@@ -81,7 +81,7 @@ pub enum PrefaultMethod {
     Auto,
     /// `MADV_POPULATE_WRITE` only.
     PopulateWrite,
-    /// Read and write back one byte per page.
+    /// An atomic no-op read-modify-write of one byte per page (safe while the guest runs).
     Touch,
 }
 
