@@ -42,11 +42,22 @@ struct Exit {
 }
 
 fn main() -> ExitCode {
+    // First of all: a stop signal from here on gets the orderly stop (see `signals`).
+    if let Err(e) = signals::block_at_start() {
+        eprintln!("vmhost: error: cannot block the stop signals: {e}");
+        return ExitCode::from(1);
+    }
     timeline::mark_main();
     // Before any thread exists (it sets an environment variable).
     vmhost_topology::skip_unneeded_hwloc_plugins();
     init_logging();
     let cli = Cli::parse();
+    if cli.command.is_some() {
+        if let Err(e) = signals::unblock_for_other_commands() {
+            eprintln!("vmhost: error: cannot unblock the stop signals: {e}");
+            return ExitCode::from(1);
+        }
+    }
     match (cli.seccomp, vmhost_seccomp::mode_from_env()) {
         (Some(mode), _) => vmhost_seccomp::set_mode(mode.into()),
         (None, Ok(mode)) => {
@@ -261,8 +272,10 @@ fn cmd_run(cli: &Cli) -> Result<u8> {
     let mut timeline = timeline::Timeline::start();
     let mut spec = load_spec(cli)?;
     check_boot_inputs(&spec.spec.boot)?;
+    signals::stop_if_requested("while the spec was read")?;
     timeline.spec_loaded_ns = timeline::now_ns();
     let host = host::load(&Default::default()).context("discovering this host's topology")?;
+    signals::stop_if_requested("while the host's topology was read")?;
     timeline.host_discovered_ns = timeline::now_ns();
     let run_dir = vms::run_dir(cli.run_dir.as_deref());
     resolve_vsock_socket(&mut spec.spec, &run_dir);

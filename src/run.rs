@@ -23,7 +23,7 @@ use crate::background::Background;
 use crate::control::Control;
 use crate::enforce::{Enforcement, EXIT_LIMIT};
 use crate::output::placement_table;
-use crate::signals::StopSignals;
+use crate::signals::{StopSignals, EXIT_INTERRUPTED};
 use crate::timeline::{now_ns, Timeline};
 use vmhost_vcpu::{
     pin_current_thread_to_emulator, RunReport, StartHook, ThreadPlacement, UnknownAccessPolicy, Vm,
@@ -74,8 +74,8 @@ pub fn run(
     mut timeline: Timeline,
 ) -> Result<u8> {
     let sec_at_start = crate::overhead::sec_page_tables();
-    crate::sys::block_signals(&vmhost_vcpu::STOP_SIGNALS)
-        .context("blocking the stop signals until the VM can stop")?;
+    // The stop signals are blocked since `main` (see `signals`): one that came during setup
+    // is still pending, and the signal thread takes it.
     pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
     // Before any thread starts: on cgroup v2 entering forks the VMM off a supervisor, which
     // needs a single-threaded process (a stop signal meanwhile stays pending).
@@ -91,13 +91,18 @@ pub fn run(
     };
     // After the pinning: the signal thread inherits the emulator PUs.
     let signals = StopSignals::start().context("starting the signal thread")?;
-    let Some(mut memory) = guest_memory(plan, enforcement.as_deref(), &signals, opts.prefault)?
-    else {
-        eprintln!(
-            "vmhost: VM {}: stopped by a signal while its guest memory was set up",
-            plan.name
-        );
-        return Ok(stopped_before_start(plan));
+    let mut memory = match guest_memory(plan, enforcement.as_deref(), &signals, opts.prefault)? {
+        Ok(memory) => memory,
+        Err(Stopped { done, total }) => {
+            eprintln!(
+                "vmhost: VM {}: stopped by a signal while its guest memory was set up \
+                 ({} of {} MiB faulted in)",
+                plan.name,
+                done >> 20,
+                total >> 20
+            );
+            return Ok(stopped_before_start(plan));
+        }
     };
     let background = Background::start(&mut memory, plan, enforcement.as_ref(), !opts.json)
         .context("starting the background prefault")?;
@@ -215,25 +220,32 @@ fn serve_api(
     Ok(Some(server))
 }
 
-/// Allocates, binds and prefaults the guest memory; `None` when a stop signal cancelled it.
-/// A failure at the envelope's memory limit is exit status 5 with the limit named.
+/// A prefault a stop signal cancelled: how far it got.
+struct Stopped {
+    done: u64,
+    total: u64,
+}
+
+/// Allocates, binds and prefaults the guest memory; `Err(Stopped)` when a stop signal
+/// cancelled the prefault. A failure at the envelope's memory limit is exit status 5 with the
+/// limit named.
 fn guest_memory(
     plan: &Plan,
     enforcement: Option<&Enforcement>,
     signals: &StopSignals,
     timing: PrefaultTiming,
-) -> Result<Option<GuestMemory>> {
+) -> Result<Result<GuestMemory, Stopped>> {
     let mut options = MemoryOptions {
         timing,
         ..MemoryOptions::default()
     };
     options.prefault.cancel = Some(signals.cancel_flag());
     match GuestMemory::new(plan, &options) {
-        Ok(m) => Ok(Some(m)),
+        Ok(m) => Ok(Ok(m)),
         Err(MemoryError::Prefault {
-            source: PrefaultError::Cancelled { .. },
+            source: PrefaultError::Cancelled { done, total },
             ..
-        }) => Ok(None),
+        }) => Ok(Err(Stopped { done, total })),
         Err(e) => {
             if let Some(msg) = enforcement.and_then(Enforcement::limit_reached) {
                 let err = anyhow::Error::new(e).context(msg.clone());
@@ -257,9 +269,6 @@ fn stopped_before_start(plan: &Plan) -> u8 {
         _ => EXIT_INTERRUPTED,
     }
 }
-
-/// Exit status of a run interrupted by a stop signal.
-const EXIT_INTERRUPTED: u8 = 130;
 
 /// How long the final report may wait for stdout.
 const STDOUT_TIMEOUT: Duration = Duration::from_millis(300);

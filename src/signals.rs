@@ -1,16 +1,81 @@
 //! The stop signals of the run path (`vmhost_vcpu::STOP_SIGNALS`: SIGINT, SIGTERM, SIGHUP,
-//! SIGQUIT), from the first instruction of the run to its end.
+//! SIGQUIT), from the first instruction of `main` to the end of the run.
 //!
-//! They are blocked before any other thread starts, and one `vmhost-sig` thread waits for them.
-//! A signal sets the cancel flag, which stops a prefault in progress (setup ends at once, in
-//! order: cgroup and ledger entry released), and stops the VM once it exists: a signal that
-//! arrives before the VM is attached stops it as soon as it is.
+//! `main` blocks them before anything else ([`block_at_start`]); the other commands unblock
+//! them again ([`unblock_for_other_commands`]). Until the VM is admitted a signal stays
+//! pending: each setup step ends with [`stop_if_requested`], and the wait for the ledger lock
+//! takes it (`vmhost_ledger::LockWait::interrupt`); either ends the start with exit status
+//! [`EXIT_INTERRUPTED`] before anything is allocated. From the run on, one `vmhost-sig` thread
+//! waits for them (a signal still pending is taken at once). A signal sets the cancel flag,
+//! which stops a prefault in progress (setup ends at once, in order: cgroup and ledger entry
+//! released), and stops the VM once it exists: a signal that arrives before the VM is attached
+//! stops it as soon as it is. The cgroup v2 supervisor forks with the mask in place: the
+//! supervisor keeps a signal pending at the fork and forwards it; the VMM inherits the mask.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use vmhost_vcpu::{StopHandle, STOP_SIGNALS};
+
+/// Exit status of a run interrupted by a stop signal.
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+/// Blocks the stop signals; the first thing `main` does, before any other thread exists.
+pub fn block_at_start() -> io::Result<()> {
+    crate::sys::block_signals(&STOP_SIGNALS)
+}
+
+/// Gives the commands other than a run (plan, ps, ctl, bench, ...) the signals' default
+/// action back; one that came meanwhile takes it now.
+pub fn unblock_for_other_commands() -> io::Result<()> {
+    crate::sys::unblock_signals(&STOP_SIGNALS)
+}
+
+/// The name of stop signal `sig` (its number for any other).
+pub fn name(sig: libc::c_int) -> String {
+    match sig {
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGHUP => "SIGHUP".into(),
+        libc::SIGQUIT => "SIGQUIT".into(),
+        other => format!("signal {other}"),
+    }
+}
+
+/// The orderly end of a start that a stop signal interrupted during setup `step` (before the
+/// VM holds anything): exit status [`EXIT_INTERRUPTED`], naming the signal and the step.
+pub fn interrupted(sig: libc::c_int, step: &str) -> crate::Exit {
+    crate::Exit {
+        code: EXIT_INTERRUPTED,
+        message: format!("stopped by {} {step}; nothing was started", name(sig)),
+    }
+}
+
+/// Fails with [`interrupted`] when a stop signal is pending after setup `step`.
+pub fn stop_if_requested(step: &str) -> Result<(), crate::Exit> {
+    match crate::sys::pending_signal(&STOP_SIGNALS) {
+        Some(sig) => Err(interrupted(sig, step)),
+        None => Ok(()),
+    }
+}
+
+/// The lock wait of a start: a stop signal ends it; a marker line on stderr says it began.
+pub fn ledger_lock_wait() -> vmhost_ledger::LockWait {
+    vmhost_ledger::LockWait {
+        interrupt: STOP_SIGNALS.to_vec(),
+        on_wait: Some(announce_lock_wait),
+        ..Default::default()
+    }
+}
+
+fn announce_lock_wait(path: &std::path::Path, holder: &str) {
+    eprintln!(
+        "vmhost: waiting for the ledger lock {} held by {holder} (up to {} s)",
+        path.display(),
+        vmhost_ledger::LOCK_TIMEOUT.as_secs()
+    );
+}
 
 /// The run's stop signals; see the module docs.
 pub struct StopSignals {
@@ -19,8 +84,8 @@ pub struct StopSignals {
 }
 
 impl StopSignals {
-    /// Blocks the stop signals in the calling thread (threads started later inherit the mask)
-    /// and starts the `vmhost-sig` thread. Call it before any other thread starts.
+    /// Starts the `vmhost-sig` thread. The stop signals are blocked (since `main`, and here
+    /// again for safety) in every thread that exists.
     pub fn start() -> io::Result<StopSignals> {
         crate::sys::block_signals(&STOP_SIGNALS)?;
         let requested = Arc::new(AtomicBool::new(false));

@@ -3,18 +3,43 @@
 use std::io;
 
 /// Blocks `signals` in the calling thread; threads it starts afterwards inherit the mask.
-/// Called first on the run path with the stop signals, so that no helper thread (API,
-/// memory-limit watch, prefault workers) can take a stop signal's default action: a signal is
-/// taken by the signal thread alone, which stops the VM in order.
+/// `main` calls it first with the stop signals, so that a stop signal at any point of a start
+/// (spec, topology, ledger lock, admission) stays pending until a setup step or the signal
+/// thread takes it, and no helper thread (API, memory-limit watch, prefault workers) can take
+/// a stop signal's default action.
 pub fn block_signals(signals: &[libc::c_int]) -> io::Result<()> {
+    set_mask(libc::SIG_BLOCK, signals)
+}
+
+/// Unblocks `signals` in the calling thread (a pending one is delivered at once).
+pub fn unblock_signals(signals: &[libc::c_int]) -> io::Result<()> {
+    set_mask(libc::SIG_UNBLOCK, signals)
+}
+
+fn set_mask(how: libc::c_int, signals: &[libc::c_int]) -> io::Result<()> {
     let set = sigset(signals);
     // SAFETY: `set` is initialised; a null old-set pointer is allowed.
-    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    let ret = unsafe { libc::pthread_sigmask(how, &set, std::ptr::null_mut()) };
     if ret == 0 {
         Ok(())
     } else {
         Err(io::Error::from_raw_os_error(ret))
     }
+}
+
+/// The first of `signals` that is pending (blocked and sent) for this thread or the process;
+/// it stays pending.
+pub fn pending_signal(signals: &[libc::c_int]) -> Option<libc::c_int> {
+    let mut set = sigset(&[]);
+    // SAFETY: `set` is a valid, writable sigset_t for sigpending to fill.
+    if unsafe { libc::sigpending(&mut set) } != 0 {
+        return None;
+    }
+    signals.iter().copied().find(|&s| {
+        // SAFETY: `set` is initialised; sigismember only reads it.
+        let member = unsafe { libc::sigismember(&set, s) };
+        member == 1
+    })
 }
 
 /// Waits for one of `signals` (blocked by the caller) and returns its number.

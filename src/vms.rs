@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use vmhost_config::{format_bytes, VmSpec};
-use vmhost_ledger::{AdmitError, Held, Ledger, Liveness, Snapshot, VmState};
+use vmhost_ledger::{AdmitError, Held, Ledger, LedgerError, Liveness, LockWait, Snapshot, VmState};
 use vmhost_plan::{plan, Plan, PlanOptions, Rejection};
 use vmhost_topology::{cpulist, HostTopology};
 
@@ -67,7 +67,8 @@ fn subtract_promised(host: &mut HostTopology, held: &Held) {
 }
 
 /// Plans `spec` on this host under the ledger lock, against the PUs and hugepages other live
-/// VMs hold, and records the VM. Exit status 3 when it does not fit.
+/// VMs hold, and records the VM. Exit status 3 when it does not fit; 130 when a stop signal
+/// comes while it waits for the lock (nothing recorded).
 pub fn admit(
     run_dir: &Path,
     spec: &VmSpec,
@@ -75,7 +76,8 @@ pub fn admit(
     opts: &PlanOptions,
     api_socket: Option<PathBuf>,
 ) -> Result<(Plan, Admission)> {
-    let ledger = Ledger::open(run_dir)
+    let ledger = Ledger::open_with(run_dir, crate::signals::ledger_lock_wait())
+        .map_err(lock_wait_interrupted)
         .with_context(|| format!("opening the host ledger in {}", run_dir.display()))?;
     let pid = std::process::id();
     let admitted = ledger.admit(
@@ -103,7 +105,9 @@ pub fn admit(
             Ok((
                 a.plan,
                 Admission {
-                    ledger,
+                    // A stop signal after admission is the signal thread's: later lock waits
+                    // (state, release) must not take it.
+                    ledger: ledger.with_lock_wait(LockWait::default()),
                     name: spec.name.clone(),
                     pid,
                 },
@@ -113,7 +117,18 @@ pub fn admit(
             code: crate::rejection_code(&r),
             message: with_confinement(r.to_string(), host),
         })),
-        Err(AdmitError::Ledger(e)) => Err(e).context("host ledger"),
+        Err(AdmitError::Ledger(e)) => Err(lock_wait_interrupted(e)).context("host ledger"),
+    }
+}
+
+/// A stop signal during the wait for the ledger lock is the orderly stop of a start.
+fn lock_wait_interrupted(e: LedgerError) -> anyhow::Error {
+    match e {
+        LedgerError::Interrupted { signal, .. } => anyhow::Error::new(crate::signals::interrupted(
+            signal,
+            "while waiting for the ledger lock",
+        )),
+        e => anyhow::Error::new(e),
     }
 }
 

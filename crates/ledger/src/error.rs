@@ -43,6 +43,15 @@ pub enum LedgerError {
         /// Who holds it, from `/proc/locks` (`process 4242 (vmhost)`), or `another process`.
         holder: String,
     },
+    /// A signal of [`LockWait::interrupt`](crate::LockWait::interrupt) arrived while the
+    /// operation waited for the lock (the caller's orderly stop, e.g. SIGTERM during a start).
+    #[error("interrupted by signal {signal} while waiting for the ledger lock {path}")]
+    Interrupted {
+        /// The lock file.
+        path: PathBuf,
+        /// The signal number (taken: no longer pending).
+        signal: i32,
+    },
     /// The permissions of the run directory, `vms/` or the lock file could not be narrowed to
     /// the owner.
     #[error("cannot restrict {path} to its owner (mode {mode:o}); make the run directory yours, or choose another one with the run-directory option")]

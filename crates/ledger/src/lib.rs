@@ -51,7 +51,8 @@
 //! The kernel drops the lock when its holder dies, so a VM killed mid-admission blocks nobody.
 //! The run directory and `vms/` are mode 0700 and the lock file 0600: another local user can
 //! neither hold the lock nor read the entries. An operation waits at most [`LOCK_TIMEOUT`]
-//! for the lock, then fails naming the holder (pid and command, from `/proc/locks`).
+//! for the lock, then fails naming the holder (pid and command, from `/proc/locks`); a
+//! [`LockWait`] can announce the wait and end it early on a signal.
 //!
 //! # Liveness and reclamation
 //!
@@ -238,11 +239,35 @@ pub struct Ledger {
     run_dir: PathBuf,
     vms_dir: PathBuf,
     lock_path: PathBuf,
-    lock_timeout: std::time::Duration,
+    wait: LockWait,
 }
 
 /// How long a ledger operation waits for the lock before it fails naming the holder.
 pub const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How a ledger operation waits while another process holds the lock.
+#[derive(Debug, Clone)]
+pub struct LockWait {
+    /// Give up after this long with [`LedgerError::LockTimeout`] (default [`LOCK_TIMEOUT`]).
+    pub timeout: std::time::Duration,
+    /// Signals that end the wait with [`LedgerError::Interrupted`]. The calling thread must
+    /// block them (a stop request at start-up); the wait takes one that is or becomes pending
+    /// (`sigtimedwait`) between attempts. Empty: the wait only sleeps.
+    pub interrupt: Vec<libc::c_int>,
+    /// Called once, when the lock is first found held, with the lock file and its holder
+    /// (`process 4242 (vmhost)`, or `another process`): a marker that the wait began.
+    pub on_wait: Option<fn(&Path, &str)>,
+}
+
+impl Default for LockWait {
+    fn default() -> Self {
+        LockWait {
+            timeout: LOCK_TIMEOUT,
+            interrupt: Vec::new(),
+            on_wait: None,
+        }
+    }
+}
 
 impl Ledger {
     /// Opens the ledger in `run_dir`, creating the directory and `vms/` (mode 0700) and the
@@ -250,7 +275,13 @@ impl Ledger {
     /// owner: another user who could open the lock file could hold it forever. Fails with the
     /// path when they cannot be created or opened for writing.
     pub fn open(run_dir: impl Into<PathBuf>) -> Result<Ledger, LedgerError> {
-        let ledger = Ledger::at(run_dir.into());
+        Ledger::open_with(run_dir, LockWait::default())
+    }
+
+    /// [`Ledger::open`], with every lock wait (this one's included) done as `wait` says.
+    pub fn open_with(run_dir: impl Into<PathBuf>, wait: LockWait) -> Result<Ledger, LedgerError> {
+        let mut ledger = Ledger::at(run_dir.into());
+        ledger.wait = wait;
         let existing = ledger.lock_path.exists();
         for dir in [&ledger.run_dir, &ledger.vms_dir] {
             store::create_dir(dir)?;
@@ -267,12 +298,18 @@ impl Ledger {
 
     /// The same ledger, with lock waits of at most `timeout` (default [`LOCK_TIMEOUT`]).
     pub fn with_lock_timeout(mut self, timeout: std::time::Duration) -> Ledger {
-        self.lock_timeout = timeout;
+        self.wait.timeout = timeout;
+        self
+    }
+
+    /// The same ledger, with lock waits done as `wait` says.
+    pub fn with_lock_wait(mut self, wait: LockWait) -> Ledger {
+        self.wait = wait;
         self
     }
 
     fn lock(&self, exclusive: bool, create: bool) -> Result<store::Locked, LedgerError> {
-        store::lock(&self.lock_path, exclusive, create, self.lock_timeout)
+        store::lock(&self.lock_path, exclusive, create, &self.wait)
     }
 
     /// A ledger handle that creates nothing, for listing with read access only (e.g. `ps` by
@@ -287,7 +324,7 @@ impl Ledger {
             vms_dir: run_dir.join(store::VMS_DIR),
             lock_path: run_dir.join(store::LOCK_FILE),
             run_dir,
-            lock_timeout: LOCK_TIMEOUT,
+            wait: LockWait::default(),
         }
     }
 

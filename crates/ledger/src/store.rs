@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::entry::{decode, FileKey};
 use crate::sys::{self, Probe};
-use crate::{Entry, LedgerError, Liveness};
+use crate::{Entry, LedgerError, Liveness, LockWait};
 
 /// The lock file name in the run directory.
 pub(crate) const LOCK_FILE: &str = "ledger.lock";
@@ -64,8 +64,8 @@ pub(crate) fn restrict(path: &Path, file: Option<&File>, mode: u32) -> Result<()
 }
 
 /// Opens `path` (creating it, mode [`LOCK_MODE`], when `create`) and locks it, exclusively or
-/// shared, waiting at most `timeout`; on timeout the error names the holder when
-/// `/proc/locks` shows it.
+/// shared, waiting as `wait` says; on timeout the error names the holder when `/proc/locks`
+/// shows it.
 ///
 /// Every operation opens its own descriptor: `flock` locks belong to the open file
 /// description, so two threads sharing one descriptor would not exclude each other.
@@ -73,7 +73,7 @@ pub(crate) fn lock(
     path: &Path,
     exclusive: bool,
     create: bool,
-    timeout: Duration,
+    wait: &LockWait,
 ) -> Result<Locked, LedgerError> {
     let file = OpenOptions::new()
         .read(true)
@@ -90,6 +90,7 @@ pub(crate) fn lock(
         restrict(path, Some(&file), LOCK_MODE)?;
     }
     let start = Instant::now();
+    let mut announced = false;
     loop {
         let locked = sys::try_flock(&file, exclusive).map_err(|source| LedgerError::Lock {
             path: path.to_owned(),
@@ -99,23 +100,35 @@ pub(crate) fn lock(
             return Ok(Locked { _file: file });
         }
         let waited = start.elapsed();
-        if waited >= timeout {
-            let holder = file
-                .metadata()
-                .ok()
-                .and_then(|m| sys::flock_holder(m.dev(), m.ino()))
-                .map_or_else(
-                    || "another process".to_string(),
-                    |(pid, comm)| format!("process {pid} ({comm})"),
-                );
+        if waited >= wait.timeout {
             return Err(LedgerError::LockTimeout {
                 path: path.to_owned(),
                 waited,
-                holder,
+                holder: holder(&file),
             });
         }
-        std::thread::sleep(LOCK_POLL.min(timeout - waited));
+        if let Some(announce) = wait.on_wait.filter(|_| !announced) {
+            announce(path, &holder(&file));
+            announced = true;
+        }
+        if let Some(signal) = sys::pause(&wait.interrupt, LOCK_POLL.min(wait.timeout - waited)) {
+            return Err(LedgerError::Interrupted {
+                path: path.to_owned(),
+                signal,
+            });
+        }
     }
+}
+
+/// Who holds the lock on `file`, from `/proc/locks`: `process 4242 (vmhost)`.
+fn holder(file: &File) -> String {
+    file.metadata()
+        .ok()
+        .and_then(|m| sys::flock_holder(m.dev(), m.ino()))
+        .map_or_else(
+            || "another process".to_string(),
+            |(pid, comm)| format!("process {pid} ({comm})"),
+        )
 }
 
 /// One file of `vms/` as scanned.

@@ -1,4 +1,5 @@
-//! Raw system calls and `/proc` reads: `flock(2)`, `kill(pid, 0)` and a process's start time.
+//! Raw system calls and `/proc` reads: `flock(2)`, `kill(pid, 0)`, `sigtimedwait(2)` and a
+//! process's start time.
 //!
 //! All `unsafe` of the crate lives here.
 
@@ -48,6 +49,31 @@ pub(crate) fn try_flock(file: &File, exclusive: bool) -> io::Result<bool> {
             _ => return Err(err),
         }
     }
+}
+
+/// Waits `time` between lock attempts; with `signals` (blocked by the caller), waits in
+/// `sigtimedwait` and returns a signal of the set that is or becomes pending (taking it).
+pub(crate) fn pause(signals: &[libc::c_int], time: std::time::Duration) -> Option<libc::c_int> {
+    if signals.is_empty() {
+        std::thread::sleep(time);
+        return None;
+    }
+    // SAFETY: an all-zero sigset_t is a valid object for sigemptyset to initialise.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable sigset_t.
+    unsafe { libc::sigemptyset(&mut set) };
+    for &s in signals {
+        // SAFETY: `set` is initialised; an invalid signal number only makes sigaddset fail.
+        unsafe { libc::sigaddset(&mut set, s) };
+    }
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(time.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(time.subsec_nanos()),
+    };
+    // SAFETY: `set` and `ts` are initialised and outlive the call; a null siginfo is allowed.
+    let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
+    // -1: the time passed (EAGAIN) or another signal's handler ran (EINTR): try the lock again.
+    (sig > 0).then_some(sig)
 }
 
 /// The process holding a `flock` on the file with device `dev` and inode `ino`, from

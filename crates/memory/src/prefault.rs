@@ -4,13 +4,13 @@
 //! regions are cut into chunks; the cell's workers are pinned one per CPU of the cell's host
 //! node (the plan's `prefault_cpus`), so the first touch happens on that node, and take chunks
 //! from a shared counter. A chunk is populated with `MADV_POPULATE_WRITE` (Linux 5.14+), or, on
-//! kernels without it, with a loop that reads and writes back one byte per page. Cells are
-//! prefaulted concurrently. A progress bar is drawn on stderr when it is a terminal and the
+//! kernels without it, with an atomic no-op read-modify-write of one byte per page (the guest
+//! may already run and write: see [`touch`]). Cells are prefaulted concurrently. A progress bar is drawn on stderr when it is a terminal and the
 //! memory is large; a hook can observe progress otherwise.
 
 use std::fmt;
 use std::io::{self, IsTerminal};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -81,7 +81,7 @@ pub enum PrefaultMethod {
     Auto,
     /// `MADV_POPULATE_WRITE` only.
     PopulateWrite,
-    /// Read and write back one byte per page.
+    /// An atomic no-op read-modify-write of one byte per page (safe while the guest runs).
     Touch,
 }
 
@@ -270,18 +270,21 @@ impl Shared {
     }
 }
 
-/// Reads and writes back one byte per page of `[addr, addr + len)`.
+/// Faults in every page of `[addr, addr + len)` for write with an atomic no-op
+/// read-modify-write (`lock or byte [p], 0`) on its first byte. With `--prefault background`
+/// the guest runs meanwhile: a plain read and write-back would put back a stale byte when a
+/// guest store lands between the two; the atomic one never stores anything but the byte's
+/// current value.
 fn touch(addr: *mut u8, len: usize, page: usize) {
     let mut off = 0;
     while off < len {
         // SAFETY: `addr..addr + len` lies inside a live MAP_SHARED, PROT_READ|PROT_WRITE
-        // mapping owned by a MappedRegion that the caller borrows for the whole prefault;
-        // chunks given to workers are disjoint and the guest is not running, so no other
-        // access races this read-modify-write; volatile accesses create no references.
-        unsafe {
-            let p = addr.add(off);
-            p.write_volatile(p.read_volatile());
-        }
+        // mapping owned by a MappedRegion that the caller borrows for the whole prefault, so
+        // `p` is valid for reads and writes for that time; a u8 has alignment 1. Chunks given
+        // to workers are disjoint; the only other access is the guest's (outside this
+        // process's memory model), which the atomic read-modify-write cannot undo.
+        let byte = unsafe { AtomicU8::from_ptr(addr.add(off)) };
+        byte.fetch_or(0, Ordering::Relaxed);
         off += page;
     }
 }
@@ -570,6 +573,69 @@ mod tests {
             assert_eq!(present_pages(&regions[0]), 256, "{method:?}");
             assert_eq!(present_pages(&regions[1]), 64, "{method:?}");
         }
+    }
+
+    /// Keeps writing a new value into the first byte of every page of `region` (the byte the
+    /// touch fallback reads) until `stop`, and counts the visits that find a value other than
+    /// its own last one: a write someone else undid.
+    fn write_counters(addr: usize, pages: usize, stop: &AtomicBool) -> (u64, u64) {
+        let mut last = vec![0u8; pages];
+        let (mut lost, mut writes) = (0, 0);
+        let mut value = 0u8;
+        loop {
+            let stopping = stop.load(Ordering::SeqCst);
+            value = value.wrapping_add(1).max(1);
+            for (i, last) in last.iter_mut().enumerate() {
+                // SAFETY: page `i` of a live mapping the test owns; a u8 has alignment 1.
+                let byte = unsafe { AtomicU8::from_ptr((addr as *mut u8).add(i * 4096)) };
+                if byte.load(Ordering::Relaxed) != *last {
+                    lost += 1;
+                }
+                byte.store(value, Ordering::Relaxed);
+                *last = value;
+                writes += 1;
+            }
+            if stopping {
+                return (lost, writes);
+            }
+        }
+    }
+
+    /// `--prefault background` with the touch method: the guest writes while the prefault
+    /// touches its pages. A plain read and write-back of the byte lost a store that landed in
+    /// between (the writer found its own last value replaced by an older one).
+    #[test]
+    fn a_background_touch_prefault_never_undoes_a_concurrent_write() {
+        let (mut lost, mut writes) = (0, 0);
+        for _ in 0..400 {
+            let regions = vec![anon_region(0, 256 << 10)];
+            let addr = regions[0].host_addr() as usize;
+            let stop = AtomicBool::new(false);
+            let opts = PrefaultOptions {
+                method: PrefaultMethod::Touch,
+                chunk_bytes: 16 << 10,
+                threads_per_cell: Some(1),
+                progress: Progress::Hidden,
+                ..PrefaultOptions::default()
+            };
+            let target = CellTarget {
+                cell: 0,
+                regions: &regions,
+                cpus: &[],
+            };
+            let (l, w) = std::thread::scope(|s| {
+                let writer = s.spawn(|| write_counters(addr, 64, &stop));
+                prefault(&[target], &opts).unwrap();
+                stop.store(true, Ordering::SeqCst);
+                writer.join().unwrap()
+            });
+            lost += l;
+            writes += w;
+        }
+        assert_eq!(
+            lost, 0,
+            "{lost} of {writes} guest writes undone by the touch prefault"
+        );
     }
 
     #[test]

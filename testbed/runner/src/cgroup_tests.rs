@@ -153,6 +153,47 @@ pub fn envelope_breach(env: &Env) -> Outcome {
     Ok(())
 }
 
+/// On cgroup v2 a stop signal to vmhost (the supervisor outside the cgroup) reaches the VMM,
+/// which stops in order: SIGTERM and SIGINT each end an idle VM with 0, its cgroup, control
+/// socket and ledger entry gone. The stop signals are blocked from `main` on, before the fork:
+/// the supervisor waits for them, the VMM's signal thread takes the forwarded one.
+pub fn stop_signals_through_the_supervisor(env: &Env) -> Outcome {
+    host::set_2m_pools(&[16, 16])?;
+    for (sig, tag) in [(libc::SIGTERM, "term"), (libc::SIGINT, "int")] {
+        let name = format!("cgsig{tag}");
+        let spec = env.spec(&name, &dedicated_spec(&name, 1, 1, "", "16Mi", "idle"))?;
+        let cg = format!("tbsig{tag}");
+        let cmd = env.command(&["--config", &spec.to_string_lossy(), "--cgroup", &cg]);
+        let vm = env.start(&name, cmd, 1)?;
+        ensure!(
+            vm.vmm != vm.pid,
+            "on cgroup v2 the VMM (pid {}) must run under a supervisor (pid {})",
+            vm.vmm,
+            vm.pid
+        );
+        env.signal(vm.pid, sig)?;
+        let code = env.wait(vm.pid)?;
+        ensure!(
+            code == 0,
+            "signal {sig} gave exit {code}, want 0 (an idle VM stopped in order); stderr: {}",
+            vm.stderr()
+        );
+        let dir = PathBuf::from(ROOT).join("vmhost").join(&cg);
+        ensure!(!dir.exists(), "{} is still there", dir.display());
+        ensure!(
+            !vm.socket.exists(),
+            "the control socket {} is still there",
+            vm.socket.display()
+        );
+        let ps = env.run(&["ps", "--json"])?.expect_code(0)?.json()?;
+        ensure!(
+            !ps.to_string().contains(&format!("\"{name}\"")),
+            "the ledger still lists the VM: {ps}"
+        );
+    }
+    Ok(())
+}
+
 /// A pod-like cgroup (what a Guaranteed pod gets under the static CPU manager): node 1's PUs
 /// and memory only. Returns its directory.
 fn make_pod(env: &Env, name: &str) -> Result<PathBuf, String> {

@@ -88,6 +88,10 @@ const TWO_NODE: &[Test] = &[
         cgroup_tests::breach_while_running,
     ),
     (
+        "cgroup_v2_stop_signals_through_the_supervisor",
+        cgroup_tests::stop_signals_through_the_supervisor,
+    ),
+    (
         "cgroup_v2_prefault_inside_the_cgroup",
         cgroup_tests::prefault_inside_the_cgroup,
     ),
