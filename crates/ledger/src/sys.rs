@@ -76,6 +76,12 @@ pub(crate) fn parse_locks(text: &str, dev: u64, ino: u64) -> Option<u32> {
     })
 }
 
+/// This process's effective user id.
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid takes no arguments, touches no memory of this process and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// True when `kill(pid, 0)` says the process does not exist (`ESRCH`).
 fn no_such_process(pid: u32) -> bool {
     // pid 0 and negative pids address process groups: never signal them.
