@@ -7,6 +7,12 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 
+/// This process's effective user id (the owner its files and sockets get).
+pub fn euid() -> u32 {
+    // SAFETY: geteuid takes no arguments, touches no memory of this process and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// Alignment of O_DIRECT buffers, offsets and lengths: a page, which covers 512-byte and
 /// 4 KiB logical blocks.
 pub const DIRECT_ALIGN: usize = 4096;
