@@ -289,6 +289,36 @@ fn a_directory_or_fifo_is_not_an_image() {
     }
 }
 
+/// A FIFO opened read-only would wait for a writer: the open never blocks (O_NONBLOCK) and the
+/// descriptor's type (fstat) refuses it, in every cache mode. The open runs on a thread and is
+/// awaited with a bound, so a regression fails instead of hanging the suite.
+#[test]
+fn a_fifo_is_refused_at_once_on_its_descriptor_in_every_cache_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for cache in [CacheMode::Writeback, CacheMode::None, CacheMode::Auto] {
+        for read_only in [true, false] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let path = fifo.clone();
+            std::thread::spawn(move || {
+                tx.send(DiskImage::open(&path, read_only, cache).map(|_| ()))
+            });
+            let result = rx
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .expect("opening a FIFO blocked");
+            let err = result.unwrap_err();
+            assert!(
+                matches!(err, DiskError::NotAnImage { kind: "FIFO", .. }),
+                "{cache:?} read_only {read_only}: {err:?}"
+            );
+            assert!(err.to_string().contains(fifo.to_str().unwrap()), "{err}");
+        }
+    }
+}
+
 /// Runs a malformed request and returns the device error.
 fn malformed(bufs: &[(u64, u32, bool)]) -> DeviceError {
     let dir = tempfile::tempdir().unwrap();
