@@ -9,8 +9,12 @@ use std::ptr::NonNull;
 
 /// This process's effective user id (the owner its files and sockets get).
 pub fn euid() -> u32 {
+    // Read once and kept: later calls can come from threads whose seccomp filter has no
+    // `geteuid` (the first comes before any filter: opening the ledger at admission, setting
+    // up the devices). The effective uid of vmhost never changes.
+    static EUID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     // SAFETY: geteuid takes no arguments, touches no memory of this process and cannot fail.
-    unsafe { libc::geteuid() }
+    *EUID.get_or_init(|| unsafe { libc::geteuid() })
 }
 
 /// Alignment of O_DIRECT buffers, offsets and lengths: a page, which covers 512-byte and

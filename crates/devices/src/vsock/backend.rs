@@ -87,6 +87,9 @@ pub struct Backend {
     drop_logged: bool,
     /// Guest connections refused because `<path>_<port>` was not our socket.
     foreign_refused: u64,
+    /// This process's effective uid, read once here: the I/O thread's seccomp filter has no
+    /// `geteuid`.
+    euid: u32,
 }
 
 impl Backend {
@@ -109,6 +112,7 @@ impl Backend {
             last_served: (0, 0),
             drop_logged: false,
             foreign_refused: 0,
+            euid: sys::euid(),
         };
         backend
             .watch(backend.listener.as_raw_fd(), TAG_LISTENER)
@@ -363,7 +367,7 @@ impl Backend {
         }
         let mut target = self.path.clone().into_os_string();
         target.push(format!("_{}", hdr.dst_port));
-        if let Some(why) = foreign_listener(Path::new(&target)) {
+        if let Some(why) = foreign_listener(Path::new(&target), self.euid) {
             // Counted, and logged at the 1st, 2nd, 4th, 8th… refusal: a guest retrying in a
             // loop cannot flood the log.
             self.foreign_refused += 1;
@@ -496,9 +500,9 @@ fn listen(path: &Path) -> Result<UnixListener, BackendError> {
     unix_listen_with_mode(path, 0o600).map_err(bind_err)
 }
 
-/// Why `path` must not get a guest connection: it exists and is not a socket of this
-/// process's user. `None` when it is one, or is missing (then the connect fails as usual).
-fn foreign_listener(path: &Path) -> Option<String> {
+/// Why `path` must not get a guest connection: it exists and is not a socket of user `euid`
+/// (this process's). `None` when it is one, or is missing (then the connect fails as usual).
+fn foreign_listener(path: &Path, euid: u32) -> Option<String> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
@@ -507,7 +511,6 @@ fn foreign_listener(path: &Path) -> Option<String> {
     if !meta.file_type().is_socket() {
         return Some("it is not a socket".into());
     }
-    let euid = sys::euid();
     (meta.uid() != euid).then(|| {
         format!(
             "it is owned by uid {}, not by uid {euid} which runs the VM; remove it, or run \

@@ -750,3 +750,55 @@ fn the_connection_limit_counts_host_greetings_and_guest_connections() {
         Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset),
     }
 }
+
+/// Set in the child process of [`a_guest_connection_is_forwarded_under_the_io_threads_filter`].
+const SECCOMP_CHILD: &str = "VMHOST_VSOCK_SECCOMP_CHILD";
+
+/// The guest → host path as the I/O thread runs it, under its own seccomp filter (On: a call
+/// off the list kills the process with SIGSYS, so it runs in a child process): the owner check
+/// of `<socket>_<port>` and the connect are allowed calls, our listener gets the connection and
+/// another user's does not.
+#[test]
+fn a_guest_connection_is_forwarded_under_the_io_threads_filter() {
+    const NAME: &str = "vsock::tests::a_guest_connection_is_forwarded_under_the_io_threads_filter";
+    if std::env::var_os(SECCOMP_CHILD).is_some() {
+        return seccomp_child();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env(SECCOMP_CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(stderr.contains("FORWARDED-UNDER-FILTER"), "{stderr}");
+}
+
+fn seccomp_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vm.vsock");
+    let mut backend = backend::Backend::new(CID, &path).unwrap();
+    let ours = UnixListener::bind(format!("{}_6000", path.display())).unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let foreign_path = format!("{}_6001", path.display());
+    let foreign = UnixListener::bind(&foreign_path).unwrap();
+    foreign.set_nonblocking(true).unwrap();
+    std::os::unix::fs::chown(&foreign_path, Some(NOBODY), Some(NOBODY)).unwrap();
+    let backend = std::thread::spawn(move || {
+        vmhost_seccomp::install(
+            vmhost_seccomp::ThreadKind::DeviceIo,
+            vmhost_seccomp::SeccompMode::On,
+        )
+        .unwrap();
+        backend.from_guest(&hdr(Op::Request, 40000, 6000, 0), Op::Request, &[]);
+        backend.from_guest(&hdr(Op::Request, 40001, 6001, 0), Op::Request, &[]);
+        backend
+    })
+    .join()
+    .unwrap();
+    assert!(ours.accept().is_ok(), "our listener got no connection");
+    let refused = foreign.accept().map(|_| ()).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::WouldBlock);
+    assert_eq!(backend.connections(), 1);
+    eprintln!("FORWARDED-UNDER-FILTER");
+}
