@@ -54,6 +54,7 @@ mod http;
 mod routes;
 mod server;
 mod socket;
+mod sys;
 
 use std::time::Duration;
 

@@ -4,10 +4,11 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::sys;
 
 /// Why the API socket could not be bound.
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +60,7 @@ pub enum BindError {
         #[source]
         source: io::Error,
     },
-    /// Binding the socket (under its temporary name) failed.
+    /// Binding the socket failed.
     #[error("cannot bind a Unix socket at {path:?}")]
     Bind {
         /// The path bound.
@@ -68,28 +69,7 @@ pub enum BindError {
         #[source]
         source: io::Error,
     },
-    /// Setting mode 0600 failed.
-    #[error("cannot set mode 0600 on {path:?}")]
-    Chmod {
-        /// The path chmodded.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-    /// Linking the bound socket to its final path failed (e.g. something appeared there).
-    #[error("cannot put the socket in place at {path:?}")]
-    Link {
-        /// The path given.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
 }
-
-/// Distinguishes temporary names of sockets bound concurrently by one process.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A bound, listening socket and the file that names it.
 #[derive(Debug)]
@@ -129,38 +109,19 @@ impl Drop for SocketFile {
 
 /// Binds a listening socket at `path` with mode 0600; see the module docs for the rules.
 pub(crate) fn bind(path: &Path) -> Result<BoundSocket, BindError> {
-    let Some(name) = path.file_name() else {
+    if path.file_name().is_none() {
         return Err(BindError::NoFileName {
             path: path.to_owned(),
         });
-    };
+    }
     clear_stale(path)?;
 
-    // Bind under a temporary name in the same directory, chmod, then hard-link into place:
-    // the socket is never reachable at `path` with the umask's mode, and linking never
-    // replaces a file that appeared at `path` meanwhile.
-    let serial = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mut temp_name = std::ffi::OsString::from(format!(".{}.{serial}.", std::process::id()));
-    temp_name.push(name);
-    let temp = path.with_file_name(temp_name);
-    remove_if_socket(&temp);
-    let listener = UnixListener::bind(&temp).map_err(|source| BindError::Bind {
-        path: temp.clone(),
+    // The mode is set on the socket before bind names it (no temporary name, no chmod after,
+    // no umask); bind fails rather than replace a file that appeared at `path` meanwhile.
+    let listener = sys::bind_unix_with_mode(path, 0o600).map_err(|source| BindError::Bind {
+        path: path.to_owned(),
         source,
     })?;
-    let placed = fs::set_permissions(&temp, fs::Permissions::from_mode(0o600))
-        .map_err(|source| BindError::Chmod {
-            path: temp.clone(),
-            source,
-        })
-        .and_then(|()| {
-            fs::hard_link(&temp, path).map_err(|source| BindError::Link {
-                path: path.to_owned(),
-                source,
-            })
-        });
-    remove_if_socket(&temp);
-    placed?;
 
     let meta = fs::symlink_metadata(path).map_err(|source| BindError::Inspect {
         path: path.to_owned(),
@@ -214,13 +175,6 @@ fn clear_stale(path: &Path) -> Result<(), BindError> {
             path: path.to_owned(),
             source,
         }),
-    }
-}
-
-/// Removes `path` if it is a socket; errors are ignored (the following bind reports them).
-fn remove_if_socket(path: &Path) {
-    if fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_socket()) {
-        let _ = fs::remove_file(path);
     }
 }
 

@@ -14,6 +14,7 @@ use vmhost_api::{
     request, request_with_timeout, serve, ApiListener, BindError, ClientError, ServeError,
     VmControl,
 };
+use vmhost_testsupport::dirwatch::{DirEvent, DirWatch};
 
 fn control(vm: &Arc<FakeVm>) -> Arc<dyn VmControl> {
     vm.clone()
@@ -29,6 +30,25 @@ fn socket_mode_is_0600_and_no_temporary_file_is_left() {
     assert!(meta.file_type().is_socket());
     assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
     assert_eq!(dir.names(), ["api.sock"]);
+    server.stop().unwrap();
+}
+
+/// The socket's name never exists with a mode wider than 0600: the watched directory sees the
+/// name created once and no mode change afterwards (a chmod after bind, even of a temporary
+/// name, shows as an attribute change), and the mode it has is 0600 although the process's
+/// umask would leave group and others more.
+#[test]
+fn the_socket_name_is_created_with_mode_0600_and_never_chmodded() {
+    let dir = TempDir::new();
+    let vm = FakeVm::running();
+    let path = dir.join("api.sock");
+    let mut watch = DirWatch::new(path.parent().unwrap());
+    let server = start(&dir, &vm, test_limits());
+    let events = watch.events();
+    assert_eq!(events, [DirEvent::Created("api.sock".into())], "{events:?}");
+    let meta = std::fs::symlink_metadata(&path).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
     server.stop().unwrap();
 }
 

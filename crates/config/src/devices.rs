@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::spec::{RawDisk, RawInterface, RawSpec, RawVolume};
-use crate::validate::Checker;
+use crate::validate::{is_dns_label, Checker};
 use crate::vsock::{check_vsock, VsockSpec};
 use crate::MacAddress;
 
@@ -225,6 +225,17 @@ fn check_disks(c: &mut Checker<'_>, raw: &RawSpec) -> Vec<DiskSpec> {
         disks.iter().map(|d| d.name.as_str()),
         false,
     );
+    // A disk's name becomes part of file names in the run directory (scratch images, seeds).
+    for (i, disk) in disks.iter().enumerate() {
+        if !disk.name.is_empty() && !is_dns_label(&disk.name) {
+            c.fail(
+                &format!("devices.disks[{i}].name"),
+                format!("{:?}", disk.name),
+                "must be a DNS label: 1-63 lowercase letters, digits or '-', not starting or ending with '-' (it names files in the run directory)",
+                "rename the disk and its volume, e.g. \"data-1\"",
+            );
+        }
+    }
     let volumes = unique_names(
         c,
         "volumes",

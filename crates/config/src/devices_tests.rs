@@ -456,3 +456,31 @@ fn more_than_eight_devices_are_refused() {
     let e = errors(from_toml_str(&text, "t.toml"));
     assert!(has(&e, "devices", "at most 8"), "{e:?}");
 }
+
+#[test]
+fn disk_names_that_are_not_dns_labels_are_refused() {
+    for bad in ["../../etc/evil", "Data", "a/b", "-x", "x-", &"d".repeat(64)] {
+        let text = format!(
+            r#"
+[memory]
+guest = "1Gi"
+[[devices.disks]]
+name = {bad:?}
+[[volumes]]
+name = {bad:?}
+empty_disk = {{ capacity = "1Gi" }}
+"#
+        );
+        let e = errors(from_toml_str(&text, "t.toml"));
+        let err = e
+            .iter()
+            .find(|e| e.field == "devices.disks[0].name")
+            .unwrap_or_else(|| panic!("{bad:?} accepted: {e:?}"));
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("{bad:?}")), "{msg}");
+        assert!(msg.contains("DNS label"), "{msg}");
+        assert!(msg.contains("rename the disk"), "{msg}");
+    }
+    let (_dir, path) = image();
+    from_toml_str(&disk_toml(&path, ""), "t.toml").unwrap();
+}

@@ -289,6 +289,134 @@ fn a_directory_or_fifo_is_not_an_image() {
     }
 }
 
+/// A FIFO opened read-only would wait for a writer: the open never blocks (O_NONBLOCK) and the
+/// descriptor's type (fstat) refuses it, in every cache mode. The open runs on a thread and is
+/// awaited with a bound, so a regression fails instead of hanging the suite.
+#[test]
+fn a_fifo_is_refused_at_once_on_its_descriptor_in_every_cache_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for cache in [CacheMode::Writeback, CacheMode::None, CacheMode::Auto] {
+        for read_only in [true, false] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let path = fifo.clone();
+            std::thread::spawn(move || {
+                tx.send(DiskImage::open(&path, read_only, cache).map(|_| ()))
+            });
+            let result = rx
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .expect("opening a FIFO blocked");
+            let err = result.unwrap_err();
+            assert!(
+                matches!(err, DiskError::NotAnImage { kind: "FIFO", .. }),
+                "{cache:?} read_only {read_only}: {err:?}"
+            );
+            assert!(err.to_string().contains(fifo.to_str().unwrap()), "{err}");
+        }
+    }
+}
+
+/// A path that is a regular image when looked at and a FIFO when opened (swapped at the
+/// moment of the `openat`, held there with a seccomp user notification, so the order is
+/// deterministic): the open must not block and the FIFO must be refused. A check of the path
+/// followed by a blocking open would pass the image and then wait forever for a writer.
+#[test]
+fn an_image_swapped_for_a_fifo_at_the_open_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.img");
+    std::fs::write(&path, vec![0u8; 4096]).unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+
+    let (fd_tx, fd_rx) = std::sync::mpsc::channel();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let opener = path.clone();
+    std::thread::spawn(move || {
+        fd_tx.send(notify_on_openat()).unwrap();
+        tx.send(DiskImage::open(&opener, true, CacheMode::Writeback).map(|_| ()))
+            .unwrap();
+    });
+    let listener: std::os::fd::OwnedFd = fd_rx.recv().unwrap();
+    // SAFETY: seccomp_notif is plain integers; all zeroes is valid (and required by RECV).
+    let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+    // SAFETY: `req` is the struct the request's size names and outlives the call; the
+    // listener fd is open.
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&listener),
+            libc::SECCOMP_IOCTL_NOTIF_RECV,
+            std::ptr::from_mut(&mut req),
+        )
+    };
+    assert_eq!(rc, 0, "NOTIF_RECV: {}", std::io::Error::last_os_error());
+    assert_eq!(i64::from(req.data.nr), libc::SYS_openat);
+    std::fs::rename(&fifo, &path).unwrap();
+    let mut resp = libc::seccomp_notif_resp {
+        id: req.id,
+        val: 0,
+        error: 0,
+        flags: libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
+    };
+    // SAFETY: as above, with the response struct.
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&listener),
+            libc::SECCOMP_IOCTL_NOTIF_SEND,
+            std::ptr::from_mut(&mut resp),
+        )
+    };
+    assert_eq!(rc, 0, "NOTIF_SEND: {}", std::io::Error::last_os_error());
+    // Later openat calls of that thread, if any, now fail with ENOSYS instead of waiting.
+    drop(listener);
+    let result = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the open blocked on the FIFO swapped in");
+    let err = result.unwrap_err();
+    assert!(
+        matches!(err, DiskError::NotAnImage { kind: "FIFO", .. }),
+        "{err:?}"
+    );
+}
+
+/// Installs, on the calling thread only, a seccomp filter that hands each `openat` to the
+/// returned listener (user notification) and allows everything else.
+fn notify_on_openat() -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    let stmt = |code: u16, k: u32, jt: u8, jf: u8| libc::sock_filter { code, jt, jf, k };
+    let nr = u32::try_from(libc::SYS_openat).unwrap();
+    let mut prog = [
+        stmt(0x20, 0, 0, 0),                            // ld [nr]
+        stmt(0x15, nr, 0, 1),                           // jeq openat
+        stmt(0x06, libc::SECCOMP_RET_USER_NOTIF, 0, 0), // ret notify
+        stmt(0x06, libc::SECCOMP_RET_ALLOW, 0, 0),      // ret allow
+    ];
+    let fprog = libc::sock_fprog {
+        len: 4,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes no pointers and affects only this thread.
+    let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    assert_eq!(rc, 0);
+    // SAFETY: `fprog` points at `prog`, four valid instructions, both outliving the call; the
+    // filter applies to this thread only (no TSYNC).
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            std::ptr::from_ref(&fprog),
+        )
+    };
+    assert!(fd >= 0, "seccomp: {}", std::io::Error::last_os_error());
+    // SAFETY: the new listener descriptor is owned here from now on.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(i32::try_from(fd).unwrap()) }
+}
+
 /// Runs a malformed request and returns the device error.
 fn malformed(bufs: &[(u64, u32, bool)]) -> DeviceError {
     let dir = tempfile::tempdir().unwrap();

@@ -87,30 +87,10 @@ impl std::fmt::Debug for DiskImage {
 }
 
 impl DiskImage {
-    /// Opens `path`; `read_only` opens it O_RDONLY.
+    /// Opens `path`; `read_only` opens it O_RDONLY. The type is checked on the open
+    /// descriptor (fstat), as the kernel loader does, and the open never blocks (O_NONBLOCK:
+    /// a FIFO is refused at once, and a path swapped after a check cannot slip through).
     pub fn open(path: &Path, read_only: bool, cache: CacheMode) -> Result<Self, DiskError> {
-        let open_err = |source| DiskError::Open {
-            path: path.to_path_buf(),
-            source,
-        };
-        let kind = std::fs::metadata(path).map_err(open_err)?.file_type();
-        let what = if kind.is_dir() {
-            Some("directory")
-        } else if kind.is_fifo() {
-            Some("FIFO")
-        } else if kind.is_socket() {
-            Some("socket")
-        } else if kind.is_char_device() {
-            Some("character device")
-        } else {
-            None
-        };
-        if let Some(kind) = what {
-            return Err(DiskError::NotAnImage {
-                path: path.to_path_buf(),
-                kind,
-            });
-        }
         let (file, size, direct) = open_with_cache(path, read_only, cache)?;
         if direct && size % DIRECT_ALIGN as u64 != 0 {
             return Err(DiskError::DirectUnaligned {
@@ -214,28 +194,72 @@ fn open_with_cache(
     let open = |direct: bool| -> io::Result<(File, u64)> {
         let mut opts = OpenOptions::new();
         opts.read(true).write(!read_only);
-        opts.custom_flags(libc::O_CLOEXEC | if direct { libc::O_DIRECT } else { 0 });
+        // O_NONBLOCK: opening a FIFO read-only would wait for a writer. Regular files and
+        // block devices ignore it.
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+        opts.custom_flags(flags | if direct { libc::O_DIRECT } else { 0 });
         let file = opts.open(path)?;
         let size = file_size(&file)?;
         Ok((file, size))
     };
+    let fail = |e: io::Error| match e.raw_os_error() {
+        Some(libc::EISDIR) => DiskError::NotAnImage {
+            path: path.to_path_buf(),
+            kind: "directory",
+        },
+        _ => open_err(e),
+    };
+    // Opened without O_DIRECT, checked on the descriptor.
+    let plain = || {
+        let (f, n) = open(false).map_err(fail)?;
+        image(path, f, n, false)
+    };
     let einval = |e: &io::Error| e.raw_os_error() == Some(libc::EINVAL);
     match cache {
-        CacheMode::Writeback => open(false).map(|(f, n)| (f, n, false)).map_err(open_err),
+        CacheMode::Writeback => plain(),
         CacheMode::None => match open(true) {
-            Ok((f, n)) => Ok((f, n, true)),
-            Err(e) if einval(&e) => Err(DiskError::DirectUnsupported {
+            Ok((f, n)) => image(path, f, n, true),
+            // A FIFO or a directory refuses O_DIRECT too: say what it is.
+            Err(e) if einval(&e) => plain().and(Err(DiskError::DirectUnsupported {
                 path: path.to_path_buf(),
-            }),
-            Err(e) => Err(open_err(e)),
+            })),
+            Err(e) => Err(fail(e)),
         },
         CacheMode::Auto => match open(true) {
-            Ok((f, n)) if n % DIRECT_ALIGN as u64 == 0 => Ok((f, n, true)),
-            Ok(_) => open(false).map(|(f, n)| (f, n, false)).map_err(open_err),
-            Err(e) if einval(&e) => open(false).map(|(f, n)| (f, n, false)).map_err(open_err),
-            Err(e) => Err(open_err(e)),
+            Ok((f, n)) if n % DIRECT_ALIGN as u64 == 0 => image(path, f, n, true),
+            Ok((f, n)) => image(path, f, n, true).and_then(|_| plain()),
+            Err(e) if einval(&e) => plain(),
+            Err(e) => Err(fail(e)),
         },
     }
+}
+
+/// `file` (opened at `path`) when fstat says it is a regular file or a block device.
+fn image(path: &Path, file: File, size: u64, direct: bool) -> Result<(File, u64, bool), DiskError> {
+    let kind = file
+        .metadata()
+        .map_err(|source| DiskError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .file_type();
+    let what = if kind.is_file() || kind.is_block_device() {
+        return Ok((file, size, direct));
+    } else if kind.is_dir() {
+        "directory"
+    } else if kind.is_fifo() {
+        "FIFO"
+    } else if kind.is_socket() {
+        "socket"
+    } else if kind.is_char_device() {
+        "character device"
+    } else {
+        "special file"
+    };
+    Err(DiskError::NotAnImage {
+        path: path.to_path_buf(),
+        kind: what,
+    })
 }
 
 /// Size of a regular file or a block device.

@@ -7,7 +7,12 @@
 //! VFAT long-name entries plus its 8.3 entry), then the data area in 4 KiB clusters, each file
 //! in consecutive clusters.
 
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use crate::sys;
 
 /// Bytes per sector.
 const SECTOR: usize = 512;
@@ -34,6 +39,16 @@ pub enum SeedError {
         file: &'static str,
         /// Its length.
         len: usize,
+    },
+    /// Something that is not a seed of ours is where the seed goes.
+    #[error("cannot write the cloud-init seed {path}: a {kind} owned by uid {owner} is in its place (the seed is created new, never written through a symlink or into another user's file); remove it and check who else writes to the run directory")]
+    InTheWay {
+        /// The image path.
+        path: PathBuf,
+        /// `symlink`, `file` or `special file`.
+        kind: &'static str,
+        /// Its owner.
+        owner: u32,
     },
     /// The image could not be written.
     #[error("cannot write the cloud-init seed {path}")]
@@ -152,14 +167,53 @@ impl NoCloudSeed {
         Ok(img)
     }
 
-    /// Writes the seed image to `path` (created or truncated).
+    /// Writes the seed image to `path`, created new (`O_EXCL|O_NOFOLLOW`, mode 0600). A stale
+    /// seed of an earlier run (a regular file of this user) is replaced; anything else at
+    /// `path` (a symlink, another user's file) is refused, never written through.
     pub fn write_to(&self, path: &Path) -> Result<(), SeedError> {
         let img = self.build()?;
-        std::fs::write(path, img).map_err(|source| SeedError::Write {
+        let write = |source| SeedError::Write {
             path: path.to_path_buf(),
             source,
-        })
+        };
+        remove_stale(path)?;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(write)?;
+        file.write_all(&img).map_err(write)
     }
+}
+
+/// Removes a seed left by an earlier run at `path`: only a regular file of this user.
+fn remove_stale(path: &Path) -> Result<(), SeedError> {
+    let write = |source| SeedError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(write(e)),
+    };
+    let kind = if meta.file_type().is_symlink() {
+        "symlink"
+    } else if meta.file_type().is_file() {
+        "file"
+    } else {
+        "special file"
+    };
+    if kind != "file" || meta.uid() != sys::euid() {
+        return Err(SeedError::InTheWay {
+            path: path.to_path_buf(),
+            kind,
+            owner: meta.uid(),
+        });
+    }
+    std::fs::remove_file(path).map_err(write)
 }
 
 struct Layout {

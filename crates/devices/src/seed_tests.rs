@@ -168,3 +168,48 @@ fn mtools_and_fsck_fat_accept_the_seed() {
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "cidata");
     }
 }
+
+const NOBODY: u32 = 65534;
+
+#[test]
+fn a_seed_is_never_written_through_a_symlink_another_user_planted() {
+    // A run directory prepared by another user, with a symlink where the seed goes.
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let outside = dir.path().join("outside");
+    std::fs::write(&outside, b"precious").unwrap();
+    let path = run.join("vm-seed.cidata.img");
+    std::os::unix::fs::symlink(&outside, &path).unwrap();
+    std::os::unix::fs::lchown(&path, Some(NOBODY), Some(NOBODY))
+        .expect("lchown needs root (the tests run as root, as CI does)");
+    std::os::unix::fs::chown(&run, Some(NOBODY), Some(NOBODY)).unwrap();
+
+    let err = seed(None).write_to(&path).unwrap_err();
+    assert!(
+        matches!(err, SeedError::InTheWay { owner: NOBODY, .. }),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains(&path.display().to_string()), "{msg}");
+    assert!(msg.contains("symlink owned by uid 65534"), "{msg}");
+    assert!(msg.contains("remove it"), "{msg}");
+    assert_eq!(std::fs::read(&outside).unwrap(), b"precious");
+    assert!(std::fs::symlink_metadata(&path)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
+#[test]
+fn a_stale_seed_of_ours_is_replaced_by_a_private_new_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vm-seed.cidata.img");
+    std::fs::write(&path, b"left by a killed run").unwrap();
+    let s = seed(None);
+    s.write_to(&path).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), s.build().unwrap());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+}

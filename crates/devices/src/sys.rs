@@ -7,6 +7,16 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 
+/// This process's effective user id (the owner its files and sockets get).
+pub fn euid() -> u32 {
+    // Read once and kept: later calls can come from threads whose seccomp filter has no
+    // `geteuid` (the first comes before any filter: opening the ledger at admission, setting
+    // up the devices). The effective uid of vmhost never changes.
+    static EUID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    // SAFETY: geteuid takes no arguments, touches no memory of this process and cannot fail.
+    *EUID.get_or_init(|| unsafe { libc::geteuid() })
+}
+
 /// Alignment of O_DIRECT buffers, offsets and lengths: a page, which covers 512-byte and
 /// 4 KiB logical blocks.
 pub const DIRECT_ALIGN: usize = 4096;
@@ -158,13 +168,8 @@ pub fn tun_set_offload(fd: BorrowedFd<'_>, flags: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Connects a non-blocking Unix stream socket to `path` without waiting: a listener whose
-/// backlog is full gives `WouldBlock` instead of stalling the I/O thread (std's `connect`
-/// blocks there).
-pub fn unix_connect_nonblocking(
-    path: &std::path::Path,
-) -> io::Result<std::os::unix::net::UnixStream> {
-    use std::os::fd::{FromRawFd, OwnedFd};
+/// `path` as a `sockaddr_un` and its length.
+fn sockaddr_un(path: &std::path::Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
     use std::os::unix::ffi::OsStrExt;
 
     // SAFETY: sockaddr_un is a plain C struct of integers and a byte array; all zeroes is a
@@ -172,10 +177,10 @@ pub fn unix_connect_nonblocking(
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     let bytes = path.as_os_str().as_bytes();
     // Room for the terminating NUL.
-    if bytes.len() >= addr.sun_path.len() {
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "Unix socket path too long",
+            "Unix socket path empty or too long",
         ));
     }
     // AF_UNIX (1) fits sa_family_t.
@@ -183,11 +188,23 @@ pub fn unix_connect_nonblocking(
     for (dst, &src) in addr.sun_path.iter_mut().zip(bytes) {
         *dst = src as libc::c_char;
     }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    // At most sizeof(sockaddr_un), 110 bytes.
+    Ok((
+        addr,
+        libc::socklen_t::try_from(len).unwrap_or(libc::socklen_t::MAX),
+    ))
+}
+
+/// A new Unix stream socket with `flags` (`SOCK_NONBLOCK`, …; always close-on-exec).
+fn unix_socket(flags: libc::c_int) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+
     // SAFETY: socket(2) takes no pointers; the result is checked before use.
     let fd = unsafe {
         libc::socket(
             libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | flags,
             0,
         )
     };
@@ -195,22 +212,105 @@ pub fn unix_connect_nonblocking(
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `fd` is a new socket this function owns; OwnedFd closes it on every path.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
-    // At most sizeof(sockaddr_un), 110 bytes.
-    let len = libc::socklen_t::try_from(len).unwrap_or(libc::socklen_t::MAX);
-    // SAFETY: `addr` is a valid sockaddr_un that outlives the call, `len` does not exceed its
-    // size (checked above), and `fd` is the open socket owned by `owned`.
-    let rc = unsafe { libc::connect(fd, std::ptr::addr_of!(addr).cast::<libc::sockaddr>(), len) };
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(())
+}
+
+/// Connects a non-blocking Unix stream socket to `path` without waiting: a listener whose
+/// backlog is full gives `WouldBlock` instead of stalling the I/O thread (std's `connect`
+/// blocks there).
+pub fn unix_connect_nonblocking(
+    path: &std::path::Path,
+) -> io::Result<std::os::unix::net::UnixStream> {
+    let (addr, len) = sockaddr_un(path)?;
+    let owned = unix_socket(libc::SOCK_NONBLOCK)?;
+    // SAFETY: `addr` is a valid sockaddr_un that outlives the call, `len` does not exceed its
+    // size (checked by `sockaddr_un`), and `owned` keeps the socket open.
+    check(unsafe {
+        libc::connect(
+            owned.as_raw_fd(),
+            std::ptr::addr_of!(addr).cast::<libc::sockaddr>(),
+            len,
+        )
+    })?;
     Ok(std::os::unix::net::UnixStream::from(owned))
+}
+
+/// Binds and listens on a new non-blocking Unix stream socket at `path` whose file gets
+/// `mode` from its first moment: Linux creates the socket file with the socket inode's mode
+/// (less the umask), which `fchmod` on the unbound socket sets. The umask is left alone (it
+/// is process-wide and would race with other threads). `EADDRINUSE` when `path` exists.
+pub fn unix_listen_with_mode(
+    path: &std::path::Path,
+    mode: u32,
+) -> io::Result<std::os::unix::net::UnixListener> {
+    let (addr, len) = sockaddr_un(path)?;
+    let owned = unix_socket(libc::SOCK_NONBLOCK)?;
+    // SAFETY: fchmod takes no pointers; `owned` keeps the descriptor open for the call.
+    check(unsafe { libc::fchmod(owned.as_raw_fd(), mode) })?;
+    // SAFETY: `addr` is a valid sockaddr_un that outlives the call, `len` does not exceed its
+    // size (checked by `sockaddr_un`), and `owned` keeps the socket open.
+    check(unsafe {
+        libc::bind(
+            owned.as_raw_fd(),
+            std::ptr::addr_of!(addr).cast::<libc::sockaddr>(),
+            len,
+        )
+    })?;
+    // SAFETY: listen takes no pointers; `owned` keeps the bound socket open.
+    check(unsafe { libc::listen(owned.as_raw_fd(), 128) })?;
+    Ok(std::os::unix::net::UnixListener::from(owned))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The process's umask, from `/proc/self/status` (reading it with umask(2) would change it
+    /// for every thread).
+    fn umask() -> u32 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("Umask:")).unwrap();
+        u32::from_str_radix(line["Umask:".len()..].trim(), 8).unwrap()
+    }
+
+    /// This kernel creates a socket's file with the mode fchmod gave the unbound socket (less
+    /// the umask), which `unix_listen_with_mode` relies on: a socket bound without it gets
+    /// 0777 less the umask.
+    #[test]
+    fn the_kernel_honours_fchmod_before_bind() {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+
+        let dir = tempfile::tempdir().unwrap();
+        let mask = umask();
+        for mode in [0o600, 0o640, 0o700] {
+            let path = dir.path().join(format!("s{mode:o}"));
+            let _listener = unix_listen_with_mode(&path, mode).unwrap();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            assert!(meta.file_type().is_socket());
+            assert_eq!(
+                meta.permissions().mode() & 0o7777,
+                mode & !mask,
+                "umask {mask:o}"
+            );
+        }
+        let plain = dir.path().join("plain");
+        let _listener = std::os::unix::net::UnixListener::bind(&plain).unwrap();
+        let mode = std::fs::symlink_metadata(&plain)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o777 & !mask);
+        // Nothing is replaced.
+        let again = unix_listen_with_mode(&plain, 0o600).unwrap_err();
+        assert_eq!(again.raw_os_error(), Some(libc::EADDRINUSE));
+    }
 
     #[test]
     fn aligned_buf_is_aligned_zeroed_and_rounded() {

@@ -64,6 +64,27 @@ pub enum LedgerError {
         #[source]
         source: io::Error,
     },
+    /// The run directory or `vms/` could not be opened as a directory (a symlink is refused).
+    #[error("cannot open the ledger directory {path} (it must be a directory, not a symlink; remove it or choose another one with the run-directory option)")]
+    OpenDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The run directory or `vms/` belongs to another user or is writable by others.
+    #[error("the ledger directory {path} is owned by uid {owner} with mode {mode:o}, but must belong to uid {euid} (this user) and not be writable by group or others; remove it, chown it to uid {euid} and chmod it 0700, or choose another one with the run-directory option")]
+    NotPrivate {
+        /// The directory.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// Its mode.
+        mode: u32,
+        /// This process's effective uid.
+        euid: u32,
+    },
     /// The `vms/` directory could not be listed.
     #[error("cannot list the ledger directory {path}")]
     ReadDir {

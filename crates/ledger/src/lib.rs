@@ -68,6 +68,10 @@
 //!   emptied only at boot, when no VM runs);
 //! - run directory not writable: [`LedgerError::CreateDir`] or [`LedgerError::OpenLock`] naming
 //!   the path;
+//! - run directory or `vms/` a symlink, owned by another user or writable by group or others
+//!   (another user could plant files or symlinks there): [`LedgerError::OpenDir`] or
+//!   [`LedgerError::NotPrivate`] naming the path, its owner and mode, before anything is
+//!   written; entry files are created new (`O_EXCL|O_NOFOLLOW`), never through a symlink;
 //! - an entry file empty, truncated, garbage, of another version, or altered (checksum): if its
 //!   process is gone it is deleted like any dead entry; if alive (or the file name names no
 //!   process), [`Ledger::admit`] refuses with [`LedgerError::Corrupt`] naming the file and what
@@ -283,15 +287,12 @@ impl Ledger {
         let mut ledger = Ledger::at(run_dir.into());
         ledger.wait = wait;
         let existing = ledger.lock_path.exists();
-        for dir in [&ledger.run_dir, &ledger.vms_dir] {
-            store::create_dir(dir)?;
-        }
-        if existing {
-            // A ledger made before the run directory was private: narrow it too. A directory
-            // that holds no ledger yet (`--run-dir /tmp`) is not ours to change.
-            store::restrict(&ledger.run_dir, None, store::DIR_MODE)?;
-        }
-        store::restrict(&ledger.vms_dir, None, store::DIR_MODE)?;
+        // A ledger made before the run directory was private is narrowed too; a directory
+        // that holds no ledger yet is not ours to change, and is refused unless private.
+        store::create_dir(&ledger.run_dir)?;
+        store::check_private_dir(&ledger.run_dir, existing)?;
+        store::create_dir(&ledger.vms_dir)?;
+        store::check_private_dir(&ledger.vms_dir, true)?;
         drop(ledger.lock(false, true)?);
         Ok(ledger)
     }

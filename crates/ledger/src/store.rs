@@ -39,28 +39,62 @@ pub(crate) fn create_dir(dir: &Path) -> Result<(), LedgerError> {
         })
 }
 
-/// Narrows `path` to `mode` when it grants anything to group or others (a run directory made
-/// by an older vmhost, or by hand).
-pub(crate) fn restrict(path: &Path, file: Option<&File>, mode: u32) -> Result<(), LedgerError> {
+/// Opens directory `path` without following a symlink (`O_DIRECTORY|O_NOFOLLOW`) and checks,
+/// on the open descriptor, that it belongs to this process's effective user; with `narrow` a
+/// mode granting anything to group or others is narrowed to [`DIR_MODE`] first (a run
+/// directory made by an older vmhost, or by hand). A directory still writable by group or
+/// others, or owned by another user, is refused: whoever can write it could plant symlinks or
+/// files the ledger would then write through or read.
+pub(crate) fn check_private_dir(path: &Path, narrow: bool) -> Result<(), LedgerError> {
+    let dir = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|source| LedgerError::OpenDir {
+            path: path.to_owned(),
+            source,
+        })?;
+    let stat = |d: &File| {
+        d.metadata().map_err(|source| LedgerError::OpenDir {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let mut meta = stat(&dir)?;
+    let euid = sys::euid();
+    if meta.uid() == euid && narrow && meta.mode() & 0o077 != 0 {
+        dir.set_permissions(fs::Permissions::from_mode(DIR_MODE))
+            .map_err(|source| LedgerError::Permissions {
+                path: path.to_owned(),
+                mode: DIR_MODE,
+                source,
+            })?;
+        meta = stat(&dir)?;
+    }
+    if meta.uid() != euid || meta.mode() & 0o022 != 0 {
+        return Err(LedgerError::NotPrivate {
+            path: path.to_owned(),
+            owner: meta.uid(),
+            mode: meta.mode() & 0o7777,
+            euid,
+        });
+    }
+    Ok(())
+}
+
+/// Narrows the open `file` at `path` to `mode` when it grants anything to group or others.
+pub(crate) fn restrict(path: &Path, file: &File, mode: u32) -> Result<(), LedgerError> {
     let err = |source| LedgerError::Permissions {
         path: path.to_owned(),
         mode,
         source,
     };
-    let meta = match file {
-        Some(f) => f.metadata(),
-        None => fs::metadata(path),
-    }
-    .map_err(err)?;
+    let meta = file.metadata().map_err(err)?;
     if meta.mode() & 0o077 == 0 {
         return Ok(());
     }
-    let perms = fs::Permissions::from_mode(mode);
-    match file {
-        Some(f) => f.set_permissions(perms),
-        None => fs::set_permissions(path, perms),
-    }
-    .map_err(err)
+    file.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(err)
 }
 
 /// Opens `path` (creating it, mode [`LOCK_MODE`], when `create`) and locks it, exclusively or
@@ -87,7 +121,7 @@ pub(crate) fn lock(
             source,
         })?;
     if create {
-        restrict(path, Some(&file), LOCK_MODE)?;
+        restrict(path, &file, LOCK_MODE)?;
     }
     let start = Instant::now();
     let mut announced = false;
@@ -214,9 +248,14 @@ fn matches_key(entry: Entry, key: &FileKey) -> Result<Entry, String> {
 
 /// Writes `dir/file_name` atomically: a temporary file in the same directory, `fsync`, rename
 /// over the target, `fsync` of the directory. Readers see the old content or the new one.
+///
+/// The temporary file is created new (`O_EXCL|O_NOFOLLOW`, mode 0600) after a stale one of the
+/// same name is unlinked (unlinking a symlink removes the link, never its target): nothing is
+/// ever written through a symlink or into a file someone else opened first.
 pub(crate) fn write_atomic(dir: &Path, file_name: &str, bytes: &[u8]) -> Result<(), LedgerError> {
     let tmp = dir.join(format!(".{file_name}.tmp"));
     let target = dir.join(file_name);
+    remove(&tmp)?;
     let result = write_then_rename(&tmp, &target, bytes);
     if result.is_err() {
         // Best effort: the next exclusive scan removes it anyway.
@@ -237,8 +276,9 @@ fn write_then_rename(tmp: &Path, target: &Path, bytes: &[u8]) -> Result<(), Ledg
     };
     let mut file = OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(tmp)
         .map_err(on(tmp))?;
     file.write_all(bytes).map_err(on(tmp))?;

@@ -102,6 +102,16 @@ pub(crate) fn parse_locks(text: &str, dev: u64, ino: u64) -> Option<u32> {
     })
 }
 
+/// This process's effective user id.
+pub(crate) fn euid() -> u32 {
+    // Read once and kept: later calls can come from threads whose seccomp filter has no
+    // `geteuid` (the first comes before any filter: opening the ledger at admission, setting
+    // up the devices). The effective uid of vmhost never changes.
+    static EUID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    // SAFETY: geteuid takes no arguments, touches no memory of this process and cannot fail.
+    *EUID.get_or_init(|| unsafe { libc::geteuid() })
+}
+
 /// True when `kill(pid, 0)` says the process does not exist (`ESRCH`).
 fn no_such_process(pid: u32) -> bool {
     // pid 0 and negative pids address process groups: never signal them.

@@ -103,3 +103,25 @@ fn held_counts_dedicated_pus_and_pages_of_starting_vms_only() {
     assert_eq!(held.cpus, BTreeSet::from([1, 2, 3, 5]));
     assert_eq!(held.unallocated_hugepages, starting.hugepages);
 }
+
+#[test]
+fn an_entry_is_never_written_through_a_symlink_at_its_temporary_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ledger = Ledger::open(dir.path().join("run")).expect("open");
+    let outside = dir.path().join("outside");
+    std::fs::write(&outside, b"precious").expect("write outside");
+    let entry = entry_for("vm", 4242, 7);
+    std::os::unix::fs::symlink(
+        &outside,
+        ledger.vms_dir.join(format!(".{}.tmp", entry.file_name())),
+    )
+    .expect("symlink");
+    let path = write(&ledger, &entry);
+    assert_eq!(std::fs::read(&outside).expect("read outside"), b"precious");
+    let meta = std::fs::symlink_metadata(&path).expect("entry");
+    assert!(meta.file_type().is_file(), "{meta:?}");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o600
+    );
+}

@@ -317,6 +317,9 @@ const DEVICE_IO: &[&[(i64, Rule)]] = &[
         (SYS_sendto, Rule::Any),
         (SYS_shutdown, Rule::Any),
         (SYS_epoll_ctl, Rule::Any),
+        // `<socket>_<port>` is checked (owner and type, std's `symlink_metadata`: `statx`)
+        // before a guest connection is forwarded to it.
+        (SYS_statx, Rule::Any),
         // The last reference to a device can be the I/O thread's: the vsock socket file is
         // removed and a vhost-vsock device stopped when it drops it.
         (SYS_unlink, Rule::Any),

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
+pub mod dirwatch;
 pub mod pvh;
 
 use std::fs::File;

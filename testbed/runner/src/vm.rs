@@ -81,7 +81,9 @@ impl Env {
         }
         let work = PathBuf::from("/tmp/testbed");
         let run_dir = work.join("run");
-        std::fs::create_dir_all(&run_dir)
+        // Private (0700): the ledger refuses a run directory others can write.
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&run_dir)
             .map_err(|e| format!("create {}: {e}", run_dir.display()))?;
         Ok(Env {
             vmhost,

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
@@ -27,7 +27,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::conn::{ConnError, Connection, FromHost, State};
 use super::packet::{Header, Op, HOST_CID, TYPE_STREAM};
-use crate::sys::unix_connect_nonblocking;
+use crate::sys::{self, unix_connect_nonblocking, unix_listen_with_mode};
 
 /// Most connections (open or being opened) at a time; more are refused.
 pub const MAX_CONNECTIONS: usize = 256;
@@ -85,6 +85,11 @@ pub struct Backend {
     next_port: u32,
     last_served: (u32, u32),
     drop_logged: bool,
+    /// Guest connections refused because `<path>_<port>` was not our socket.
+    foreign_refused: u64,
+    /// This process's effective uid, read once here: the I/O thread's seccomp filter has no
+    /// `geteuid`.
+    euid: u32,
 }
 
 impl Backend {
@@ -106,6 +111,8 @@ impl Backend {
             next_port: FIRST_HOST_PORT,
             last_served: (0, 0),
             drop_logged: false,
+            foreign_refused: 0,
+            euid: sys::euid(),
         };
         backend
             .watch(backend.listener.as_raw_fd(), TAG_LISTENER)
@@ -185,7 +192,7 @@ impl Backend {
                     return;
                 }
             };
-            if self.conns.len() + self.greetings.len() >= MAX_CONNECTIONS {
+            if self.at_connection_limit() {
                 debug!("vsock: connection limit reached; closing a new host connection");
                 continue;
             }
@@ -222,6 +229,10 @@ impl Backend {
     }
 
     fn connect_guest(&mut self, stream: UnixStream, port: u32) {
+        if self.at_connection_limit() {
+            debug!("vsock: connection limit reached; closing a host connection");
+            return;
+        }
         let local = self.free_port();
         let mut conn = Connection::new(stream, local, port, State::Connecting);
         let hdr = conn.header(self.cid, Op::Request);
@@ -341,14 +352,34 @@ impl Backend {
         }
     }
 
-    /// A guest REQUEST to host port `dst_port`: connect to `<path>_<dst_port>`.
+    /// Whether the connections, open or being opened, and the host connections still sending
+    /// their CONNECT line reach [`MAX_CONNECTIONS`].
+    fn at_connection_limit(&self) -> bool {
+        self.conns.len() + self.greetings.len() >= MAX_CONNECTIONS
+    }
+
+    /// A guest REQUEST to host port `dst_port`: connect to `<path>_<dst_port>`, when that is
+    /// a socket of this process's user (another user's listener never gets guest data).
     fn guest_connect(&mut self, hdr: &Header) {
         let key = (hdr.dst_port, hdr.src_port);
-        if self.conns.contains_key(&key) || self.conns.len() >= MAX_CONNECTIONS {
+        if self.conns.contains_key(&key) || self.at_connection_limit() {
             return self.refuse(hdr);
         }
         let mut target = self.path.clone().into_os_string();
         target.push(format!("_{}", hdr.dst_port));
+        if let Some(why) = foreign_listener(Path::new(&target), self.euid) {
+            // Counted, and logged at the 1st, 2nd, 4th, 8th… refusal: a guest retrying in a
+            // loop cannot flood the log.
+            self.foreign_refused += 1;
+            if self.foreign_refused.is_power_of_two() {
+                warn!(
+                    path = %Path::new(&target).display(),
+                    refused = self.foreign_refused,
+                    "vsock: not forwarding a guest connection: {why}"
+                );
+            }
+            return self.refuse(hdr);
+        }
         let stream = unix_connect_nonblocking(Path::new(&target))
             .and_then(|s| self.watch(s.as_raw_fd(), TAG_STREAM).map(|()| s));
         match stream {
@@ -464,11 +495,29 @@ fn listen(path: &Path) -> Result<UnixListener, BackendError> {
         // Left by a VM that was killed: nobody listens.
         std::fs::remove_file(path).map_err(bind_err)?;
     }
-    let listener = UnixListener::bind(path).map_err(bind_err)?;
-    listener.set_nonblocking(true).map_err(bind_err)?;
-    // Like the control API socket: only the owner (the VMM's user) may connect.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
-    Ok(listener)
+    // Like the control API socket: only the owner (the VMM's user) may connect, and the name
+    // never exists with a wider mode (the mode is set on the socket before bind names it).
+    unix_listen_with_mode(path, 0o600).map_err(bind_err)
+}
+
+/// Why `path` must not get a guest connection: it exists and is not a socket of user `euid`
+/// (this process's). `None` when it is one, or is missing (then the connect fails as usual).
+fn foreign_listener(path: &Path, euid: u32) -> Option<String> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        Err(e) => return Some(format!("cannot inspect it: {e}")),
+    };
+    if !meta.file_type().is_socket() {
+        return Some("it is not a socket".into());
+    }
+    (meta.uid() != euid).then(|| {
+        format!(
+            "it is owned by uid {}, not by uid {euid} which runs the VM; remove it, or run \
+             the listener as uid {euid}",
+            meta.uid()
+        )
+    })
 }
 
 /// Reads the greeting up to its newline: `Ok(Some(port))` when complete, `Ok(None)` when more

@@ -10,6 +10,7 @@ use super::conn::CONN_BUF_ALLOC;
 use super::packet::{Op, HOST_CID, SHUTDOWN_BOTH, SHUTDOWN_SEND, TYPE_STREAM};
 use super::*;
 use crate::testutil::{memory, TestQueue, DATA};
+use backend::MAX_CONNECTIONS;
 
 const CID: u64 = 3;
 
@@ -651,4 +652,153 @@ fn random_guest_packets_never_break_the_device() {
         }
     }
     host_connection(&mut dev, &mut g, &path);
+}
+
+const NOBODY: u32 = 65534;
+
+#[test]
+fn the_vsock_socket_name_is_created_with_mode_0600_and_never_chmodded() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use vmhost_testsupport::dirwatch::{DirEvent, DirWatch};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vm.vsock");
+    let mut watch = DirWatch::new(dir.path());
+    let dev = Vsock::new(CID, &path).unwrap();
+    assert_eq!(watch.events(), [DirEvent::Created("vm.vsock".into())]);
+    let meta = std::fs::symlink_metadata(&path).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+    drop(dev);
+}
+
+#[test]
+fn a_guest_connection_to_another_users_listener_is_refused() {
+    let (mut dev, _dir, path) = device();
+    let foreign = PathBuf::from(format!("{}_6000", path.display()));
+    let listener = UnixListener::bind(&foreign).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::os::unix::fs::chown(&foreign, Some(NOBODY), Some(NOBODY))
+        .expect("chown needs root (the tests run as root, as CI does)");
+    // A symlink at `<path>_<port>`, even to our own listener, is not a socket of ours either.
+    let ours = path.with_file_name("elsewhere.sock");
+    let _ours = UnixListener::bind(&ours).unwrap();
+    std::os::unix::fs::symlink(&ours, format!("{}_6001", path.display())).unwrap();
+    let mem = memory();
+    let mut g = Guest::new(&mem);
+    g.post_rx(4);
+    for (src, port) in [(40000, 6000), (40001, 6001)] {
+        g.send(&mut dev, hdr(Op::Request, src, port, 0), &[]);
+        let got = g.recv(&mut dev);
+        assert_eq!(op(&got[0].0), Some(Op::Rst), "port {port}");
+        assert_eq!((got[0].0.src_port, got[0].0.dst_port), (port, src));
+    }
+    // connect(2) on a Unix socket queues at once: nothing was connected to the listener.
+    let accepted = listener.accept().map(|_| ());
+    assert_eq!(
+        accepted.unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "the other user's listener got a connection"
+    );
+    assert_eq!(dev.backend().connections(), 0);
+}
+
+#[test]
+fn the_connection_limit_counts_host_greetings_and_guest_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vm.vsock");
+    let mut backend = backend::Backend::new(CID, &path).unwrap();
+    let listener = UnixListener::bind(format!("{}_6000", path.display())).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut peers = Vec::new();
+    let mut guest_connect = |backend: &mut backend::Backend, src: u32| {
+        backend.from_guest(&hdr(Op::Request, src, 6000, 0), Op::Request, &[]);
+        while let Ok((peer, _)) = listener.accept() {
+            peers.push(peer);
+        }
+    };
+    for src in 0..MAX_CONNECTIONS as u32 - 1 {
+        guest_connect(&mut backend, 40000 + src);
+    }
+    assert_eq!(backend.connections(), MAX_CONNECTIONS - 1);
+    // A host connection still sending its CONNECT line takes the last place…
+    let mut host = UnixStream::connect(&path).unwrap();
+    backend.pump();
+    // …so one more guest connection is refused,
+    guest_connect(&mut backend, 50000);
+    assert_eq!(backend.connections(), MAX_CONNECTIONS - 1);
+    let mut buf = [0u8; HDR_LEN];
+    let mut last = None;
+    while let Some((h, _)) = backend.next_rx(&mut buf) {
+        last = Some(h);
+    }
+    let last = last.unwrap();
+    assert_eq!((op(&last), last.dst_port), (Some(Op::Rst), 50000));
+    // …and the host connection, once it names its port, becomes the last one.
+    host.write_all(b"CONNECT 52\n").unwrap();
+    backend.pump();
+    assert_eq!(backend.connections(), MAX_CONNECTIONS);
+    // At the limit, a new host connection is closed before its CONNECT line is read.
+    let mut late = UnixStream::connect(&path).unwrap();
+    late.write_all(b"CONNECT 53\n").unwrap();
+    backend.pump();
+    assert_eq!(backend.connections(), MAX_CONNECTIONS);
+    let mut byte = [0u8; 1];
+    // Closed by vmhost: EOF, or a reset since its CONNECT line was never read.
+    match late.read(&mut byte) {
+        Ok(n) => assert_eq!(n, 0, "closed by vmhost"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset),
+    }
+}
+
+/// Set in the child process of [`a_guest_connection_is_forwarded_under_the_io_threads_filter`].
+const SECCOMP_CHILD: &str = "VMHOST_VSOCK_SECCOMP_CHILD";
+
+/// The guest → host path as the I/O thread runs it, under its own seccomp filter (On: a call
+/// off the list kills the process with SIGSYS, so it runs in a child process): the owner check
+/// of `<socket>_<port>` and the connect are allowed calls, our listener gets the connection and
+/// another user's does not.
+#[test]
+fn a_guest_connection_is_forwarded_under_the_io_threads_filter() {
+    const NAME: &str = "vsock::tests::a_guest_connection_is_forwarded_under_the_io_threads_filter";
+    if std::env::var_os(SECCOMP_CHILD).is_some() {
+        return seccomp_child();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env(SECCOMP_CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(stderr.contains("FORWARDED-UNDER-FILTER"), "{stderr}");
+}
+
+fn seccomp_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vm.vsock");
+    let mut backend = backend::Backend::new(CID, &path).unwrap();
+    let ours = UnixListener::bind(format!("{}_6000", path.display())).unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let foreign_path = format!("{}_6001", path.display());
+    let foreign = UnixListener::bind(&foreign_path).unwrap();
+    foreign.set_nonblocking(true).unwrap();
+    std::os::unix::fs::chown(&foreign_path, Some(NOBODY), Some(NOBODY)).unwrap();
+    let backend = std::thread::spawn(move || {
+        vmhost_seccomp::install(
+            vmhost_seccomp::ThreadKind::DeviceIo,
+            vmhost_seccomp::SeccompMode::On,
+        )
+        .unwrap();
+        backend.from_guest(&hdr(Op::Request, 40000, 6000, 0), Op::Request, &[]);
+        backend.from_guest(&hdr(Op::Request, 40001, 6001, 0), Op::Request, &[]);
+        backend
+    })
+    .join()
+    .unwrap();
+    assert!(ours.accept().is_ok(), "our listener got no connection");
+    let refused = foreign.accept().map(|_| ()).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::WouldBlock);
+    assert_eq!(backend.connections(), 1);
+    eprintln!("FORWARDED-UNDER-FILTER");
 }

@@ -143,22 +143,18 @@ impl VhostVsock {
             let queue = queues.get(index).filter(|q| q.ready()).ok_or(format!(
                 "vhost-vsock: queue {index} is not ready at DRIVER_OK"
             ))?;
-            let host = |gpa: u64| {
-                mem.get_host_address(GuestAddress(gpa))
-                    .map(|p| p as u64)
-                    .map_err(|e| format!("vhost-vsock: queue {index} ring at {gpa:#x}: {e}"))
-            };
-            let (desc, avail, used) = (
-                host(queue.desc_table())?,
-                host(queue.avail_ring())?,
-                host(queue.used_ring())?,
-            );
+            let rings = RingAddrs::resolve(index, queue, mem)?;
             sys::set_vring_num(f, index_u32(index), queue.size())
                 .map_err(err("VHOST_SET_VRING_NUM"))?;
             sys::set_vring_base(f, index_u32(index), queue.next_avail())
                 .map_err(err("VHOST_SET_VRING_BASE"))?;
-            sys::set_vring_addr(f, index_u32(index), desc, used, avail)
-                .map_err(err("VHOST_SET_VRING_ADDR"))?;
+            // SAFETY: `rings` came from `RingAddrs::resolve` for this queue's size, so each
+            // address is the start of a ring's full extent inside one region of `mem`, whose
+            // mappings live as long as the VM and are the ones `set_mem_table` just handed over.
+            unsafe {
+                sys::set_vring_addr(f, index_u32(index), rings.desc, rings.used, rings.avail)
+            }
+            .map_err(err("VHOST_SET_VRING_ADDR"))?;
             sys::set_vring_kick(f, index_u32(index), self.kicks[index].as_raw_fd())
                 .map_err(err("VHOST_SET_VRING_KICK"))?;
             sys::set_vring_call(f, index_u32(index), self.calls[index].as_raw_fd())
@@ -177,6 +173,51 @@ impl VhostVsock {
             self.running = false;
         }
     }
+}
+
+/// The host addresses of a queue's three rings, each checked to lie, whole, inside one guest
+/// memory region (the kernel accesses a ring through one host pointer; a ring that crosses into
+/// the next region would be read and written past the end of the first mapping).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RingAddrs {
+    pub desc: u64,
+    pub avail: u64,
+    pub used: u64,
+}
+
+impl RingAddrs {
+    /// Resolves queue `index`'s rings for its size, or says which ring is out of place.
+    pub(crate) fn resolve(
+        index: usize,
+        queue: &Queue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<Self, String> {
+        let n = u64::from(queue.size());
+        let ring = |name: &str, gpa: u64, len: u64| {
+            ring_host_addr(mem, gpa, len).ok_or_else(|| {
+                format!(
+                    "vhost-vsock: queue {index} {name} ring ({len} bytes at guest address \
+                     {gpa:#x}) does not lie inside one guest memory region"
+                )
+            })
+        };
+        Ok(RingAddrs {
+            desc: ring("descriptor", queue.desc_table(), 16 * n)?,
+            avail: ring("available", queue.avail_ring(), 6 + 2 * n)?,
+            used: ring("used", queue.used_ring(), 6 + 8 * n)?,
+        })
+    }
+}
+
+/// The host address of `len` bytes at guest-physical `gpa` when all of them lie in one region
+/// of `mem` (translated within that region), else `None`.
+pub(crate) fn ring_host_addr(mem: &GuestMemoryMmap, gpa: u64, len: u64) -> Option<u64> {
+    let (region, offset) = mem.to_region_addr(GuestAddress(gpa))?;
+    let end = offset.0.checked_add(len)?;
+    if end > region.len() {
+        return None;
+    }
+    region.get_host_address(offset).ok().map(|p| p as u64)
 }
 
 fn index_u32(index: usize) -> u32 {
@@ -243,3 +284,7 @@ impl Drop for VhostVsock {
         self.stop();
     }
 }
+
+#[cfg(test)]
+#[path = "vhost_tests.rs"]
+mod tests;

@@ -137,7 +137,23 @@ pub fn set_vring_base(f: &File, index: u32, base: u16) -> io::Result<()> {
 }
 
 /// VHOST_SET_VRING_ADDR, with addresses in this process.
-pub fn set_vring_addr(f: &File, index: u32, desc: u64, used: u64, avail: u64) -> io::Result<()> {
+///
+/// # Safety
+///
+/// The kernel reads and writes the rings through these addresses, in this process's memory,
+/// for as long as the device runs. `desc`, `used` and `avail` must each point into a live
+/// mapping that covers, from that address on, the whole ring for the queue size set with
+/// [`set_vring_num`] (descriptor table 16·n, used ring 6+8·n, available ring 6+2·n bytes), and
+/// that mapping must be one of the regions given to [`set_mem_table`] and stay mapped until
+/// the device is stopped. A ring that runs past the end of its mapping lets the kernel write
+/// over whatever follows it in this process.
+pub unsafe fn set_vring_addr(
+    f: &File,
+    index: u32,
+    desc: u64,
+    used: u64,
+    avail: u64,
+) -> io::Result<()> {
     let mut a = VringAddr {
         index,
         flags: 0,
