@@ -182,6 +182,20 @@ pub enum BootError {
         /// End of RAM below the MMIO hole.
         ram_end: u64,
     },
+    /// An ELF whose entry point is not below the end of its loadable segments (it has none,
+    /// or they all lie below the entry): it is no vmlinux, and its footprint would be empty.
+    #[error(
+        "ELF kernel {path} enters at {entry:#x} but its PT_LOAD segments end at {end:#x}: \
+         a vmlinux's entry lies inside its segments; point boot.kernel at a vmlinux or bzImage"
+    )]
+    ElfEntryOutsideSegments {
+        /// The image.
+        path: PathBuf,
+        /// `e_entry`.
+        entry: u64,
+        /// End of the loaded segments (0: none).
+        end: u64,
+    },
     /// The initramfs does not fit after the kernel below the limit.
     #[error(
         "initramfs {path} ({size} bytes) placed at {addr:#x} after the kernel would end at \
@@ -431,6 +445,14 @@ fn load_kernel<M: GuestMemoryBackend>(
                 })?;
             let r = Elf::load(mem, None, &mut image, Some(GuestAddress(HIMEM_START)))
                 .map_err(load_err)?;
+            // kernel_load is e_entry, kernel_end the segments' end (0 without segments).
+            if r.kernel_end <= r.kernel_load.0 {
+                return Err(BootError::ElfEntryOutsideSegments {
+                    path: path.to_path_buf(),
+                    entry: r.kernel_load.0,
+                    end: r.kernel_end,
+                });
+            }
             (r, r.kernel_end)
         }
         KernelFormat::BzImage => {
