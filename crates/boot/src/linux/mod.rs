@@ -182,6 +182,22 @@ pub enum BootError {
         /// End of RAM below the MMIO hole.
         ram_end: u64,
     },
+    /// An ELF `PT_LOAD` segment with more bytes in the file than in memory: the loader would
+    /// copy them past the segment's end, where the initramfs goes.
+    #[error(
+        "ELF kernel {path}: the PT_LOAD segment at {paddr:#x} has {filesz} bytes in the file but \
+         {memsz} in memory (p_filesz > p_memsz); point boot.kernel at a valid vmlinux"
+    )]
+    ElfSegmentFileSize {
+        /// The image.
+        path: PathBuf,
+        /// The segment's physical address.
+        paddr: u64,
+        /// `p_filesz`.
+        filesz: u64,
+        /// `p_memsz`.
+        memsz: u64,
+    },
     /// An ELF whose entry point is not below the end of its loadable segments (it has none,
     /// or they all lie below the entry): it is no vmlinux, and its footprint would be empty.
     #[error(

@@ -529,3 +529,31 @@ fn an_elf_entry_past_its_segments_is_refused() {
         "{err:?}"
     );
 }
+
+#[test]
+fn an_elf_segment_larger_in_the_file_than_in_memory_is_refused() {
+    // Found by fuzz/fuzz_targets/kernel_image.rs: a PT_LOAD with p_filesz > p_memsz was
+    // loaded whole, past the footprint that counts p_memsz (where the initramfs goes).
+    let g = Guest::new(8 * MIB);
+    let mut bytes = fake::elf(0x10_0000, 0x100, None);
+    bytes[64 + 40..64 + 48].copy_from_slice(&0x40u64.to_le_bytes()); // p_memsz
+    let kernel = g.file("oversized", &bytes);
+    let err = g.load(&kernel, None, "").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            BootError::ElfSegmentFileSize {
+                paddr: 0x10_0000,
+                filesz: 0x100,
+                memsz: 0x40,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(g.u8_at(0x10_0040), 0, "file bytes were copied past p_memsz");
+    assert!(matches!(
+        check_linux_inputs(&kernel, None, "").unwrap_err(),
+        BootError::ElfSegmentFileSize { .. }
+    ));
+}
