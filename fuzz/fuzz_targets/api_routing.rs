@@ -94,7 +94,10 @@ fuzz_target!(|data: &[u8]| {
     let wire = vmhost_api::fuzz_serve_connection(sent, vm.clone()).expect("the harness");
     let calls = vm.calls.lock().expect("calls").clone();
     if sent.is_empty() {
-        assert!(wire.is_empty() && calls.is_empty(), "an empty connection got {wire:?}");
+        assert!(
+            wire.is_empty() && calls.is_empty(),
+            "an empty connection got {wire:?}"
+        );
         return;
     }
     // An interim answer to `Expect: 100-continue` may come first.
@@ -112,7 +115,10 @@ fuzz_target!(|data: &[u8]| {
     let mut response = httparse::Response::new(&mut headers);
     let head_len = match response.parse(&wire) {
         Ok(httparse::Status::Complete(n)) => n,
-        other => panic!("not one HTTP response ({other:?}): {:?}", String::from_utf8_lossy(&wire)),
+        other => panic!(
+            "not one HTTP response ({other:?}): {:?}",
+            String::from_utf8_lossy(&wire)
+        ),
     };
     assert_eq!(response.version, Some(1));
     let status = response.code.expect("a status");
@@ -129,7 +135,11 @@ fuzz_target!(|data: &[u8]| {
         .expect("ASCII")
         .parse()
         .expect("a number");
-    assert_eq!(wire.len(), head_len + length, "bytes beyond the one response");
+    assert_eq!(
+        wire.len(),
+        head_len + length,
+        "bytes beyond the one response"
+    );
     let body = &wire[head_len..];
     assert_eq!(body.last(), Some(&b'\n'));
     let value: Value = serde_json::from_slice(body).expect("a JSON body");
@@ -142,8 +152,16 @@ fuzz_target!(|data: &[u8]| {
         assert!(allow == b"GET" || allow == b"PUT", "Allow: {allow:?}");
     }
     let called = usize::from(matches!(status, 200 | 409 | 500));
-    assert_eq!(calls.len(), called, "status {status} after VM calls {calls:?}");
+    assert_eq!(
+        calls.len(),
+        called,
+        "status {status} after VM calls {calls:?}"
+    );
     if matches!(status, 409 | 500) {
-        assert_eq!(mode % 3, if status == 409 { 1 } else { 2 }, "status {status}");
+        assert_eq!(
+            mode % 3,
+            if status == 409 { 1 } else { 2 },
+            "status {status}"
+        );
     }
 });

@@ -76,7 +76,10 @@ fn needed_len(image: &[u8], format: KernelFormat) -> Option<u64> {
                 n => u64::from(n),
             };
             let syssize = u64::from(u32::from_le_bytes(le(image, 0x1f4)?));
-            sects.checked_add(1)?.checked_mul(512)?.checked_add(syssize.checked_mul(16)?)
+            sects
+                .checked_add(1)?
+                .checked_mul(512)?
+                .checked_add(syssize.checked_mul(16)?)
         }
         KernelFormat::Elf => {
             let phoff = u64::from_le_bytes(le(image, 32)?);
@@ -106,10 +109,16 @@ fuzz_target!(|image: &[u8]| {
         return;
     };
     let format = preflight.expect("the loader accepted an image the preflight refuses");
-    assert_eq!(format, boot.format, "preflight and loader disagree on the format");
+    assert_eq!(
+        format, boot.format,
+        "preflight and loader disagree on the format"
+    );
     let needed = needed_len(image, format).expect("an accepted image's header is complete");
     let len = u64::try_from(image.len()).expect("file length");
-    assert!(needed <= len, "accepted a {len}-byte image whose headers need {needed} bytes");
+    assert!(
+        needed <= len,
+        "accepted a {len}-byte image whose headers need {needed} bytes"
+    );
     let k = &boot.kernel;
     assert!(
         HIMEM_START <= k.start && k.start <= k.end && k.end <= RAM,
@@ -117,8 +126,12 @@ fuzz_target!(|image: &[u8]| {
     );
     // Nothing past the footprint: that is where the initramfs is placed.
     let mut rest = vec![0u8; usize::try_from(RAM - k.end).expect("size")];
-    mem.read_slice(&mut rest, GuestAddress(k.end)).expect("read guest RAM");
+    mem.read_slice(&mut rest, GuestAddress(k.end))
+        .expect("read guest RAM");
     if let Some(i) = rest.iter().position(|&b| b != 0) {
-        panic!("byte written at {:#x}, past the footprint {k:#x?}", k.end + i as u64);
+        panic!(
+            "byte written at {:#x}, past the footprint {k:#x?}",
+            k.end + i as u64
+        );
     }
 });

@@ -30,7 +30,9 @@ fn list_one(name: &str, content: &[u8]) -> Snapshot {
         std::fs::remove_file(old.expect("vms/ entry").path()).expect("clear vms/");
     }
     std::fs::write(vms.join(name), content).expect("write the entry file");
-    Ledger::open_readonly(run_dir()).list().expect("list the ledger")
+    Ledger::open_readonly(run_dir())
+        .list()
+        .expect("list the ledger")
 }
 
 /// `<name>.<pid>.<start>.json` split at its last two dots, numbers as written.
@@ -45,13 +47,26 @@ fn check_readable(file_name: &str, entry: &Entry) {
     let (name, pid, start) = key(file_name).expect("a readable entry has an entry file name");
     assert_eq!(name, entry.name, "{file_name}");
     assert_eq!(pid.parse::<u32>().ok(), Some(entry.pid), "{file_name}");
-    assert_eq!(start.parse::<u64>().ok(), Some(entry.proc_start_ticks), "{file_name}");
+    assert_eq!(
+        start.parse::<u64>().ok(),
+        Some(entry.proc_start_ticks),
+        "{file_name}"
+    );
     let text = fuzz_encode_entry(entry).expect("a read entry encodes");
-    let canonical = format!("{}.{}.{}.json", entry.name, entry.pid, entry.proc_start_ticks);
+    let canonical = format!(
+        "{}.{}.{}.json",
+        entry.name, entry.pid, entry.proc_start_ticks
+    );
     let again = list_one(&canonical, text.as_bytes());
-    assert!(again.unreadable.is_empty(), "re-written entry unreadable: {again:?}");
+    assert!(
+        again.unreadable.is_empty(),
+        "re-written entry unreadable: {again:?}"
+    );
     assert_eq!(again.entries.len(), 1);
-    assert_eq!(&again.entries[0].entry, entry, "the entry changed on its round trip");
+    assert_eq!(
+        &again.entries[0].entry, entry,
+        "the entry changed on its round trip"
+    );
     let text2 = fuzz_encode_entry(&again.entries[0].entry).expect("encodes");
     assert_eq!(text, text2, "encoding is not stable");
 }

@@ -89,8 +89,12 @@ fn devices() -> Option<(Vec<Box<dyn VirtioDevice>>, UnixDatagram)> {
     peer.set_nonblocking(true).ok()?;
     let net = Net::new(File::from(OwnedFd::from(tap)), [2, 0, 0, 0, 0, 1]);
     let vsock = Vsock::new(3, &scratch("vsock")).ok()?;
-    let devices: Vec<Box<dyn VirtioDevice>> =
-        vec![Box::new(block), Box::new(Rng::new()), Box::new(net), Box::new(vsock)];
+    let devices: Vec<Box<dyn VirtioDevice>> = vec![
+        Box::new(block),
+        Box::new(Rng::new()),
+        Box::new(net),
+        Box::new(vsock),
+    ];
     Some((devices, peer))
 }
 
@@ -113,7 +117,11 @@ fn start(bus: &MmioBus, slot: u64, base: u64, queues: usize) {
     for sel in 0..2 {
         write32(bus, reg(VIRTIO_MMIO_DEVICE_FEATURES_SEL), sel);
         let offered = read32(bus, reg(VIRTIO_MMIO_DEVICE_FEATURES));
-        let version = if sel == 1 { 1 << (VIRTIO_F_VERSION_1 - 32) } else { 0 };
+        let version = if sel == 1 {
+            1 << (VIRTIO_F_VERSION_1 - 32)
+        } else {
+            0
+        };
         write32(bus, reg(VIRTIO_MMIO_DRIVER_FEATURES_SEL), sel);
         write32(bus, reg(VIRTIO_MMIO_DRIVER_FEATURES), offered | version);
     }
@@ -123,12 +131,20 @@ fn start(bus: &MmioBus, slot: u64, base: u64, queues: usize) {
         write32(bus, reg(VIRTIO_MMIO_QUEUE_SEL), q as u32);
         write32(bus, reg(VIRTIO_MMIO_QUEUE_NUM), QUEUE_SIZE);
         write32(bus, reg(VIRTIO_MMIO_QUEUE_DESC_LOW), rings as u32);
-        write32(bus, reg(VIRTIO_MMIO_QUEUE_AVAIL_LOW), (rings + 0x100) as u32);
+        write32(
+            bus,
+            reg(VIRTIO_MMIO_QUEUE_AVAIL_LOW),
+            (rings + 0x100) as u32,
+        );
         write32(bus, reg(VIRTIO_MMIO_QUEUE_USED_LOW), (rings + 0x200) as u32);
         write32(bus, reg(VIRTIO_MMIO_QUEUE_READY), 1);
     }
     let status = read32(bus, reg(VIRTIO_MMIO_STATUS));
-    write32(bus, reg(VIRTIO_MMIO_STATUS), status | VIRTIO_CONFIG_S_DRIVER_OK);
+    write32(
+        bus,
+        reg(VIRTIO_MMIO_STATUS),
+        status | VIRTIO_CONFIG_S_DRIVER_OK,
+    );
 }
 
 /// Writes the image between the canaries and maps the two regions from the file.
@@ -146,7 +162,11 @@ fn guest_memory(image: &[u8]) -> GuestMemoryMmap {
         .iter()
         .map(|&(gpa, offset)| {
             let fd = file.try_clone().expect("dup the memory file");
-            (GuestAddress(gpa), CHUNK, Some(FileOffset::new(fd, offset as u64)))
+            (
+                GuestAddress(gpa),
+                CHUNK,
+                Some(FileOffset::new(fd, offset as u64)),
+            )
         })
         .collect();
     GuestMemoryMmap::from_ranges_with_files(&ranges).expect("guest memory")
@@ -159,7 +179,10 @@ fn check_canaries() {
             .read_exact_at(&mut stretch, offset as u64)
             .expect("read a canary");
         if let Some(i) = stretch.iter().position(|&b| b != CANARY) {
-            panic!("file byte {:#x}, outside guest RAM, was written", offset + i);
+            panic!(
+                "file byte {:#x}, outside guest RAM, was written",
+                offset + i
+            );
         }
     }
 }
@@ -185,7 +208,8 @@ fuzz_target!(|data: &[u8]| {
         interrupt.set_ack_on_read(true);
         let transport = MmioTransport::new(device, mem.clone(), interrupt).expect("transport");
         let transport = Arc::new(Mutex::new(transport));
-        bus.insert(base, transport.clone()).expect("slot on the bus");
+        bus.insert(base, transport.clone())
+            .expect("slot on the bus");
         slots.push((base, kind, queues, transport));
     }
     if flags & 1 == 1 {
@@ -226,8 +250,14 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     for (base, kind, ..) in &slots {
-        assert_eq!(read32(&bus, base + u64::from(VIRTIO_MMIO_MAGIC_VALUE)), MMIO_MAGIC);
-        assert_eq!(read32(&bus, base + u64::from(VIRTIO_MMIO_VERSION)), MMIO_VERSION);
+        assert_eq!(
+            read32(&bus, base + u64::from(VIRTIO_MMIO_MAGIC_VALUE)),
+            MMIO_MAGIC
+        );
+        assert_eq!(
+            read32(&bus, base + u64::from(VIRTIO_MMIO_VERSION)),
+            MMIO_VERSION
+        );
         assert_eq!(read32(&bus, base + u64::from(VIRTIO_MMIO_DEVICE_ID)), *kind);
     }
     drop(slots);

@@ -100,7 +100,8 @@ fuzz_target!(|data: &[u8]| {
         let mut byte = [0u8; 1];
         let read = program.read(&mut byte);
         assert!(
-            matches!(read, Ok(0)) || matches!(&read, Err(e) if e.kind() == ErrorKind::ConnectionReset),
+            matches!(read, Ok(0))
+                || matches!(&read, Err(e) if e.kind() == ErrorKind::ConnectionReset),
             "a refused greeting left the stream open: {read:?}"
         );
         return;
@@ -113,7 +114,11 @@ fuzz_target!(|data: &[u8]| {
         .map(str::trim)
         .and_then(|p| p.parse::<u32>().ok());
     assert!(at <= MAX_LINE, "a {at}-byte line was accepted");
-    assert_eq!(said, Some(request.dst_port), "line {line:?} gave {request:?}");
+    assert_eq!(
+        said,
+        Some(request.dst_port),
+        "line {line:?} gave {request:?}"
+    );
     if let Some(port) = expected {
         assert_eq!(port, request.dst_port);
     }
@@ -156,5 +161,9 @@ fuzz_target!(|data: &[u8]| {
         packets.iter().any(|(h, _)| h.op == Op::Shutdown as u16),
         "no SHUTDOWN after the program closed its side"
     );
-    assert_eq!(stream, &sent[at + 1..], "the stream to the guest differs from what was sent");
+    assert_eq!(
+        stream,
+        &sent[at + 1..],
+        "the stream to the guest differs from what was sent"
+    );
 });
