@@ -83,6 +83,45 @@ fn header<'a>(headers: &'a [httparse::Header<'_>], name: &str) -> Option<&'a [u8
     Some(first.value)
 }
 
+/// The one response in `wire`: status (documented, with its reason phrase), body (of the
+/// announced length, the last bytes on the wire) and headers (JSON, `Connection: close`).
+fn parse_answer<'w, 'h>(
+    wire: &'w [u8],
+    headers: &'h mut [httparse::Header<'w>],
+) -> (u16, &'w [u8], &'h [httparse::Header<'w>]) {
+    let mut response = httparse::Response::new(headers);
+    let head_len = match response.parse(wire) {
+        Ok(httparse::Status::Complete(n)) => n,
+        other => panic!(
+            "not one HTTP response ({other:?}): {:?}",
+            String::from_utf8_lossy(wire)
+        ),
+    };
+    assert_eq!(response.version, Some(1));
+    let status = response.code.expect("a status");
+    let reason = STATUSES
+        .iter()
+        .find(|(s, _)| *s == status)
+        .map(|(_, r)| *r)
+        .unwrap_or_else(|| panic!("undocumented status {status}"));
+    assert_eq!(response.reason, Some(reason));
+    let h = response.headers;
+    assert_eq!(header(h, "content-type"), Some(&b"application/json"[..]));
+    assert_eq!(header(h, "connection"), Some(&b"close"[..]));
+    let length: usize = std::str::from_utf8(header(h, "content-length").expect("Content-Length"))
+        .expect("ASCII")
+        .parse()
+        .expect("a number");
+    assert_eq!(
+        wire.len(),
+        head_len + length,
+        "bytes beyond the one response"
+    );
+    let body = &wire[head_len..];
+    assert_eq!(body.last(), Some(&b'\n'));
+    (status, body, h)
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, sent)) = data.split_first() else {
         return;
@@ -112,36 +151,7 @@ fuzz_target!(|data: &[u8]| {
         None => &wire[..],
     };
     let mut headers = [httparse::EMPTY_HEADER; 16];
-    let mut response = httparse::Response::new(&mut headers);
-    let head_len = match response.parse(&wire) {
-        Ok(httparse::Status::Complete(n)) => n,
-        other => panic!(
-            "not one HTTP response ({other:?}): {:?}",
-            String::from_utf8_lossy(&wire)
-        ),
-    };
-    assert_eq!(response.version, Some(1));
-    let status = response.code.expect("a status");
-    let reason = STATUSES
-        .iter()
-        .find(|(s, _)| *s == status)
-        .map(|(_, r)| *r)
-        .unwrap_or_else(|| panic!("undocumented status {status}"));
-    assert_eq!(response.reason, Some(reason));
-    let h = response.headers;
-    assert_eq!(header(h, "content-type"), Some(&b"application/json"[..]));
-    assert_eq!(header(h, "connection"), Some(&b"close"[..]));
-    let length: usize = std::str::from_utf8(header(h, "content-length").expect("Content-Length"))
-        .expect("ASCII")
-        .parse()
-        .expect("a number");
-    assert_eq!(
-        wire.len(),
-        head_len + length,
-        "bytes beyond the one response"
-    );
-    let body = &wire[head_len..];
-    assert_eq!(body.last(), Some(&b'\n'));
+    let (status, body, h) = parse_answer(wire, &mut headers);
     let value: Value = serde_json::from_slice(body).expect("a JSON body");
     match status {
         200 => assert_eq!(Some(&value), calls.first(), "a 200 not from the VM"),

@@ -65,6 +65,53 @@ fn guest_header(op: Op, src_port: u32, dst_port: u32) -> Header {
     }
 }
 
+/// The guest accepts `request`: the program reads exactly its OK line, and `rest` (what it
+/// sent after the newline) reaches the guest, then SHUTDOWN.
+fn accept_and_stream(
+    backend: &mut Backend,
+    program: &mut UnixStream,
+    request: Header,
+    rest: &[u8],
+) {
+    // The guest accepts; the program reads exactly its OK line.
+    let response = guest_header(Op::Response, request.dst_port, request.src_port);
+    backend.from_guest(&response, Op::Response, &[]);
+    let ok = format!("OK {}\n", request.src_port);
+    let mut got = vec![0u8; ok.len() + 1];
+    let n = program.read(&mut got).expect("the OK line");
+    assert_eq!(&got[..n], ok.as_bytes());
+
+    // What followed the newline reaches the guest, then SHUTDOWN.
+    let mut stream = Vec::new();
+    let mut packets = Vec::new();
+    for _ in 0..10_000 {
+        drain(backend, &mut packets);
+        if packets.iter().any(|(h, _)| h.op == Op::Shutdown as u16) {
+            break;
+        }
+    }
+    for (hdr, payload) in &packets {
+        assert_eq!(
+            (hdr.src_port, hdr.dst_port),
+            (request.src_port, request.dst_port),
+            "{hdr:?}"
+        );
+        assert_ne!(hdr.op, Op::Rst as u16, "the connection was reset: {hdr:?}");
+        if hdr.op == Op::Rw as u16 {
+            assert_eq!(hdr.len as usize, payload.len());
+            stream.extend_from_slice(payload);
+        }
+    }
+    assert!(
+        packets.iter().any(|(h, _)| h.op == Op::Shutdown as u16),
+        "no SHUTDOWN after the program closed its side"
+    );
+    assert_eq!(
+        stream, rest,
+        "the stream to the guest differs from what was sent"
+    );
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&chunk, sent)) = data.split_first() else {
         return;
@@ -128,42 +175,5 @@ fuzz_target!(|data: &[u8]| {
         "{request:?}"
     );
 
-    // The guest accepts; the program reads exactly its OK line.
-    let response = guest_header(Op::Response, request.dst_port, request.src_port);
-    backend.from_guest(&response, Op::Response, &[]);
-    let ok = format!("OK {}\n", request.src_port);
-    let mut got = vec![0u8; ok.len() + 1];
-    let n = program.read(&mut got).expect("the OK line");
-    assert_eq!(&got[..n], ok.as_bytes());
-
-    // What followed the newline reaches the guest, then SHUTDOWN.
-    let mut stream = Vec::new();
-    let mut packets = Vec::new();
-    for _ in 0..10_000 {
-        drain(&mut backend, &mut packets);
-        if packets.iter().any(|(h, _)| h.op == Op::Shutdown as u16) {
-            break;
-        }
-    }
-    for (hdr, payload) in &packets {
-        assert_eq!(
-            (hdr.src_port, hdr.dst_port),
-            (request.src_port, request.dst_port),
-            "{hdr:?}"
-        );
-        assert_ne!(hdr.op, Op::Rst as u16, "the connection was reset: {hdr:?}");
-        if hdr.op == Op::Rw as u16 {
-            assert_eq!(hdr.len as usize, payload.len());
-            stream.extend_from_slice(payload);
-        }
-    }
-    assert!(
-        packets.iter().any(|(h, _)| h.op == Op::Shutdown as u16),
-        "no SHUTDOWN after the program closed its side"
-    );
-    assert_eq!(
-        stream,
-        &sent[at + 1..],
-        "the stream to the guest differs from what was sent"
-    );
+    accept_and_stream(&mut backend, &mut program, request, &sent[at + 1..]);
 });
