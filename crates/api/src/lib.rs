@@ -50,6 +50,8 @@
 #![warn(missing_docs)]
 
 mod client;
+#[cfg(feature = "fuzzing")]
+mod fuzzing;
 mod http;
 mod routes;
 mod server;
@@ -60,7 +62,7 @@ use std::time::Duration;
 
 pub use client::{request, request_with_timeout, ApiResponse, ClientError, DEFAULT_CLIENT_TIMEOUT};
 #[cfg(feature = "fuzzing")]
-pub use http::fuzz_read_request;
+pub use fuzzing::{fuzz_read_request, fuzz_serve_connection};
 pub use server::{serve, ApiListener, ApiServer, ServeError, ThreadStartHook};
 pub use socket::BindError;
 

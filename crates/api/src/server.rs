@@ -205,7 +205,7 @@ fn refuse(stream: UnixStream, limit: usize) {
 }
 
 /// Serves one connection: one request, one answer.
-async fn connection(
+pub(crate) async fn connection(
     mut stream: UnixStream,
     control: Arc<dyn VmControl>,
     limits: Arc<ServerLimits>,

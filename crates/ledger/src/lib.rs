@@ -124,6 +124,8 @@
 
 mod entry;
 mod error;
+#[cfg(feature = "fuzzing")]
+mod fuzzing;
 mod store;
 mod sys;
 
@@ -135,6 +137,8 @@ use vmhost_plan::Plan;
 
 pub use entry::{Entry, HugepageReservation, NodeMemory, VmState, FORMAT, VERSION};
 pub use error::{AdmitError, LedgerError};
+#[cfg(feature = "fuzzing")]
+pub use fuzzing::fuzz_encode_entry;
 
 use entry::check_name;
 use store::Scanned;

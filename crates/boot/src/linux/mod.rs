@@ -187,6 +187,36 @@ pub enum BootError {
         /// End of RAM below the MMIO hole.
         ram_end: u64,
     },
+    /// An ELF `PT_LOAD` segment with more bytes in the file than in memory: the loader would
+    /// copy them past the segment's end, where the initramfs goes.
+    #[error(
+        "ELF kernel {path}: the PT_LOAD segment at {paddr:#x} has {filesz} bytes in the file but \
+         {memsz} in memory (p_filesz > p_memsz); point boot.kernel at a valid vmlinux"
+    )]
+    ElfSegmentFileSize {
+        /// The image.
+        path: PathBuf,
+        /// The segment's physical address.
+        paddr: u64,
+        /// `p_filesz`.
+        filesz: u64,
+        /// `p_memsz`.
+        memsz: u64,
+    },
+    /// An ELF whose entry point is not below the end of its loadable segments (it has none,
+    /// or they all lie below the entry): it is no vmlinux, and its footprint would be empty.
+    #[error(
+        "ELF kernel {path} enters at {entry:#x} but its PT_LOAD segments end at {end:#x}: \
+         a vmlinux's entry lies inside its segments; point boot.kernel at a vmlinux or bzImage"
+    )]
+    ElfEntryOutsideSegments {
+        /// The image.
+        path: PathBuf,
+        /// `e_entry`.
+        entry: u64,
+        /// End of the loaded segments (0: none).
+        end: u64,
+    },
     /// The initramfs does not fit after the kernel below the limit.
     #[error(
         "initramfs {path} ({size} bytes) placed at {addr:#x} after the kernel would end at \
@@ -438,6 +468,14 @@ fn load_kernel<M: GuestMemoryBackend, F: Read + Seek + ReadVolatile>(
                 })?;
             let r = Elf::load(mem, None, &mut image, Some(GuestAddress(HIMEM_START)))
                 .map_err(load_err)?;
+            // kernel_load is e_entry, kernel_end the segments' end (0 without segments).
+            if r.kernel_end <= r.kernel_load.0 {
+                return Err(BootError::ElfEntryOutsideSegments {
+                    path: path.to_path_buf(),
+                    entry: r.kernel_load.0,
+                    end: r.kernel_end,
+                });
+            }
             (r, r.kernel_end)
         }
         KernelFormat::BzImage => {

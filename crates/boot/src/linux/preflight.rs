@@ -65,7 +65,16 @@ pub(super) fn check_complete(
         }
         KernelFormat::Elf => {
             file.read_exact(&mut hdr).map_err(read_err)?;
-            elf_needed(file, &hdr, size).map_err(read_err)?
+            let (needed, oversized) = elf_needed(file, &hdr, size).map_err(read_err)?;
+            if let Some((paddr, filesz, memsz)) = oversized {
+                return Err(BootError::ElfSegmentFileSize {
+                    path: path.to_path_buf(),
+                    paddr,
+                    filesz,
+                    memsz,
+                });
+            }
+            needed
         }
     };
     if size < needed {
@@ -78,22 +87,34 @@ pub(super) fn check_complete(
     Ok(())
 }
 
-/// The file length an ELF's program headers and `PT_LOAD` segments need.
-fn elf_needed(file: &mut File, hdr: &[u8], size: u64) -> std::io::Result<u64> {
+/// A `PT_LOAD` segment's physical address, file size and memory size.
+type Segment = (u64, u64, u64);
+
+/// The file length an ELF's program headers and `PT_LOAD` segments need, and the first
+/// `PT_LOAD` segment with more bytes in the file than in memory, if any (the loader copies
+/// `p_filesz` bytes, past the `p_memsz` the kernel's footprint counts).
+fn elf_needed(file: &mut File, hdr: &[u8], size: u64) -> std::io::Result<(u64, Option<Segment>)> {
     let phoff = le64(hdr, 32);
     let phnum = usize::from(le16(hdr, 56)).min(MAX_PHDRS);
     let table_end = phoff.saturating_add((phnum * PHDR_SIZE) as u64);
     if table_end > size {
-        return Ok(table_end);
+        return Ok((table_end, None));
     }
     let mut table = vec![0u8; phnum * PHDR_SIZE];
     file.seek(SeekFrom::Start(phoff))?;
     file.read_exact(&mut table)?;
-    Ok(table
-        .chunks_exact(PHDR_SIZE)
-        .filter(|p| le32(p, 0) == PT_LOAD)
+    let loads = || {
+        table
+            .chunks_exact(PHDR_SIZE)
+            .filter(|p| le32(p, 0) == PT_LOAD)
+    };
+    let needed = loads()
         .map(|p| le64(p, 8).saturating_add(le64(p, 32)))
-        .fold(table_end, u64::max))
+        .fold(table_end, u64::max);
+    let oversized = loads()
+        .map(|p| (le64(p, 24), le64(p, 32), le64(p, 40)))
+        .find(|&(_, filesz, memsz)| filesz > memsz);
+    Ok((needed, oversized))
 }
 
 #[cfg(test)]

@@ -489,3 +489,71 @@ fn low_ram_end_stops_at_the_hole() {
     let l = GuestLayout::new(&[span(0, 64 * MIB)], 3 * gib..4 * gib, 2 * MIB).unwrap();
     assert_eq!(low_ram_end(&l), 64 * MIB);
 }
+
+#[test]
+fn an_elf_entry_past_its_segments_is_refused() {
+    // Found by fuzz/fuzz_targets/kernel_image.rs: an ELF without program headers (or with its
+    // entry above every segment) was accepted with the footprint e_entry..0, and an initramfs
+    // was then placed at guest address 0, over the boot structures.
+    let g = Guest::new(8 * MIB);
+    let initrd = g.file("initrd", &[0x5a; 4096]);
+    let mut bytes = fake::elf(0x10_0000, 0x1000, None);
+    bytes[56..58].copy_from_slice(&0u16.to_le_bytes()); // e_phnum = 0
+    let empty = g.file("empty", &bytes);
+    let err = g.load(&empty, Some(&initrd), "").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            BootError::ElfEntryOutsideSegments {
+                entry: 0x10_0000,
+                end: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_ne!(g.u8_at(0), 0x5a, "the initramfs went to address 0");
+    let mut bytes = fake::elf(0x10_0000, 0x1000, None);
+    bytes[24..32].copy_from_slice(&0x20_0000u64.to_le_bytes()); // e_entry past the segment
+    let past = g.file("past", &bytes);
+    let err = g.load(&past, None, "").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            BootError::ElfEntryOutsideSegments {
+                entry: 0x20_0000,
+                end: 0x10_1000,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn an_elf_segment_larger_in_the_file_than_in_memory_is_refused() {
+    // Found by fuzz/fuzz_targets/kernel_image.rs: a PT_LOAD with p_filesz > p_memsz was
+    // loaded whole, past the footprint that counts p_memsz (where the initramfs goes).
+    let g = Guest::new(8 * MIB);
+    let mut bytes = fake::elf(0x10_0000, 0x100, None);
+    bytes[64 + 40..64 + 48].copy_from_slice(&0x40u64.to_le_bytes()); // p_memsz
+    let kernel = g.file("oversized", &bytes);
+    let err = g.load(&kernel, None, "").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            BootError::ElfSegmentFileSize {
+                paddr: 0x10_0000,
+                filesz: 0x100,
+                memsz: 0x40,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(g.u8_at(0x10_0040), 0, "file bytes were copied past p_memsz");
+    assert!(matches!(
+        check_linux_inputs(&kernel, None, "").unwrap_err(),
+        BootError::ElfSegmentFileSize { .. }
+    ));
+}
