@@ -6,6 +6,7 @@ mod control;
 mod enforce;
 mod host;
 mod iothreads;
+mod logging;
 mod output;
 mod overhead;
 mod run;
@@ -45,7 +46,7 @@ fn main() -> ExitCode {
     timeline::mark_main();
     // Before any thread exists (it sets an environment variable).
     vmhost_topology::skip_unneeded_hwloc_plugins();
-    init_logging();
+    logging::init();
     let cli = Cli::parse();
     match (cli.seccomp, vmhost_seccomp::mode_from_env()) {
         (Some(mode), _) => vmhost_seccomp::set_mode(mode.into()),
@@ -57,7 +58,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_INVALID);
         }
     }
-    match run(&cli) {
+    let result = run(&cli);
+    // The buffered diagnostics first; the final lines below go to stderr directly.
+    logging::finish();
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             if let Some(exit) = e.downcast_ref::<Exit>() {
@@ -76,19 +80,6 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
-}
-
-/// Diagnostics (`tracing` events of every crate) go to stderr: warnings and errors by default,
-/// more with `VMHOST_LOG` (an `EnvFilter` directive such as `info` or `vmhost_devices=debug`).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VMHOST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .without_time()
-        .try_init();
 }
 
 fn run(cli: &Cli) -> Result<u8> {

@@ -73,7 +73,7 @@ fn threads(pid: u32) -> BTreeMap<String, Vec<String>> {
 
 /// The threads a running Linux VM with devices, API and serial output has (`vmhost-kvmpin`
 /// may have ended already; it is checked when it is there).
-const EXPECTED: [&str; 8] = [
+const EXPECTED: [&str; 9] = [
     "vmhost",
     "vmhost-sig",
     "vmhost-emu",
@@ -82,6 +82,7 @@ const EXPECTED: [&str; 8] = [
     "vmhost-grace",
     "vmhost-io-0",
     "vmhost-serial",
+    "vmhost-diag",
 ];
 
 /// Waits until every expected thread is there and shows `want` (the main thread installs its
