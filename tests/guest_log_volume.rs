@@ -4,6 +4,10 @@
 //! (exit 130) with its last lines on stderr: the device's count of the warnings its log
 //! budget refused, written at teardown and flushed before vmhost exits.
 //!
+//! A second guest floods the diagnostics on purpose (`VMHOST_LOG=vmhost_devices=debug`, one
+//! debug line per write to its device's read-only configuration space): the lines that do not
+//! fit are dropped and counted, the vCPU still never blocks, and the count reaches stderr.
+//!
 //! Before the fix every bad write was one `ERROR virtio queue with invalid size` line from
 //! virtio-queue, written synchronously by the vCPU thread under the transport lock: once the
 //! 64 KiB pipe was full the vCPU stalled for good, the guest never reached its end marker, and
@@ -13,8 +17,10 @@
 mod common;
 
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vmhost_devices::mmio::{DEVICE_LOG_BURST, DEVICE_LOG_WINDOW};
@@ -107,6 +113,125 @@ fn guest() -> Vec<u8> {
     code
 }
 
+/// What the stdout reader saw: the guest's end marker, then the final report.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Marker,
+    Report,
+}
+
+/// A running vmhost: stderr a pipe nobody reads yet, stdout read by a thread that reports
+/// [`Seen`] events and returns all of stdout.
+struct Run {
+    child: Child,
+    seen: mpsc::Receiver<Seen>,
+    stdout: JoinHandle<String>,
+    dir: PathBuf,
+}
+
+fn start(name: &str, code: &[u8], log: Option<&str>) -> Run {
+    let dir = std::env::temp_dir().join(format!("vmhost-logvolume-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kernel.elf"), pvh_elf(code)).unwrap();
+    let spec = dir.join("vm.toml");
+    std::fs::write(
+        &spec,
+        "name = \"badqueue\"\n[cpu]\ncores = 1\n[memory]\nguest = \"64Mi\"\n[devices.rng]\n\
+         [boot]\nkernel = \"kernel.elf\"\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vmhost"));
+    cmd.args(["--run-dir", dir.join("run").to_str().unwrap()])
+        .args(["--config", spec.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        // A pipe (64 KiB) nobody reads for now.
+        .stderr(Stdio::piped())
+        .env_remove("VMHOST_LOG");
+    if let Some(directive) = log {
+        cmd.env("VMHOST_LOG", directive);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let (tx, seen) = mpsc::channel();
+    let mut out = child.stdout.take().unwrap();
+    let stdout = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 4096];
+        let mut next = Some(Seen::Marker);
+        while let Ok(n @ 1..) = out.read(&mut buf) {
+            all.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&all);
+            next = match next {
+                Some(Seen::Marker) if text.contains(MARKER) => {
+                    let _ = tx.send(Seen::Marker);
+                    Some(Seen::Report)
+                }
+                Some(Seen::Report) if text.contains("(exit code ") => {
+                    let _ = tx.send(Seen::Report);
+                    None
+                }
+                other => other,
+            };
+        }
+        String::from_utf8_lossy(&all).into_owned()
+    });
+    Run {
+        child,
+        seen,
+        stdout,
+        dir,
+    }
+}
+
+impl Run {
+    /// Waits for `what` on stdout; kills vmhost and fails when it never comes.
+    fn wait_for(&mut self, what: Seen, why: &str) {
+        if self.seen.recv_timeout(WATCHDOG).ok() != Some(what) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            panic!("{why}");
+        }
+    }
+
+    fn sigterm(&self) {
+        // SAFETY: kill(2) only sends SIGTERM to our child, which has not been reaped.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) },
+            0
+        );
+    }
+
+    /// Waits for vmhost to exit; kills it and fails when it does not.
+    fn exit_status(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + WATCHDOG;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("vmhost did not end after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A thread reading all of stderr (without ANSI colours).
+    fn read_stderr(&mut self) -> JoinHandle<String> {
+        let mut err = self.child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            err.read_to_string(&mut text).unwrap();
+            plain(&text)
+        })
+    }
+}
+
+fn remove(dir: &Path) {
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[test]
 fn a_guest_looping_on_a_bad_queue_num_neither_floods_nor_blocks_unread_stderr() {
     let test = "a_guest_looping_on_a_bad_queue_num_neither_floods_nor_blocks_unread_stderr";
@@ -114,80 +239,25 @@ fn a_guest_looping_on_a_bad_queue_num_neither_floods_nor_blocks_unread_stderr() 
         return;
     }
     let _cpus = lock_cpus();
-    let d = std::env::temp_dir().join(format!("vmhost-logvolume-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::write(d.join("kernel.elf"), pvh_elf(&guest())).unwrap();
-    let spec = d.join("vm.toml");
-    std::fs::write(
-        &spec,
-        "name = \"badqueue\"\n[cpu]\ncores = 1\n[memory]\nguest = \"64Mi\"\n[devices.rng]\n\
-         [boot]\nkernel = \"kernel.elf\"\n",
-    )
-    .unwrap();
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
-        .args(["--run-dir", d.join("run").to_str().unwrap()])
-        .args(["--config", spec.to_str().unwrap()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        // A pipe (64 KiB) nobody reads until vmhost has exited.
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // stdout (the guest's COM1) is read, for the guest's end marker.
-    let (marker_tx, marker) = mpsc::channel();
-    let mut out = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 4096];
-        let mut sent = false;
-        while let Ok(n @ 1..) = out.read(&mut buf) {
-            seen.extend_from_slice(&buf[..n]);
-            if !sent && String::from_utf8_lossy(&seen).contains(MARKER) {
-                sent = marker_tx.send(()).is_ok();
-            }
-        }
-        String::from_utf8_lossy(&seen).into_owned()
-    });
-    if marker.recv_timeout(WATCHDOG).is_err() {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("the guest never finished its {BAD_WRITES} bad QueueNum writes: vmhost's vCPU is blocked (on stderr?)");
-    }
+    let mut run = start("badqueue", &guest(), None);
+    run.wait_for(
+        Seen::Marker,
+        "the guest never finished its bad QueueNum writes: vmhost's vCPU is blocked (on stderr?)",
+    );
     let guest_done = started.elapsed();
-    // SAFETY: kill(2) only sends SIGTERM to our child, which has not been reaped.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    let deadline = Instant::now() + WATCHDOG;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("vmhost did not end after SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let stdout = reader.join().unwrap();
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    let stderr = plain(&stderr);
+    run.sigterm();
+    // stderr is read only after vmhost has exited: everything it wrote fit in the pipe.
+    let status = run.exit_status();
+    let stderr = run.read_stderr().join().unwrap();
+    let stdout = run.stdout.join().unwrap();
     println!("stderr ({} bytes):\n{stderr}", stderr.len());
     assert_eq!(
         status.code(),
         Some(130),
         "SIGTERM stops the VM in order\n{stderr}"
     );
-    assert!(
-        stdout.contains("status: stopped") || stdout.contains("stopped"),
-        "the final report reached stdout:\n{stdout}"
-    );
+    assert!(stdout.contains("(exit code 130)"), "the report:\n{stdout}");
     // virtio-queue never logged a guest value.
     assert!(
         !stderr.contains("virtio queue with invalid size"),
@@ -229,5 +299,79 @@ fn a_guest_looping_on_a_bad_queue_num_neither_floods_nor_blocks_unread_stderr() 
         "{lines} lines for {} bad writes, more than {bound}:\n{stderr}",
         BAD_WRITES + RESET_CYCLES
     );
-    std::fs::remove_dir_all(&d).unwrap();
+    remove(&run.dir);
+}
+
+/// A read of nothing: one debug line per write, `virtio-mmio: configuration space is read-only`.
+fn config_space_flood() -> Vec<u8> {
+    let mut code = repeat(FLOOD_WRITES, &mmio_write(0x100, 0));
+    for b in MARKER.bytes().chain(*b"\n") {
+        code.extend(out8(0x3f8, b));
+    }
+    code.extend_from_slice(&[0xf4, 0xeb, 0xfd]); // hlt; jmp hlt
+    code
+}
+
+/// Debug lines the flood asks for: far more than a pipe and the writer's buffer hold.
+const FLOOD_WRITES: u32 = 50_000;
+
+#[test]
+fn debug_lines_flooding_an_unread_stderr_are_dropped_and_counted_not_waited_for() {
+    let test = "debug_lines_flooding_an_unread_stderr_are_dropped_and_counted_not_waited_for";
+    if !need_kvm(test) {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let mut run = start(
+        "flood",
+        &config_space_flood(),
+        Some("warn,vmhost_devices=debug"),
+    );
+    run.wait_for(
+        Seen::Marker,
+        "the guest never finished its writes: vmhost's vCPU is blocked on stderr",
+    );
+    run.sigterm();
+    // The VM stops and reports while stderr is still full and unread.
+    run.wait_for(
+        Seen::Report,
+        "vmhost never printed its report after SIGTERM",
+    );
+    // Only now is stderr read: the writer thread and the final count get through.
+    let stderr = run.read_stderr();
+    let status = run.exit_status();
+    let stderr = stderr.join().unwrap();
+    let _ = run.stdout.join();
+    let lines = stderr.lines().count();
+    println!("stderr: {} bytes, {lines} lines; the last 3:", stderr.len());
+    for l in stderr.lines().skip(lines.saturating_sub(3)) {
+        println!("{l}");
+    }
+    assert_eq!(status.code(), Some(130), "SIGTERM stops the VM in order");
+    let written = stderr
+        .lines()
+        .filter(|l| l.contains("configuration space is read-only"))
+        .count() as u64;
+    let dropped: u64 = stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("vmhost: ")?;
+            let (n, tail) = rest.split_once(' ')?;
+            tail.starts_with("diagnostic lines dropped")
+                .then(|| n.parse::<u64>().ok())?
+        })
+        .sum();
+    assert!(dropped > 0, "no count of dropped lines reached stderr");
+    assert!(
+        written > 0 && written < u64::from(FLOOD_WRITES),
+        "{written} lines written"
+    );
+    // Every line the guest caused was written or counted as dropped, but for what the
+    // writer held when the process ended (its chunk in flight and its buffer, 64 KiB each,
+    // under 1,100 lines each).
+    assert!(
+        written + dropped + 2_200 >= u64::from(FLOOD_WRITES),
+        "{written} written + {dropped} dropped"
+    );
+    remove(&run.dir);
 }
