@@ -296,6 +296,45 @@ fn a_forbidden_call_on_a_vcpu_thread_kills_vmhost_with_sigsys_naming_thread_and_
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// The diagnostics writer installs its own filter, and the `SIGSYS` line of a forbidden call
+/// there reaches stderr directly (it never goes through the writer's buffer).
+#[test]
+fn a_forbidden_call_on_the_diagnostics_writer_kills_vmhost_with_sigsys_naming_it() {
+    let test = "a_forbidden_call_on_the_diagnostics_writer_kills_vmhost_with_sigsys_naming_it";
+    if !need_kvm(test) {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let d = dir("selftest-diag");
+    let spec = d.join("vm.toml");
+    std::fs::write(
+        &spec,
+        "name = \"seccomp-selftest-diag\"\n[cpu]\ncores = 1\n[memory]\nguest = \"32Mi\"\n[boot]\npayload = \"halt\"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(["--run-dir", d.join("run").to_str().unwrap()])
+        .args(["--seccomp", "on", "--config", spec.to_str().unwrap()])
+        .env("VMHOST_SECCOMP_SELFTEST", "diag")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGSYS), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("seccomp"))
+        .unwrap_or_else(|| panic!("no seccomp line: {stderr}"));
+    assert!(
+        line.starts_with("vmhost: seccomp: thread vmhost-diag (tid ")
+            && line.ends_with(
+                ", diag filter) made the forbidden system call socket (41); SIGSYS kills the process"
+            ),
+        "{line}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 #[test]
 fn a_bad_vmhost_seccomp_variable_is_refused_naming_it() {
     let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
