@@ -195,11 +195,10 @@ impl Run {
     }
 
     fn sigterm(&self) {
+        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
         // SAFETY: kill(2) only sends SIGTERM to our child, which has not been reaped.
-        assert_eq!(
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) },
-            0
-        );
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
     }
 
     /// Waits for vmhost to exit; kills it and fails when it does not.
