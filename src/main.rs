@@ -6,6 +6,7 @@ mod control;
 mod enforce;
 mod host;
 mod iothreads;
+mod logging;
 mod output;
 mod overhead;
 mod run;
@@ -50,7 +51,7 @@ fn main() -> ExitCode {
     timeline::mark_main();
     // Before any thread exists (it sets an environment variable).
     vmhost_topology::skip_unneeded_hwloc_plugins();
-    init_logging();
+    logging::init();
     let cli = Cli::parse();
     if cli.command.is_some() {
         if let Err(e) = signals::unblock_for_other_commands() {
@@ -68,7 +69,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_INVALID);
         }
     }
-    match run(&cli) {
+    let result = run(&cli);
+    // The buffered diagnostics first; the final lines below go to stderr directly.
+    logging::finish();
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             if let Some(exit) = e.downcast_ref::<Exit>() {
@@ -87,19 +91,6 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
-}
-
-/// Diagnostics (`tracing` events of every crate) go to stderr: warnings and errors by default,
-/// more with `VMHOST_LOG` (an `EnvFilter` directive such as `info` or `vmhost_devices=debug`).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VMHOST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .without_time()
-        .try_init();
 }
 
 fn run(cli: &Cli) -> Result<u8> {

@@ -91,6 +91,12 @@ pub fn run(
     };
     // After the pinning: the signal thread inherits the emulator PUs.
     let signals = StopSignals::start().context("starting the signal thread")?;
+    // From here on a vCPU or I/O thread that logs never blocks on stderr.
+    if let Err(e) = crate::logging::start_writer() {
+        eprintln!(
+            "vmhost: warning: cannot start the diagnostics writer ({e}); writing them directly"
+        );
+    }
     let mut memory = match guest_memory(plan, enforcement.as_deref(), &signals, opts.prefault)? {
         Ok(memory) => memory,
         Err(Stopped { done, total }) => {

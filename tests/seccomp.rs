@@ -73,7 +73,7 @@ fn threads(pid: u32) -> BTreeMap<String, Vec<String>> {
 
 /// The threads a running Linux VM with devices, API and serial output has (`vmhost-kvmpin`
 /// may have ended already; it is checked when it is there).
-const EXPECTED: [&str; 8] = [
+const EXPECTED: [&str; 9] = [
     "vmhost",
     "vmhost-sig",
     "vmhost-emu",
@@ -82,6 +82,7 @@ const EXPECTED: [&str; 8] = [
     "vmhost-grace",
     "vmhost-io-0",
     "vmhost-serial",
+    "vmhost-diag",
 ];
 
 /// Waits until every expected thread is there and shows `want` (the main thread installs its
@@ -289,6 +290,45 @@ fn a_forbidden_call_on_a_vcpu_thread_kills_vmhost_with_sigsys_naming_thread_and_
         line.starts_with("vmhost: seccomp: thread vcpu0 (tid ")
             && line.ends_with(
                 ", vcpu filter) made the forbidden system call socket (41); SIGSYS kills the process"
+            ),
+        "{line}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// The diagnostics writer installs its own filter, and the `SIGSYS` line of a forbidden call
+/// there reaches stderr directly (it never goes through the writer's buffer).
+#[test]
+fn a_forbidden_call_on_the_diagnostics_writer_kills_vmhost_with_sigsys_naming_it() {
+    let test = "a_forbidden_call_on_the_diagnostics_writer_kills_vmhost_with_sigsys_naming_it";
+    if !need_kvm(test) {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let d = dir("selftest-diag");
+    let spec = d.join("vm.toml");
+    std::fs::write(
+        &spec,
+        "name = \"seccomp-selftest-diag\"\n[cpu]\ncores = 1\n[memory]\nguest = \"32Mi\"\n[boot]\npayload = \"halt\"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(["--run-dir", d.join("run").to_str().unwrap()])
+        .args(["--seccomp", "on", "--config", spec.to_str().unwrap()])
+        .env("VMHOST_SECCOMP_SELFTEST", "diag")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGSYS), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("seccomp"))
+        .unwrap_or_else(|| panic!("no seccomp line: {stderr}"));
+    assert!(
+        line.starts_with("vmhost: seccomp: thread vmhost-diag (tid ")
+            && line.ends_with(
+                ", diag filter) made the forbidden system call socket (41); SIGSYS kills the process"
             ),
         "{line}"
     );

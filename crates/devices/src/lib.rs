@@ -7,6 +7,7 @@
 //! - [`iov`]: a chain's buffers as `iovec`s into guest memory, for `preadv`/`pwritev` and
 //!   `readv`/`writev` without a bounce buffer.
 //! - [`interrupt`]: interrupt status plus the eventfd (irqfd) that raises the GSI.
+//! - [`ratelimit`]: the per-source log budget for warnings a guest can cause.
 //!
 //! Queues are rust-vmm's `virtio-queue`; constants come from `virtio-bindings`.
 //!
@@ -35,6 +36,7 @@ pub mod interrupt;
 pub mod iov;
 pub mod mmio;
 pub mod net;
+pub mod ratelimit;
 pub mod rng;
 pub mod seed;
 mod sys;
@@ -50,5 +52,6 @@ pub use disk::{CacheMode, DiskError};
 pub use interrupt::{Interrupt, InterruptError};
 pub use mmio::{MmioError, MmioTransport, MMIO_MAGIC, MMIO_VERSION, MMIO_WINDOW_SIZE};
 pub use net::{Net, NetError, NetStats, Tap};
+pub use ratelimit::LogBudget;
 pub use rng::Rng;
 pub use vsock::{Vsock, VsockError};

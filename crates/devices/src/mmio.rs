@@ -9,10 +9,18 @@
 //! A device that meets malformed guest input is put into NEEDS_RESET: the error is logged
 //! once, the driver gets a configuration-change interrupt, and further notifications are
 //! ignored until the driver resets the device (writes 0 to `Status`).
+//!
+//! Guest input is checked here before virtio-queue sees it (its `QueueT` setters and
+//! `is_valid` log an error for every bad value, which a guest could repeat without end): a
+//! queue size or ring address the driver may not write is ignored, as virtio-queue would, and
+//! warned about once per device reset. Every warning a guest can cause goes through the
+//! device's [`LogBudget`] ([`DEVICE_LOG_BURST`] per [`DEVICE_LOG_WINDOW`], surviving resets),
+//! so a driver that loops on reset and bad input cannot flood the log.
 
 use std::num::Wrapping;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 use virtio_bindings::virtio_config::{
@@ -23,10 +31,11 @@ use virtio_bindings::virtio_config::{
 use virtio_bindings::virtio_mmio::*;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::device::{DeviceError, VirtioDevice};
 use crate::interrupt::Interrupt;
+use crate::ratelimit::LogBudget;
 
 /// `MagicValue`: "virt" in little endian.
 pub const MMIO_MAGIC: u32 = 0x7472_6976;
@@ -46,6 +55,11 @@ pub const INTERRUPT_STATUS_OFFSET: u64 = VIRTIO_MMIO_INTERRUPT_STATUS as u64;
 /// Offset of the `InterruptACK` register (write-only) in a device's window: vmhost registers
 /// a KVM ioeventfd here so that acknowledgements never leave the kernel.
 pub const INTERRUPT_ACK_OFFSET: u64 = VIRTIO_MMIO_INTERRUPT_ACK as u64;
+
+/// Warnings one device may write per [`DEVICE_LOG_WINDOW`] about its guest's input.
+pub const DEVICE_LOG_BURST: u32 = 10;
+/// The window of a device's log budget.
+pub const DEVICE_LOG_WINDOW: Duration = Duration::from_secs(10);
 
 /// Why a transport could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +90,10 @@ pub struct MmioTransport {
     queue_sel: u32,
     config_generation: u32,
     failure_logged: bool,
+    /// An ignored queue register write was logged since the last reset.
+    invalid_logged: bool,
+    /// Bounds every warning the guest can cause, across resets.
+    log_budget: LogBudget,
 }
 
 impl std::fmt::Debug for MmioTransport {
@@ -118,6 +136,8 @@ impl MmioTransport {
             queue_sel: 0,
             config_generation: 0,
             failure_logged: false,
+            invalid_logged: false,
+            log_budget: LogBudget::new(DEVICE_LOG_BURST, DEVICE_LOG_WINDOW),
         })
     }
 
@@ -263,16 +283,57 @@ impl MmioTransport {
             );
             return;
         }
-        match reg {
-            VIRTIO_MMIO_QUEUE_NUM => queue.set_size(u16::try_from(value).unwrap_or(0)),
-            VIRTIO_MMIO_QUEUE_READY => queue.set_ready(value == 1),
-            VIRTIO_MMIO_QUEUE_DESC_LOW => queue.set_desc_table_address(Some(value), None),
-            VIRTIO_MMIO_QUEUE_DESC_HIGH => queue.set_desc_table_address(None, Some(value)),
-            VIRTIO_MMIO_QUEUE_AVAIL_LOW => queue.set_avail_ring_address(Some(value), None),
-            VIRTIO_MMIO_QUEUE_AVAIL_HIGH => queue.set_avail_ring_address(None, Some(value)),
-            VIRTIO_MMIO_QUEUE_USED_LOW => queue.set_used_ring_address(Some(value), None),
-            VIRTIO_MMIO_QUEUE_USED_HIGH => queue.set_used_ring_address(None, Some(value)),
-            _ => debug!(reg, "virtio-mmio: write to a read-only or unknown register"),
+        // virtio-queue's checking setters: they refuse a bad value without logging it.
+        let result = match reg {
+            VIRTIO_MMIO_QUEUE_NUM => u16::try_from(value)
+                .map_err(|_| virtio_queue::Error::InvalidSize)
+                .and_then(|size| queue.try_set_size(size)),
+            VIRTIO_MMIO_QUEUE_READY => {
+                queue.set_ready(value == 1);
+                Ok(())
+            }
+            VIRTIO_MMIO_QUEUE_DESC_LOW
+            | VIRTIO_MMIO_QUEUE_DESC_HIGH
+            | VIRTIO_MMIO_QUEUE_AVAIL_LOW
+            | VIRTIO_MMIO_QUEUE_AVAIL_HIGH
+            | VIRTIO_MMIO_QUEUE_USED_LOW
+            | VIRTIO_MMIO_QUEUE_USED_HIGH => set_ring_address(queue, reg, value),
+            _ => {
+                debug!(reg, "virtio-mmio: write to a read-only or unknown register");
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            self.invalid_write(reg, value, &e);
+        }
+    }
+
+    /// A queue register value the driver may not write: ignored (the register keeps its
+    /// value, as virtio-queue's own setters do), logged once per device reset.
+    fn invalid_write(&mut self, reg: u32, value: u32, e: &virtio_queue::Error) {
+        if std::mem::replace(&mut self.invalid_logged, true) {
+            return;
+        }
+        let queue = self.queue_sel;
+        self.guest_warn(format_args!(
+            "virtio-mmio: queue {queue}: register {reg:#x} = {value:#x} ignored ({e}); \
+             further invalid queue writes are not logged until the device is reset"
+        ));
+    }
+
+    /// A warning caused by the guest, within the device's log budget.
+    fn guest_warn(&mut self, message: std::fmt::Arguments<'_>) {
+        let device_type = self.device.device_type();
+        let take = self.log_budget.take(Instant::now());
+        if take.suppressed_before > 0 {
+            warn!(
+                device_type,
+                suppressed = take.suppressed_before,
+                "virtio device warnings not logged (rate limit)"
+            );
+        }
+        if take.allowed {
+            warn!(device_type, "{message}");
         }
     }
 
@@ -335,7 +396,7 @@ impl MmioTransport {
     fn invalid_queue(&self) -> Option<usize> {
         self.queues
             .iter()
-            .position(|q| q.ready() && !q.is_valid(&self.mem))
+            .position(|q| q.ready() && !rings_in_memory(q, &self.mem))
     }
 
     fn reset(&mut self) {
@@ -349,6 +410,7 @@ impl MmioTransport {
         self.driver_features = 0;
         self.queue_sel = 0;
         self.failure_logged = false;
+        self.invalid_logged = false;
         self.interrupt.reset();
     }
 
@@ -386,15 +448,25 @@ impl MmioTransport {
         self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;
         if !self.failure_logged {
             self.failure_logged = true;
-            warn!(
-                device_type = self.device.device_type(),
-                "virtio device needs reset: {why}"
-            );
+            self.guest_warn(format_args!("virtio device needs reset: {why}"));
         }
         if self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0 {
             if let Err(e) = self.interrupt.signal_config_change() {
                 warn!(error = %e, "virtio-mmio: cannot raise the config interrupt");
             }
+        }
+    }
+}
+
+impl Drop for MmioTransport {
+    /// The last word of the device's log budget: warnings its window refused.
+    fn drop(&mut self) {
+        let suppressed = self.log_budget.unreported();
+        if suppressed > 0 {
+            warn!(
+                device_type = self.device.device_type(),
+                suppressed, "virtio device warnings not logged (rate limit)"
+            );
         }
     }
 }
@@ -454,6 +526,49 @@ fn needs_interrupt(
         .map_err(virtio_queue::Error::GuestMemory)?;
     let new = Wrapping(queue.next_used());
     Ok(new - Wrapping(used_event) - Wrapping(1) < new - Wrapping(first_used))
+}
+
+/// Writes half of a ring address through virtio-queue's checking setter (which refuses a
+/// misaligned address without logging); the other half keeps its value.
+fn set_ring_address(queue: &mut Queue, reg: u32, value: u32) -> Result<(), virtio_queue::Error> {
+    let current = match reg {
+        VIRTIO_MMIO_QUEUE_DESC_LOW | VIRTIO_MMIO_QUEUE_DESC_HIGH => queue.desc_table(),
+        VIRTIO_MMIO_QUEUE_AVAIL_LOW | VIRTIO_MMIO_QUEUE_AVAIL_HIGH => queue.avail_ring(),
+        _ => queue.used_ring(),
+    };
+    let value = u64::from(value);
+    let addr = GuestAddress(match reg {
+        VIRTIO_MMIO_QUEUE_DESC_LOW | VIRTIO_MMIO_QUEUE_AVAIL_LOW | VIRTIO_MMIO_QUEUE_USED_LOW => {
+            (current & !0xffff_ffff) | value
+        }
+        _ => (current & 0xffff_ffff) | (value << 32),
+    });
+    match reg {
+        VIRTIO_MMIO_QUEUE_DESC_LOW | VIRTIO_MMIO_QUEUE_DESC_HIGH => {
+            queue.try_set_desc_table_address(addr)
+        }
+        VIRTIO_MMIO_QUEUE_AVAIL_LOW | VIRTIO_MMIO_QUEUE_AVAIL_HIGH => {
+            queue.try_set_avail_ring_address(addr)
+        }
+        _ => queue.try_set_used_ring_address(addr),
+    }
+}
+
+/// Whether a ready queue's descriptor table, available and used rings lie inside guest memory
+/// (virtio-queue's `is_valid` without its error log).
+fn rings_in_memory(queue: &Queue, mem: &GuestMemoryMmap) -> bool {
+    let size = u64::from(queue.size());
+    // virtq_desc is 16 bytes; the rings have flags, idx and the event word around their
+    // 2-byte (available) or 8-byte (used) entries.
+    let rings = [
+        (queue.desc_table(), 16 * size),
+        (queue.avail_ring(), 6 + 2 * size),
+        (queue.used_ring(), 6 + 8 * size),
+    ];
+    rings.iter().all(|&(addr, len)| {
+        usize::try_from(len)
+            .is_ok_and(|len| GuestMemoryBackend::check_range(mem, GuestAddress(addr), len))
+    })
 }
 
 /// The register at `offset` for a 4-byte aligned access.

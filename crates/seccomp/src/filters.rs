@@ -252,6 +252,10 @@ const PREFAULT: &[&[(i64, Rule)]] = &[&[(SYS_clock_nanosleep, Rule::Any)]];
 
 const SERIAL: &[&[(i64, Rule)]] = &[];
 
+/// The diagnostics writer: nothing beyond [`BASE`] (it waits on its buffer's lock and
+/// condition variable, `futex`, and writes stderr, `write`).
+const DIAG: &[&[(i64, Rule)]] = &[];
+
 const STDIN: &[&[(i64, Rule)]] = &[&[
     (SYS_poll, Rule::Any),
     (SYS_read, Rule::Any),
@@ -406,6 +410,7 @@ pub(crate) fn parts(kind: ThreadKind) -> &'static [&'static [(i64, Rule)]] {
         ThreadKind::Signal => SIGNAL,
         ThreadKind::Prefault => PREFAULT,
         ThreadKind::Serial => SERIAL,
+        ThreadKind::Diag => DIAG,
         ThreadKind::Stdin => STDIN,
         ThreadKind::OomWatch => OOM_WATCH,
         ThreadKind::KvmPin => KVMPIN,

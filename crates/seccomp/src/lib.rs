@@ -54,6 +54,9 @@ pub enum ThreadKind {
     Prefault,
     /// The serial output writer (`vmhost-serial`).
     Serial,
+    /// The diagnostics writer (`vmhost-diag`): drains the bounded buffer of `tracing` lines
+    /// into stderr.
+    Diag,
     /// The serial console input reader (`vmhost-stdin`).
     Stdin,
     /// The cgroup memory limit watcher (`oom-watch`).
@@ -75,7 +78,7 @@ pub enum ThreadKind {
 
 impl ThreadKind {
     /// Every kind, in the order of the published table.
-    pub const ALL: [ThreadKind; 15] = [
+    pub const ALL: [ThreadKind; 16] = [
         ThreadKind::Vcpu,
         ThreadKind::Vmm,
         ThreadKind::Emulator,
@@ -83,6 +86,7 @@ impl ThreadKind {
         ThreadKind::DeviceIo,
         ThreadKind::Signal,
         ThreadKind::Serial,
+        ThreadKind::Diag,
         ThreadKind::Stdin,
         ThreadKind::Prefault,
         ThreadKind::OomWatch,
@@ -103,6 +107,7 @@ impl ThreadKind {
             ThreadKind::Signal => "signal",
             ThreadKind::Prefault => "prefault",
             ThreadKind::Serial => "serial",
+            ThreadKind::Diag => "diag",
             ThreadKind::Stdin => "stdin",
             ThreadKind::OomWatch => "oom-watch",
             ThreadKind::KvmPin => "kvmpin",
@@ -391,6 +396,7 @@ fn thread_names(kind: ThreadKind) -> &'static str {
         ThreadKind::Signal => "vmhost-sig",
         ThreadKind::Prefault => "prefault-c<C>-<I>",
         ThreadKind::Serial => "vmhost-serial",
+        ThreadKind::Diag => "vmhost-diag",
         ThreadKind::Stdin => "vmhost-stdin",
         ThreadKind::OomWatch => "oom-watch",
         ThreadKind::KvmPin => "vmhost-kvmpin",

@@ -7,9 +7,16 @@
 //! rate limit only. Across all of them at most [`LOG_BURST`] warnings are written per
 //! [`LOG_WINDOW`]; the rest are counted, and the count is logged when the next window opens.
 //! Under `Stop` the access ends the vCPU and is always logged once.
+//!
+//! The budget is the devices' [`LogBudget`] (the virtio transports bound their guest-caused
+//! warnings with the same mechanism). Ports every stock PC kernel probes while it boots
+//! ([`ROUTINE_PROBE_PORTS`]) are a routine guest action, not a fault: under `Ignore` they are
+//! logged at debug level and spend no budget.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
+
+use vmhost_devices::LogBudget;
 
 use crate::report::VcpuOutcome;
 use crate::vcpu::UnknownAccessPolicy;
@@ -20,14 +27,26 @@ pub const MAX_REMEMBERED: usize = 256;
 pub const LOG_BURST: u32 = 10;
 /// The rate limit's window.
 pub const LOG_WINDOW: Duration = Duration::from_secs(1);
+/// Ports a stock kernel probes on every boot, with nothing there on vmhost's machine: the
+/// Super I/O configuration ports (index/data at 0x2e/0x2f and 0x4e/0x4f), which Debian's
+/// kernel reads while looking for a watchdog or hardware monitor chip. (The other legacy
+/// ports it pokes are handled: `devices::legacy`.)
+pub const ROUTINE_PROBE_PORTS: [u16; 4] = [0x2e, 0x2f, 0x4e, 0x4f];
 
 /// One vCPU's record of unknown accesses already logged, and its log budget.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct UnknownLog {
     seen: HashSet<u64>,
-    window_start: Option<Instant>,
-    logged: u32,
-    suppressed: u64,
+    budget: LogBudget,
+}
+
+impl Default for UnknownLog {
+    fn default() -> Self {
+        UnknownLog {
+            seen: HashSet::new(),
+            budget: LogBudget::new(LOG_BURST, LOG_WINDOW),
+        }
+    }
 }
 
 impl UnknownLog {
@@ -52,6 +71,18 @@ impl UnknownLog {
             _ => return false,
         };
         if policy == UnknownAccessPolicy::Ignore {
+            if let VcpuOutcome::UnknownPort { port, write, size } = *access {
+                if ROUTINE_PROBE_PORTS.contains(&port) {
+                    tracing::debug!(
+                        vcpu,
+                        port = format_args!("{port:#x}"),
+                        write,
+                        size,
+                        "guest probed an absent Super I/O port"
+                    );
+                    return false;
+                }
+            }
             if self.seen.contains(&key) {
                 return false;
             }
@@ -69,28 +100,15 @@ impl UnknownLog {
     /// True when one more warning fits this window; opening a new window reports what the
     /// last one suppressed.
     fn take_budget(&mut self, vcpu: usize, now: Instant) -> bool {
-        let fresh = self
-            .window_start
-            .is_none_or(|s| now.saturating_duration_since(s) >= LOG_WINDOW);
-        if fresh {
-            if self.suppressed > 0 {
-                tracing::warn!(
-                    vcpu,
-                    suppressed = self.suppressed,
-                    "unknown accesses not logged (rate limit)"
-                );
-            }
-            self.window_start = Some(now);
-            self.logged = 0;
-            self.suppressed = 0;
+        let take = self.budget.take(now);
+        if take.suppressed_before > 0 {
+            tracing::warn!(
+                vcpu,
+                suppressed = take.suppressed_before,
+                "unknown accesses not logged (rate limit)"
+            );
         }
-        if self.logged < LOG_BURST {
-            self.logged += 1;
-            true
-        } else {
-            self.suppressed += 1;
-            false
-        }
+        take.allowed
     }
 }
 
@@ -159,5 +177,24 @@ mod tests {
         assert!(!log.note(1, &port, UnknownAccessPolicy::Ignore, t));
         assert!(log.note(1, &port, UnknownAccessPolicy::Stop, t));
         assert!(!log.note(1, &VcpuOutcome::Done, UnknownAccessPolicy::Ignore, t));
+    }
+
+    #[test]
+    fn the_super_io_probe_of_every_boot_is_not_a_warning() {
+        let mut log = UnknownLog::default();
+        let t = Instant::now();
+        let probe = |port| VcpuOutcome::UnknownPort {
+            port,
+            write: false,
+            size: 1,
+        };
+        for port in ROUTINE_PROBE_PORTS {
+            assert!(!log.note(0, &probe(port), UnknownAccessPolicy::Ignore, t));
+        }
+        // They spent nothing: a real unknown port right after is still warned about, and
+        // under `Stop` a probe ends the vCPU with its warning as before.
+        assert!(log.note(0, &probe(0x3f0), UnknownAccessPolicy::Ignore, t));
+        assert!(log.note(0, &probe(0x2e), UnknownAccessPolicy::Stop, t));
+        assert_eq!(log.remembered(), 1);
     }
 }

@@ -9,7 +9,7 @@
 pub mod console;
 pub mod debugport;
 pub mod legacy;
-mod output;
+pub mod output;
 pub mod serial;
 
 use std::sync::{Arc, Mutex};
