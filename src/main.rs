@@ -270,6 +270,14 @@ fn cmd_run(cli: &Cli) -> Result<u8> {
     let api = cli.api_socket.clone();
     let (plan, admission) = vms::admit(&run_dir, &spec.spec, &host, &opts, api.clone())?;
     timeline.admitted_ns = timeline::now_ns();
+    if !cli.json {
+        let held = PlanOptions {
+            held_cpus: vms::held_cpus(&run_dir)?,
+            ..opts.clone()
+        };
+        let alt = output::dedicated_alternative(&spec.spec, &host, &held);
+        print!("{}", output::plan_summary(&plan, &host, alt.as_ref()));
+    }
     let run_opts = run::RunOptions {
         ignore_unknown: cli.ignore_unknown_access,
         mask_nested_cpuid: cli.mask_nested_cpuid,
