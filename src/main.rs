@@ -8,6 +8,7 @@ mod host;
 mod iothreads;
 mod output;
 mod overhead;
+mod pod;
 mod run;
 mod signals;
 mod supervise;
@@ -114,6 +115,7 @@ fn run(cli: &Cli) -> Result<u8> {
             }
             Ok(0)
         }
+        Some(Command::Pod(args)) => cmd_pod(cli, args),
         Some(Command::Memory(args)) => cmd_memory(cli, args),
         Some(Command::Acpi(args)) => cmd_acpi(cli, args),
         Some(Command::CheckTarget(args)) => {
@@ -197,7 +199,11 @@ fn cmd_plan(cli: &Cli, args: &PlanArgs) -> Result<u8> {
 
 /// Plans on this host and fails with exit status 3 and the reasons when the VM does not fit.
 fn plan_here(cli: &Cli, args: &PlanArgs) -> Result<vmhost_plan::Plan> {
-    let spec = load_spec(cli)?;
+    plan_loaded(&load_spec(cli)?, args)
+}
+
+/// [`plan_here`] for a spec loaded already.
+fn plan_loaded(spec: &LoadedSpec, args: &PlanArgs) -> Result<vmhost_plan::Plan> {
     let host = host::load(&args.host).context("loading the host topology")?;
     plan(&spec.spec, &host, &plan_options(args))
         .into_result()
@@ -216,6 +222,35 @@ fn rejection_code(r: &vmhost_plan::Rejection) -> u8 {
     } else {
         EXIT_NO_FIT
     }
+}
+
+/// `vmhost pod`: the ConfigMap and Pod that run this VM (exit 3 when the host given with
+/// --topology, or this one, cannot hold it).
+fn cmd_pod(cli: &Cli, args: &cli::PodArgs) -> Result<u8> {
+    let spec = load_spec(cli)?;
+    let plan = plan_loaded(&spec, &args.plan)?;
+    let (file, text) = match &cli.config {
+        Some(path) => {
+            let yaml = matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml")
+            );
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --config {}", path.display()))?;
+            (if yaml { "vm.yaml" } else { "vm.toml" }, text)
+        }
+        None => ("vm.toml", QUICKSTART.to_string()),
+    };
+    let req = pod::PodRequest {
+        image: &args.image,
+        name: args.name.as_deref(),
+        spec_file: (file, &text),
+    };
+    print!(
+        "{}",
+        pod::render(pod::objects(&spec.spec, &plan, &req)?, cli.json)?
+    );
+    Ok(0)
 }
 
 fn cmd_memory(cli: &Cli, args: &MemoryArgs) -> Result<u8> {
