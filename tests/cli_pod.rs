@@ -68,7 +68,10 @@ fn kubernetes_validate(yaml: &str) -> std::process::Output {
         "{} is missing: run scripts/setup.sh (it installs kubernetes-validate)",
         tool.display()
     );
-    let file = std::env::temp_dir().join(format!("vmhost-pod-{}.yaml", std::process::id()));
+    // Tests run in parallel threads of one process: one file per call.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = std::env::temp_dir().join(format!("vmhost-pod-{}-{n}.yaml", std::process::id()));
     std::fs::write(&file, yaml).unwrap();
     Command::new(&tool)
         .args(["--strict", "--kubernetes-version", "1.30.0"])
