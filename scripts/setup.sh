@@ -13,3 +13,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 command -v cargo >/dev/null || { echo "setup: cargo not found: install a Rust toolchain (rustup)" >&2; exit 1; }
+# `vmhost pod` output is validated against the official Kubernetes v1 JSON schemas
+# (tests/cli_pod.rs) with kubernetes-validate, in a virtualenv under target/.
+venv=target/k8s-venv
+if [ ! -x "$venv/bin/kubernetes-validate" ]; then
+  echo "setup: installing kubernetes-validate into $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "kubernetes-validate==1.37.0"
+fi

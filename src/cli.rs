@@ -106,6 +106,10 @@ pub enum Command {
         #[arg(value_parser = ["info", "placement", "resources", "pause", "resume", "shutdown"])]
         command: String,
     },
+    /// The Kubernetes objects (a ConfigMap with the spec and the Pod) that run this VM under
+    /// vmhost: resources from the plan's envelope, devices, volumes and capabilities. YAML, or
+    /// a JSON `v1 List` with --json.
+    Pod(PodArgs),
     /// The host ledger's raw state; `vmhost ledger gc` reclaims entries of dead VMs.
     Ledger {
         /// `gc`: remove entries whose process is gone.
@@ -172,6 +176,19 @@ pub struct PlanArgs {
 }
 
 /// `vmhost check-target`.
+/// `vmhost pod`.
+#[derive(Debug, Args)]
+pub struct PodArgs {
+    /// The container image that holds the vmhost binary.
+    #[arg(long)]
+    pub image: String,
+    /// Name of the Pod and the ConfigMap (default: the VM's name).
+    #[arg(long)]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub plan: PlanArgs,
+}
+
 #[derive(Debug, Args)]
 pub struct CheckTargetArgs {
     /// The target host and planner settings.

@@ -9,6 +9,7 @@ mod iothreads;
 mod logging;
 mod output;
 mod overhead;
+mod pod;
 mod run;
 mod signals;
 mod supervise;
@@ -116,6 +117,7 @@ fn run(cli: &Cli) -> Result<u8> {
             }
             Ok(0)
         }
+        Some(Command::Pod(args)) => cmd_pod(cli, args),
         Some(Command::Memory(args)) => cmd_memory(cli, args),
         Some(Command::Acpi(args)) => cmd_acpi(cli, args),
         Some(Command::CheckTarget(args)) => {
@@ -199,7 +201,11 @@ fn cmd_plan(cli: &Cli, args: &PlanArgs) -> Result<u8> {
 
 /// Plans on this host and fails with exit status 3 and the reasons when the VM does not fit.
 fn plan_here(cli: &Cli, args: &PlanArgs) -> Result<vmhost_plan::Plan> {
-    let spec = load_spec(cli)?;
+    plan_loaded(&load_spec(cli)?, args)
+}
+
+/// [`plan_here`] for a spec loaded already.
+fn plan_loaded(spec: &LoadedSpec, args: &PlanArgs) -> Result<vmhost_plan::Plan> {
     let host = host::load(&args.host).context("loading the host topology")?;
     plan(&spec.spec, &host, &plan_options(args))
         .into_result()
@@ -218,6 +224,35 @@ fn rejection_code(r: &vmhost_plan::Rejection) -> u8 {
     } else {
         EXIT_NO_FIT
     }
+}
+
+/// `vmhost pod`: the ConfigMap and Pod that run this VM (exit 3 when the host given with
+/// --topology, or this one, cannot hold it).
+fn cmd_pod(cli: &Cli, args: &cli::PodArgs) -> Result<u8> {
+    let spec = load_spec(cli)?;
+    let plan = plan_loaded(&spec, &args.plan)?;
+    let (file, text) = match &cli.config {
+        Some(path) => {
+            let yaml = matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml")
+            );
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --config {}", path.display()))?;
+            (if yaml { "vm.yaml" } else { "vm.toml" }, text)
+        }
+        None => ("vm.toml", QUICKSTART.to_string()),
+    };
+    let req = pod::PodRequest {
+        image: &args.image,
+        name: args.name.as_deref(),
+        spec_file: (file, &text),
+    };
+    print!(
+        "{}",
+        pod::render(pod::objects(&spec.spec, &plan, &req)?, cli.json)?
+    );
+    Ok(0)
 }
 
 fn cmd_memory(cli: &Cli, args: &MemoryArgs) -> Result<u8> {
@@ -274,6 +309,14 @@ fn cmd_run(cli: &Cli) -> Result<u8> {
     let api = cli.api_socket.clone();
     let (plan, admission) = vms::admit(&run_dir, &spec.spec, &host, &opts, api.clone())?;
     timeline.admitted_ns = timeline::now_ns();
+    if !cli.json {
+        let held = PlanOptions {
+            held_cpus: vms::held_cpus(&run_dir)?,
+            ..opts.clone()
+        };
+        let alt = output::dedicated_alternative(&spec.spec, &host, &held);
+        print!("{}", output::plan_summary(&plan, &host, alt.as_ref()));
+    }
     let run_opts = run::RunOptions {
         ignore_unknown: cli.ignore_unknown_access,
         mask_nested_cpuid: cli.mask_nested_cpuid,

@@ -313,12 +313,24 @@ fn cell_nodes(
     } else if spec.cpu.dedicated_cpu_placement {
         (vec![None], vec![spec.memory.guest_ram_bytes()])
     } else {
+        // Bound to the floating PUs' node when they have one the cgroup allows memory on, else
+        // to the one node it allows, else left to the kernel (within the cgroup's nodes).
         let mut set: Vec<u32> = floating
             .iter()
             .filter_map(|&c| host.node_of_cpu(c))
+            .filter(|&n| host.node_allowed(n))
             .collect();
         set.dedup();
-        let node = if set.len() == 1 { Some(set[0]) } else { None };
+        let allowed: Vec<u32> = host
+            .nodes
+            .iter()
+            .map(|n| n.os_index)
+            .filter(|&n| host.node_allowed(n))
+            .collect();
+        let node = match (set.as_slice(), allowed.as_slice()) {
+            ([one], _) | ([], [one]) => Some(*one),
+            _ => None,
+        };
         (vec![node], vec![spec.memory.guest_ram_bytes()])
     };
     (nodes, sizes, spans)
@@ -346,7 +358,64 @@ pub fn hugepage_demand(cells: &[GuestCell], backing: &Backing) -> Vec<HugepageDe
         .collect()
 }
 
-/// Checks the memory demand against the host's pools.
+/// No memory part on a node the cgroup cpuset does not allow (the memory split only puts
+/// memory there when the allowed nodes cannot hold it, and then it has said so).
+fn admit_allowed_nodes(host: &HostTopology, cells: &[GuestCell], reasons: &mut Vec<Reason>) {
+    let Some((cgroup, allowed)) = memory::confining_mems(host) else {
+        return;
+    };
+    if reasons
+        .iter()
+        .any(|r| matches!(r, Reason::CgroupMems { .. }))
+    {
+        return;
+    }
+    for c in cells {
+        for part in c.memory_parts() {
+            if let Some(n) = part.host_node.filter(|&n| !host.node_allowed(n)) {
+                reasons.push(Reason::CgroupMems {
+                    cgroup: cgroup.clone(),
+                    allowed: allowed.clone(),
+                    detail: format!(
+                        "guest cell {} needs {} on node{n}",
+                        c.cell,
+                        format_bytes(part.memory_bytes)
+                    ),
+                });
+                return;
+            }
+        }
+    }
+}
+
+/// The cgroup hugetlb limit caps the pages of a size over all nodes together.
+fn admit_hugetlb_limit(
+    host: &HostTopology,
+    demand: &[HugepageDemand],
+    page_size_bytes: u64,
+    reasons: &mut Vec<Reason>,
+) {
+    let Some(limit) = host.hugetlb_limit(page_size_bytes) else {
+        return;
+    };
+    let needed: u64 = demand
+        .iter()
+        .filter(|d| d.page_size_bytes == page_size_bytes)
+        .map(|d| d.count)
+        .sum();
+    if needed > limit.pages {
+        reasons.push(Reason::HugetlbLimit {
+            cgroup: limit.cgroup.clone(),
+            file: limit.file.clone(),
+            page_size_bytes,
+            allowed: limit.pages,
+            needed,
+        });
+    }
+}
+
+/// Checks the memory demand against the host's pools, the nodes the cgroup allows and its
+/// hugetlb limit.
 pub fn admit_memory(
     host: &HostTopology,
     cells: &[GuestCell],
@@ -354,6 +423,7 @@ pub fn admit_memory(
     demand: &[HugepageDemand],
     reasons: &mut Vec<Reason>,
 ) {
+    admit_allowed_nodes(host, cells, reasons);
     if let Backing::Hugetlb {
         page_size_bytes, ..
     } = backing
@@ -365,12 +435,15 @@ pub fn admit_memory(
             });
             return;
         }
+        admit_hugetlb_limit(host, demand, *page_size_bytes, reasons);
         for d in demand {
             let free = match d.node {
+                Some(n) if !host.node_allowed(n) => continue, // admit_allowed_nodes said it
                 Some(n) => host.free_hugepages(n, d.page_size_bytes),
                 None => host
                     .nodes
                     .iter()
+                    .filter(|n| host.node_allowed(n.os_index))
                     .map(|n| host.free_hugepages(n.os_index, d.page_size_bytes))
                     .sum(),
             };

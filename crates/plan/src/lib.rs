@@ -377,4 +377,6 @@ fn sorted(it: impl Iterator<Item = u32>) -> Vec<u32> {
 }
 
 #[cfg(test)]
+mod pod_tests;
+#[cfg(test)]
 mod tests;

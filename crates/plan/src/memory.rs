@@ -29,8 +29,12 @@ pub fn guest_pages(spec: &VmSpec) -> u64 {
     spec.memory.guest_ram_bytes() / unit(spec)
 }
 
-/// Free [`unit`]s of `node` (`u64::MAX` when the node's memory size is unknown).
+/// Free [`unit`]s of `node` (`u64::MAX` when the node's memory size is unknown; 0 on a node
+/// this process's cgroup cpuset does not allow).
 fn capacity(spec: &VmSpec, host: &HostTopology, node: u32) -> u64 {
+    if !host.node_allowed(node) {
+        return 0;
+    }
     match &spec.memory.hugepages {
         Some(h) => host.free_hugepages(node, h.page_size_bytes),
         None => match host.node(node).map(|n| n.memory_bytes) {
@@ -182,29 +186,54 @@ fn describe(parts: &[(u32, u64)], vcpu_nodes: &[(u32, u64)], home: u32, notes: &
     }
 }
 
-/// The host as a whole lacks the memory: totals per node.
+/// The host as a whole lacks the memory: totals over the nodes this process may use. When
+/// its cgroup cpuset leaves out some of the host's nodes, the reason names the cgroup.
 fn shortfall(spec: &VmSpec, host: &HostTopology, total: u64, reasons: &mut Vec<Reason>) {
-    match &spec.memory.hugepages {
+    let allowed: Vec<&vmhost_topology::NumaNode> = host
+        .nodes
+        .iter()
+        .filter(|n| host.node_allowed(n.os_index))
+        .collect();
+    let reason = match &spec.memory.hugepages {
         // Admission names the missing page size.
-        Some(h) if !host.hugepage_sizes.contains(&h.page_size_bytes) => {}
-        Some(h) => reasons.push(Reason::Hugepages {
+        Some(h) if !host.hugepage_sizes.contains(&h.page_size_bytes) => return,
+        Some(h) => Reason::Hugepages {
             node: None,
             page_size_bytes: h.page_size_bytes,
-            free: host
-                .nodes
+            free: allowed
                 .iter()
                 .map(|n| host.free_hugepages(n.os_index, h.page_size_bytes))
                 .sum(),
             needed: total,
-        }),
-        None => reasons.push(Reason::Other {
+        },
+        None => Reason::Other {
             detail: format!(
                 "the host's nodes hold {} of memory in all, the guest needs {}",
-                format_bytes(host.nodes.iter().map(|n| n.memory_bytes).sum()),
+                format_bytes(allowed.iter().map(|n| n.memory_bytes).sum()),
                 format_bytes(spec.memory.guest_ram_bytes())
             ),
-        }),
-    }
+        },
+    };
+    reasons.push(match confining_mems(host) {
+        Some((cgroup, nodes)) => Reason::CgroupMems {
+            cgroup,
+            allowed: nodes,
+            detail: reason
+                .to_string()
+                .replace("the host has", "the allowed nodes have")
+                .replace("the host's nodes hold", "the allowed nodes hold"),
+        },
+        None => reason,
+    });
+}
+
+/// The cgroup and its nodes when its cpuset leaves out some of the host's nodes.
+pub fn confining_mems(host: &HostTopology) -> Option<(String, Vec<u32>)> {
+    let mems = host.allowed_mems.as_ref()?;
+    host.nodes
+        .iter()
+        .any(|n| !mems.nodes.contains(&n.os_index))
+        .then(|| (mems.cgroup.clone(), mems.nodes.clone()))
 }
 
 /// Why no node set holds a passthrough VM, in full: the free PUs and pages per node and in
@@ -254,7 +283,7 @@ pub fn no_node_set(
         .map(|n| capacity(spec, host, n.os_index))
         .fold(0, u64::saturating_add);
     let held: u32 = stats.iter().map(|s| req.cap(s)).sum();
-    Reason::NumaSplit {
+    let reason = Reason::NumaSplit {
         detail: format!(
             "no set of host nodes holds {detail} with NUMA passthrough: passthrough needs each guest cell's memory on its vCPUs' node \
              ({} {page} pages in all, split in proportion to vCPUs) and each guest core of {} threads on one node. \
@@ -269,5 +298,13 @@ pub fn no_node_set(
                 "; without passthrough the VM fits, with its memory split over nodes".to_string()
             }
         ),
+    };
+    match confining_mems(host) {
+        Some((cgroup, allowed)) => Reason::CgroupMems {
+            cgroup,
+            allowed,
+            detail: reason.to_string(),
+        },
+        None => reason,
     }
 }

@@ -273,6 +273,29 @@ pub enum Reason {
         /// Explanation.
         detail: String,
     },
+    /// The memory does not fit on the nodes this process's cgroup cpuset allows.
+    CgroupMems {
+        /// The cgroup (path as in `/proc/self/cgroup`).
+        cgroup: String,
+        /// The nodes its `cpuset.mems.effective` allows.
+        allowed: Vec<u32>,
+        /// What does not fit there.
+        detail: String,
+    },
+    /// The hugetlb limit of this process's cgroup (or an ancestor) holds fewer pages than the
+    /// plan needs, whatever the nodes' pools have free.
+    HugetlbLimit {
+        /// The cgroup whose limit is the tightest.
+        cgroup: String,
+        /// Its limit file.
+        file: String,
+        /// Page size.
+        page_size_bytes: u64,
+        /// Pages the limit still allows.
+        allowed: u64,
+        /// Pages the plan needs.
+        needed: u64,
+    },
     /// A size computed from the spec or an option does not fit 64 bits: the input is
     /// invalid (exit status 2), not too large for this host.
     Overflow {
@@ -318,6 +341,17 @@ impl fmt::Display for Reason {
             Reason::Cpus { needed, available, detail } => write!(
                 f,
                 "dedicated placement needs {needed} PUs ({detail}), the host allows {available} free"
+            ),
+            Reason::CgroupMems { cgroup, allowed, detail } => write!(
+                f,
+                "{detail}: cgroup {cgroup} allows memory only on node(s) {} (cpuset.mems.effective); give the pod (or this process's cgroup) more memory nodes or plan a smaller VM",
+                vmhost_topology::cpulist::format(allowed)
+            ),
+            Reason::HugetlbLimit { cgroup, file, page_size_bytes, allowed, needed } => write!(
+                f,
+                "cgroup {cgroup} may take only {allowed} more {} hugepages ({file} minus its usage), the plan needs {needed}; raise the pod's hugepages-{} limit or plan a smaller VM",
+                size(*page_size_bytes),
+                size(*page_size_bytes)
             ),
             Reason::Overflow { field, detail } => write!(f, "{field}: {detail}"),
             Reason::NumaSplit { detail } | Reason::Other { detail } => f.write_str(detail),

@@ -1,10 +1,13 @@
 //! Migration target check: can another host hold the same VM with the same guest topology?
 
 use serde::Serialize;
-use vmhost_config::VmSpec;
-use vmhost_topology::{HostTopology, HugepagePool};
+use vmhost_config::{format_bytes, VmSpec};
+use vmhost_topology::{cpulist, HostTopology, HugepagePool};
 
 use crate::{plan, Outcome, PlanOptions};
+
+/// A guest cell as the guest sees it: (vCPUs, memory bytes, distances to every cell).
+type Cell = (Vec<u32>, u64, Vec<u32>);
 
 /// The result of planning a VM on a migration target.
 #[derive(Debug, Clone, Serialize)]
@@ -38,7 +41,7 @@ pub fn check_target(
             ..opts.clone()
         },
     );
-    let cells = |o: &Outcome| -> Vec<(Vec<u32>, u64, Vec<u32>)> {
+    let cells = |o: &Outcome| -> Vec<Cell> {
         o.plan
             .guest_cells
             .iter()
@@ -49,11 +52,10 @@ pub fn check_target(
     let mut reasons = tgt.reasons.clone();
     if tgt.fits && sc != tc {
         reasons.push(format!(
-            "the target gives the guest {} NUMA cell(s) {:?}, the source {} {:?} (vCPUs, memory, distances per cell); the guest topology would change",
+            "the target gives the guest {} NUMA cell(s), the source {}; the guest topology would change:\n{}",
             tc.len(),
-            tc,
             sc.len(),
-            sc
+            cell_table(&sc, &tc)
         ));
     }
     TargetCheck {
@@ -62,6 +64,47 @@ pub fn check_target(
         target: tgt,
         source_cells: sc,
     }
+}
+
+/// Both hosts' guest cells as a table: one row per host and cell with its vCPUs, memory and
+/// distances to the other cells.
+fn cell_table(source: &[Cell], target: &[Cell]) -> String {
+    let mut rows = vec![[
+        "host".to_string(),
+        "cell".to_string(),
+        "vCPUs".to_string(),
+        "memory".to_string(),
+        "distances".to_string(),
+    ]];
+    for (host, cells) in [("source", source), ("target", target)] {
+        for (i, (vcpus, memory, distances)) in cells.iter().enumerate() {
+            rows.push([
+                host.to_string(),
+                i.to_string(),
+                cpulist::format(vcpus),
+                format_bytes(*memory),
+                distances
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ]);
+        }
+    }
+    let widths: Vec<usize> = (0..5)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    rows.iter()
+        .map(|r| {
+            let cols: Vec<String> = r
+                .iter()
+                .zip(&widths)
+                .map(|(v, w)| format!("{v:<w$}"))
+                .collect();
+            format!("      {}", cols.join("  ").trim_end())
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The source as the running VM sees it: its guest memory is there already, so the source's
@@ -91,4 +134,41 @@ fn with_own_memory(source: &HostTopology, spec: &VmSpec) -> HostTopology {
         h.hugepage_sizes.sort_unstable();
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use vmhost_config::from_toml_str;
+    use vmhost_topology::{apply_hugepages, load_synthetic, parse_hugepages_arg};
+
+    use super::*;
+
+    #[test]
+    fn a_changed_guest_topology_is_shown_as_a_table_not_tuples() {
+        let spec = from_toml_str(
+            "[cpu]\ncores = 6\ndedicated_cpu_placement = true\nnuma = { guest_mapping_passthrough = true }\n\
+             [memory]\nguest = \"64Mi\"\nhugepages = { page_size = \"2Mi\" }\n",
+            "t.toml",
+        )
+        .unwrap()
+        .spec;
+        let source = load_synthetic("package:2 numa:1 core:4 pu:1").unwrap();
+        let mut target = load_synthetic("package:1 numa:1 core:8 pu:1").unwrap();
+        apply_hugepages(&mut target, &parse_hugepages_arg("node0:2Mi=64").unwrap()).unwrap();
+        let check = check_target(&spec, &source, &target, &PlanOptions::default());
+        assert!(!check.fits);
+        let reason = check.reasons.join("\n");
+        assert!(!reason.contains("(["), "{reason}");
+        let lines: Vec<&str> = reason.lines().map(str::trim_end).collect();
+        assert_eq!(
+            lines[1..],
+            [
+                "      host    cell  vCPUs  memory  distances",
+                "      source  0     0-3    42Mi    10 20",
+                "      source  1     4-5    22Mi    20 10",
+                "      target  0     0-5    64Mi    10",
+            ],
+            "{reason}"
+        );
+    }
 }

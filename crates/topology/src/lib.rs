@@ -2,7 +2,8 @@
 //! CPUs this process may use, and hugepage pools per node.
 //!
 //! A [`HostTopology`] (plain data, serde-serializable) comes from
-//! - [`discover`]: the running host (hwloc + sysfs + `sched_getaffinity`);
+//! - [`discover`]: the running host (hwloc + sysfs + `sched_getaffinity`), with the memory
+//!   nodes and hugetlb pages this process's cgroups allow it (a pod's share of the node);
 //! - [`load_xml`]: an hwloc XML file (`lstopo --of xml FILE`);
 //! - [`load_synthetic`]: an hwloc synthetic description (`"package:2 numa:1 core:4 pu:2"`).
 //!
@@ -26,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod affinity;
+mod cgroup;
 pub mod cpulist;
 mod error;
 mod hugepages;

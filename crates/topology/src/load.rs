@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use crate::{
+    cgroup::{self, Cgroups},
     error::TopologyError,
     hwloc::{self, BackendOrModel, HwlocView},
     model::{Distances, HostTopology, TopologySource},
@@ -26,18 +27,28 @@ pub const LOADED_HUGEPAGE_SIZES: [u64; 2] = [2 << 20, 1 << 30];
 /// - hugepage pools per node come from `/sys/devices/system/node/nodeN/hugepages` and the
 ///   supported sizes from `/sys/kernel/mm/hugepages`;
 /// - distances are hwloc's OS latency matrix, else the kernel's `nodeN/distance` files, else
-///   assumed 10 local / 20 remote (`assumed: true`).
+///   assumed 10 local / 20 remote (`assumed: true`);
+/// - `allowed_mems` is the cgroup cpuset's effective memory nodes and `hugetlb_limits` the
+///   tightest `hugetlb.<size>.max` minus usage of the process's cgroup and its ancestors
+///   (a missing file: no limit; an unreadable one: an error naming it).
 pub fn discover() -> Result<HostTopology, TopologyError> {
     let view = hwloc::live()?;
     let affinity =
         crate::affinity::process().map_err(|source| TopologyError::Affinity { source })?;
-    assemble_live(
+    let mut topo = assemble_live(
         view,
         Sysfs {
             root: Path::new(sysfs::ROOT),
         },
         &affinity,
-    )
+    )?;
+    let cgroups = Cgroups {
+        membership: Path::new(cgroup::MEMBERSHIP),
+        mount: Path::new(cgroup::MOUNT),
+    };
+    topo.allowed_mems = cgroups.allowed_mems()?;
+    topo.hugetlb_limits = cgroups.hugetlb_limits(&topo.hugepage_sizes)?;
+    Ok(topo)
 }
 
 /// Load a topology from an hwloc XML file as `lstopo --of xml FILE` writes it.
@@ -139,6 +150,8 @@ fn assemble_live(
         online_cpus: online,
         allowed_cpus: allowed,
         hugepage_sizes: sysfs.hugepage_sizes()?,
+        allowed_mems: None,
+        hugetlb_limits: Vec::new(),
     })
 }
 
@@ -156,6 +169,8 @@ fn assemble_loaded(view: HwlocView, source: TopologySource) -> HostTopology {
         online_cpus: view.online,
         allowed_cpus: view.allowed,
         hugepage_sizes: LOADED_HUGEPAGE_SIZES.to_vec(),
+        allowed_mems: None,
+        hugetlb_limits: Vec::new(),
     }
 }
 

@@ -75,6 +75,35 @@ pub enum TopologySource {
     Synthetic(String),
 }
 
+/// The memory nodes a cgroup's cpuset lets this process allocate on (`cpuset.mems.effective`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllowedMems {
+    /// Node OS indexes, ascending.
+    pub nodes: Vec<u32>,
+    /// The cgroup (path as in `/proc/self/cgroup`) whose cpuset sets them.
+    pub cgroup: String,
+    /// The file they were read from.
+    pub file: String,
+}
+
+/// The hugetlb limit of this process's cgroup and its ancestors for one page size: the fewest
+/// pages any of them still lets it take (`hugetlb.<size>.max` minus its usage).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HugetlbLimit {
+    /// Page size in bytes.
+    pub page_size_bytes: u64,
+    /// Pages of this size the process may still take, summed over all nodes.
+    pub pages: u64,
+    /// The cgroup whose limit is the tightest (path as in `/proc/self/cgroup`).
+    pub cgroup: String,
+    /// The limit file of that cgroup (`hugetlb.2MB.max`, `hugetlb.2MB.limit_in_bytes`).
+    pub file: String,
+    /// Its limit in bytes.
+    pub limit_bytes: u64,
+    /// Its usage in bytes (`hugetlb.2MB.current`, `hugetlb.2MB.usage_in_bytes`).
+    pub usage_bytes: u64,
+}
+
 /// Everything vmhost knows about a host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostTopology {
@@ -94,6 +123,13 @@ pub struct HostTopology {
     pub allowed_cpus: Vec<u32>,
     /// Hugepage sizes the host kernel supports (bytes, ascending), whether or not a pool exists.
     pub hugepage_sizes: Vec<u64>,
+    /// The memory nodes this process's cgroup allows, when it has a cpuset (`None`: every node).
+    #[serde(default)]
+    pub allowed_mems: Option<AllowedMems>,
+    /// Hugetlb limits of this process's cgroup and its ancestors, ascending by page size; a
+    /// size without an entry is not limited.
+    #[serde(default)]
+    pub hugetlb_limits: Vec<HugetlbLimit>,
 }
 
 impl HostTopology {
@@ -118,6 +154,21 @@ impl HostTopology {
             _ if from == to => 10,
             _ => 20,
         }
+    }
+
+    /// True when this process may allocate memory on node `os_index` (its cgroup's
+    /// `cpuset.mems.effective` lists it, or no cpuset restricts memory).
+    pub fn node_allowed(&self, os_index: u32) -> bool {
+        self.allowed_mems
+            .as_ref()
+            .is_none_or(|m| m.nodes.contains(&os_index))
+    }
+
+    /// The cgroup limit on pages of `page_size_bytes`, if any.
+    pub fn hugetlb_limit(&self, page_size_bytes: u64) -> Option<&HugetlbLimit> {
+        self.hugetlb_limits
+            .iter()
+            .find(|l| l.page_size_bytes == page_size_bytes)
     }
 
     /// The free pages of `page_size_bytes` on node `os_index` (0 when there is no such pool).

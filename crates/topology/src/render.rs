@@ -68,6 +68,7 @@ pub fn render_text(t: &HostTopology) -> String {
     );
     let sizes: Vec<String> = t.hugepage_sizes.iter().map(|&s| size_label(s)).collect();
     let _ = writeln!(out, "hugepage sizes: {}", or_none(&sizes.join(", ")));
+    render_cgroup_limits(&mut out, t);
     render_distances(&mut out, t);
     out
 }
@@ -107,6 +108,46 @@ fn render_node(out: &mut String, t: &HostTopology, node: &NumaNode, package: Opt
         })
         .collect();
     let _ = writeln!(out, "    hugepages: {}", or_none(&pools.join(", ")));
+}
+
+/// The memory nodes and hugetlb pages this process's cgroups allow, next to what the host has.
+fn render_cgroup_limits(out: &mut String, t: &HostTopology) {
+    let nodes: Vec<u32> = t.nodes.iter().map(|n| n.os_index).collect();
+    match &t.allowed_mems {
+        Some(m) => {
+            let _ = writeln!(
+                out,
+                "allowed memory nodes: {} of the host's {} (cpuset of cgroup {}: {})",
+                or_none(&cpulist::format(&m.nodes)),
+                cpulist::format(&nodes),
+                m.cgroup,
+                m.file
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "allowed memory nodes: {} (no cgroup cpuset)",
+                cpulist::format(&nodes)
+            );
+        }
+    }
+    for l in &t.hugetlb_limits {
+        let free: u64 = nodes
+            .iter()
+            .map(|&n| t.free_hugepages(n, l.page_size_bytes))
+            .sum();
+        let _ = writeln!(
+            out,
+            "hugetlb limit {}: {} pages may still be taken, the nodes have {free} free (cgroup {}: {} = {} bytes, {} used)",
+            size_label(l.page_size_bytes),
+            l.pages,
+            l.cgroup,
+            l.file,
+            l.limit_bytes,
+            l.usage_bytes
+        );
+    }
 }
 
 /// The distance matrix, `numactl -H` style.

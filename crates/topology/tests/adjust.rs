@@ -150,3 +150,42 @@ fn restrict_allowed_rejects_unknown_cpu() {
     assert!(e.to_string().contains("its PUs: 0-3"), "{e}");
     assert_eq!(t.allowed_cpus, [0, 1, 2, 3], "unchanged on error");
 }
+
+#[test]
+fn render_shows_the_cgroup_limits_next_to_the_pools() {
+    let mut t = load_synthetic("package:2 numa:1 core:2 pu:1").unwrap();
+    apply_hugepages(
+        &mut t,
+        &parse_hugepages_arg("node0:2Mi=64,node1:2Mi=64").unwrap(),
+    )
+    .unwrap();
+    let text = render_text(&t);
+    assert!(
+        text.contains("allowed memory nodes: 0-1 (no cgroup cpuset)"),
+        "{text}"
+    );
+    assert!(!text.contains("hugetlb limit"), "{text}");
+    t.allowed_mems = Some(vmhost_topology::AllowedMems {
+        nodes: vec![1],
+        cgroup: "/pod".into(),
+        file: "/sys/fs/cgroup/pod/cpuset.mems.effective".into(),
+    });
+    t.hugetlb_limits.push(vmhost_topology::HugetlbLimit {
+        page_size_bytes: MI2,
+        pages: 10,
+        cgroup: "/pod".into(),
+        file: "/sys/fs/cgroup/pod/hugetlb.2MB.max".into(),
+        limit_bytes: 20 << 20,
+        usage_bytes: 0,
+    });
+    assert!(!t.node_allowed(0) && t.node_allowed(1));
+    let text = render_text(&t);
+    assert!(
+        text.contains("allowed memory nodes: 1 of the host's 0-1 (cpuset of cgroup /pod: /sys/fs/cgroup/pod/cpuset.mems.effective)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("hugetlb limit 2Mi: 10 pages may still be taken, the nodes have 128 free (cgroup /pod: /sys/fs/cgroup/pod/hugetlb.2MB.max = 20971520 bytes, 0 used)"),
+        "{text}"
+    );
+}

@@ -210,3 +210,24 @@ fn render_shows_the_live_host() {
         );
     }
 }
+
+#[test]
+fn allowed_memory_nodes_match_proc_status() {
+    let t = discover().unwrap();
+    let status = read("/proc/self/status");
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Mems_allowed_list:"))
+        .expect("Mems_allowed_list in /proc/self/status");
+    let kernel = cpulist::parse(line).unwrap();
+    let mems = t
+        .allowed_mems
+        .as_ref()
+        .expect("a Linux process is in some cpuset: allowed_mems must be read");
+    assert_eq!(mems.nodes, kernel, "{mems:?}");
+    assert!(Path::new(&mems.file).is_file(), "{mems:?}");
+    assert!(t
+        .nodes
+        .iter()
+        .all(|n| t.node_allowed(n.os_index) == kernel.contains(&n.os_index)));
+}

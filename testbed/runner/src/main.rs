@@ -18,6 +18,7 @@ mod ledger_tests;
 mod linux_bench;
 mod linux_tests;
 mod memory_tests;
+mod pod_tests;
 mod static_keys;
 mod topology_tests;
 mod vm;
@@ -102,6 +103,14 @@ const TWO_NODE: &[Test] = &[
     (
         "pod_cgroup_refuses_oversized_vm",
         cgroup_tests::pod_refuses_oversized_vm,
+    ),
+    (
+        "pod_memory_on_the_pods_node",
+        pod_tests::memory_on_the_pods_node,
+    ),
+    (
+        "pod_hugetlb_limit_refuses",
+        pod_tests::hugetlb_limit_refuses,
     ),
     (
         "ledger_two_vms_on_two_nodes",
