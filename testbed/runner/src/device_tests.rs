@@ -11,8 +11,10 @@
 //! - the manifest boots and every device is bound to its driver, probed from the DSDT's
 //!   `LNRO0005` devices alone (no `virtio_mmio.device=` on the command line);
 //! - every file of the ext4 image (built by `testbed/build-disks.sh`) has its checksum;
-//! - a pattern the guest wrote and synced to the scratch disk (a loop block device with cache
-//!   `none`, so O_DIRECT) is in its backing file after vmhost is SIGKILLed;
+//! - a pattern the guest wrote and synced to the scratch disk (a `dm-log-writes` device over a
+//!   loop device, cache `none`) was on the device before a FLUSH that completed before the
+//!   guest's sync returned, by the target's own log ([`crate::dm_log`]), and is in its backing
+//!   file after vmhost is SIGKILLed;
 //! - the read-only disk is read-only in the guest, a write fails, the image is unchanged;
 //! - the guest pings the host over the tap and 64 MiB go each way with equal checksums;
 //! - the NoCloud seed mounts and its `user-data` is the manifest's, byte for byte;
@@ -60,6 +62,9 @@ pub struct Session {
     killed_code: i32,
     /// Checksum of the scratch image at the offset the guest wrote.
     scratch_sha: String,
+    /// The scratch device's `dm-log-writes` log, read once the device was removed, checked
+    /// against the bytes the image holds where the guest wrote: `Err` says what was missing.
+    scratch_log: Result<(), String>,
     /// The open flags (octal, from `/proc/<vmm>/fdinfo`) of vmhost's fd on the scratch device.
     scratch_flags: Option<u32>,
     /// Checksum of the manifest's `user-data`.
@@ -187,7 +192,7 @@ impl Drop for Loop {
 }
 
 /// The manifest: 1 socket × 2 dedicated cores, 384 MiB, the test kernel through
-/// `firmware.kernelBoot`, four disks (`scratch` is a loop block device with cache `none`:
+/// `firmware.kernelBoot`, four disks (`scratch` is a dm block device with cache `none`:
 /// O_DIRECT, which the host's tmpfs files do not take), a bridge interface on the pod network,
 /// rng.
 fn manifest(kernel: &Path, initrd: &Path, dir: &Path, scratch: &Path) -> String {
@@ -288,8 +293,8 @@ struct HostSide {
     files: BTreeMap<String, String>,
     /// The read-only image's checksum before the run.
     golden_before: String,
-    /// The scratch disk's backing file and its loop device.
-    scratch: (std::path::PathBuf, Loop),
+    /// The scratch disk.
+    scratch: Scratch,
     /// Checksum of the 64 MiB the host sends.
     to_guest_sha: String,
     /// Where the host writes the checksum of what it received.
@@ -310,13 +315,7 @@ fn prepare_host(env: &Env, dir: &Path) -> Result<HostSide, String> {
         dir.display()
     );
     let golden_before = sha256(&dir.join("golden.img"))?;
-    // The scratch disk: 16 MiB behind a loop device (cache none needs O_DIRECT).
-    let scratch = env.work.join("virtio-scratch.img");
-    let _ = std::fs::remove_file(&scratch);
-    std::fs::File::create(&scratch)
-        .and_then(|f| f.set_len(16 << 20))
-        .map_err(|e| format!("create {}: {e}", scratch.display()))?;
-    let scratch_dev = Loop::attach(&scratch)?;
+    let scratch = Scratch::new(env)?;
     let (to_guest, from_guest) = (
         env.work.join("virtio-to-guest.bin"),
         env.work.join("virtio-from-guest.sum"),
@@ -337,12 +336,69 @@ fn prepare_host(env: &Env, dir: &Path) -> Result<HostSide, String> {
     Ok(HostSide {
         files,
         golden_before,
-        scratch: (scratch, scratch_dev),
+        scratch,
         to_guest_sha,
         from_guest,
         user_data_sha,
         helpers,
     })
+}
+
+/// The mark set in the scratch device's log once the guest's `GUEST-SYNCED` line is out.
+const SYNCED: &str = "guest-synced";
+/// Where the guest writes its pattern on the scratch disk, and how much (devices.sh).
+const PATTERN: (u64, usize) = (1 << 20, 256 << 10);
+
+/// The scratch disk: 16 MiB in a file behind a loop device, and a `dm-log-writes` device
+/// over it that logs every write, FLUSH and mark to a second loop device (cache none needs a
+/// block device for O_DIRECT; the log shows what reached the device and when).
+struct Scratch {
+    file: std::path::PathBuf,
+    log_file: std::path::PathBuf,
+    // Field order is drop order: the dm device goes before its loop devices.
+    dm: crate::dm_log::DmDevice,
+    _data: Loop,
+    _log: Loop,
+}
+
+impl Scratch {
+    fn new(env: &Env) -> Result<Self, String> {
+        let file = env.work.join("virtio-scratch.img");
+        let log_file = env.work.join("virtio-scratch.log");
+        for (f, size) in [(&file, 16u64 << 20), (&log_file, 32 << 20)] {
+            let _ = std::fs::remove_file(f);
+            std::fs::File::create(f)
+                .and_then(|h| h.set_len(size))
+                .map_err(|e| format!("create {}: {e}", f.display()))?;
+        }
+        let (data, log) = (Loop::attach(&file)?, Loop::attach(&log_file)?);
+        let target = format!("log-writes {} {}", data.0, log.0);
+        let dm = crate::dm_log::DmDevice::create("vmhost-scratch", 32768, &target)?;
+        Ok(Scratch {
+            file,
+            log_file,
+            dm,
+            _data: data,
+            _log: log,
+        })
+    }
+
+    /// Removes the dm device (its log is complete then) and checks the log: the bytes the
+    /// image holds where the guest wrote were on the device before a FLUSH ahead of
+    /// [`SYNCED`].
+    fn check_log(&mut self) -> Result<(), String> {
+        self.dm.remove()?;
+        let log = std::fs::read(&self.log_file)
+            .map_err(|e| format!("{}: {e}", self.log_file.display()))?;
+        let image =
+            std::fs::read(&self.file).map_err(|e| format!("{}: {e}", self.file.display()))?;
+        let (offset, len) = PATTERN;
+        let start = usize::try_from(offset).map_err(|e| e.to_string())?;
+        let want = image
+            .get(start..start + len)
+            .ok_or_else(|| format!("the image is shorter than {}", start + len))?;
+        crate::dm_log::parse(&log)?.flushed_before_mark(SYNCED, offset, want)
+    }
 }
 
 /// Checksum of the scratch image where the guest's `GUEST-SYNCED` line says it wrote.
@@ -363,7 +419,7 @@ fn run_session(env: &Env) -> Result<Session, String> {
     let mut host = prepare_host(env, &dir)?;
     let yaml = env.work.join(format!("{VM}.yaml"));
     let initrd = env.work.join("guest/initramfs-devices.cpio");
-    let text = manifest(&a.vmlinux, &initrd, &dir, Path::new(&host.scratch.1 .0));
+    let text = manifest(&a.vmlinux, &initrd, &dir, Path::new(&host.scratch.dm.dev));
     std::fs::write(&yaml, text).map_err(|e| format!("write {}: {e}", yaml.display()))?;
     let plan = env.plan(&yaml)?;
     let mac = at(&plan, "/devices/spec/interfaces/0/mac")?
@@ -377,7 +433,9 @@ fn run_session(env: &Env) -> Result<Session, String> {
 
     let out = env.work.join(format!("{VM}.out"));
     let serial = wait_for(&out, "GUEST-SYNCED", &|| vm.stderr())?;
-    let scratch_flags = fd_flags(vm.vmm, &host.scratch.1 .0);
+    let scratch_flags = fd_flags(vm.vmm, &host.scratch.dm.dev);
+    // After the guest's sync returned: everything it made durable is ahead of this mark.
+    host.scratch.dm.message(&["mark", SYNCED])?;
     env.signal(vm.pid, libc::SIGKILL)?;
     let killed_code = env.wait(vm.pid)?;
     host.helpers.wait_all(Duration::from_secs(10));
@@ -385,7 +443,8 @@ fn run_session(env: &Env) -> Result<Session, String> {
         println!("     vmhost: {l}");
     }
     let lines = guest_lines(&serial);
-    let scratch_sha = scratch_written(&lines, &host.scratch.0)?;
+    let scratch_sha = scratch_written(&lines, &host.scratch.file)?;
+    let scratch_log = host.scratch.check_log();
     let received = std::fs::read_to_string(&host.from_guest).unwrap_or_default();
     Ok(Session {
         tail: format!("{}; stderr: {}", tail(&serial), vm.stderr()),
@@ -399,6 +458,7 @@ fn run_session(env: &Env) -> Result<Session, String> {
         ),
         killed_code,
         scratch_sha,
+        scratch_log,
         scratch_flags,
         user_data_sha: host.user_data_sha.clone(),
     })
@@ -555,8 +615,10 @@ pub fn disk_checksums(env: &Env) -> Outcome {
     Ok(())
 }
 
-/// The guest's disk is in write-back mode (it sends FLUSH), and the pattern it wrote with
-/// `conv=fsync` and `sync` is in the image after SIGKILL.
+/// The guest's disk is in write-back mode (it sends FLUSH), the pattern it wrote with
+/// `conv=fsync` and `sync` is in the image after SIGKILL, and the `dm-log-writes` log shows it
+/// on the device before a FLUSH that completed before the guest's sync returned (a vmhost
+/// whose FLUSH skips `fdatasync` leaves no FLUSH in the log ahead of the mark).
 pub fn flush_durability(env: &Env) -> Outcome {
     let s = session(env)?;
     let want = s.get("offset", "sha256")?;
@@ -588,6 +650,9 @@ pub fn flush_durability(env: &Env) -> Outcome {
         "scratch image at the written offset has sha256 {}, the guest wrote {want}",
         s.scratch_sha
     );
+    s.scratch_log
+        .clone()
+        .map_err(|e| format!("the scratch device's write log: {e}"))?;
     Ok(())
 }
 

@@ -11,6 +11,7 @@
 mod cgroup_tests;
 mod device_bench;
 mod device_tests;
+mod dm_log;
 mod host;
 mod ledger_tests;
 mod linux_bench;
