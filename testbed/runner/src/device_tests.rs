@@ -757,3 +757,155 @@ pub fn hwrng(env: &Env) -> Outcome {
     );
     Ok(())
 }
+
+/// The VM of the hung-storage test.
+const HUNG_VM: &str = "hung-vmi";
+/// How long each step of the hung-storage test may take (a deadline, not a measurement).
+const HUNG_STEP: Duration = Duration::from_secs(180);
+
+/// One disk (`vdisk`, cache none) on `dev`, the test kernel and the devices initramfs.
+fn hung_manifest(kernel: &Path, initrd: &Path, dev: &str) -> String {
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata:
+  name: {HUNG_VM}
+spec:
+  domain:
+    cpu: {{sockets: 1, cores: 2, threads: 1, dedicatedCpuPlacement: true}}
+    memory: {{guest: 256Mi}}
+    firmware:
+      kernelBoot:
+        kernelArgs: "{cmdline} vmhost.action=devices"
+        container:
+          image: registry.example/testbed-kernel:6.1
+          kernelPath: {kernel}
+          initrdPath: {initrd}
+    devices:
+      autoattachGraphicsDevice: false
+      disks:
+        - name: vdisk
+          disk: {{bus: virtio}}
+          cache: none
+  volumes:
+    - name: vdisk
+      hostDisk: {{path: {dev}, type: Disk}}
+"#,
+        cmdline = crate::linux_tests::CMDLINE,
+        kernel = kernel.display(),
+        initrd = initrd.display(),
+    )
+}
+
+/// Polls `what` every 100 ms until it gives `Some`, for at most [`HUNG_STEP`].
+fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T, String> {
+    let deadline = Instant::now() + HUNG_STEP;
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{what}: not within {HUNG_STEP:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A thread's state letter (`/proc/<pid>/task/<tid>/stat`, after the name).
+fn task_state(pid: u32, tid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// vmhost's I/O threads that are in uninterruptible sleep (`D`).
+fn io_threads_in_d(pid: u32) -> Vec<u32> {
+    crate::host::threads(pid)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.name.starts_with("vmhost-io"))
+        .filter(|t| task_state(pid, t.tid) == Some('D'))
+        .map(|t| t.tid)
+        .collect()
+}
+
+/// Hung storage: the VM's disk is a dm-linear device over a loop device, suspended while the
+/// guest boots, so the guest's first read (the partition scan) leaves vmhost's I/O thread in
+/// uninterruptible sleep. Then SIGTERM: vmhost prints its report and its vCPU threads are gone
+/// (`/proc/<pid>/task`) while the device is still suspended and the process is alive; after
+/// `dmsetup resume` it exits 130 (stopped from outside) and leaves no process behind.
+pub fn hung_storage_stops(env: &Env) -> Outcome {
+    let a = assets(env)?;
+    let file = env.work.join("virtio-hung.img");
+    let _ = std::fs::remove_file(&file);
+    std::fs::File::create(&file)
+        .and_then(|f| f.set_len(16 << 20))
+        .map_err(|e| format!("create {}: {e}", file.display()))?;
+    let backing = Loop::attach(&file)?;
+    let dm =
+        crate::dm_log::DmDevice::create("vmhost-hung", 32768, &format!("linear {} 0", backing.0))?;
+    let yaml = env.work.join(format!("{HUNG_VM}.yaml"));
+    let initrd = env.work.join("guest/initramfs-devices.cpio");
+    std::fs::write(&yaml, hung_manifest(&a.vmlinux, &initrd, &dm.dev))
+        .map_err(|e| format!("write {}: {e}", yaml.display()))?;
+    let vm = env.start(
+        HUNG_VM,
+        env.command(&["--config", &yaml.to_string_lossy()]),
+        2,
+    )?;
+    dm.suspend(true)?;
+    let hung = until(
+        "vmhost's I/O thread in uninterruptible sleep on the suspended disk",
+        || Some(io_threads_in_d(vm.vmm)).filter(|t| !t.is_empty()),
+    )
+    .map_err(|e| format!("{e}; stderr: {}", vm.stderr()))?;
+    println!("     I/O thread(s) {hung:?} in D on the suspended disk; SIGTERM");
+    env.signal(vm.pid, libc::SIGTERM)?;
+    let out = env.work.join(format!("{HUNG_VM}.out"));
+    let report = format!("VM {HUNG_VM}: ");
+    let line = until("the report after SIGTERM while the disk hangs", || {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        text.lines()
+            .find(|l| l.starts_with(&report) && l.contains("exit code"))
+            .map(str::to_string)
+    })
+    .map_err(|e| format!("{e}; stderr: {}", vm.stderr()))?;
+    // The report is out: now, with the device still suspended, the process must be alive
+    // (its I/O thread cannot end) and every vCPU thread gone.
+    let threads = crate::host::threads(vm.pid)?;
+    let vcpus: Vec<&str> = threads
+        .iter()
+        .filter(|t| t.name.starts_with("vcpu"))
+        .map(|t| t.name.as_str())
+        .collect();
+    let still_hung = io_threads_in_d(vm.vmm);
+    let suspended = dm.suspended()?;
+    dm.suspend(false)?;
+    let code = env.wait(vm.pid)?;
+    ensure!(
+        suspended && !still_hung.is_empty(),
+        "the device was resumed ({suspended}) or the I/O thread left D ({still_hung:?}) before \
+         the report: the test did not hold the storage hung"
+    );
+    ensure!(
+        vcpus.is_empty(),
+        "vCPU threads {vcpus:?} still there after the report; stderr: {}",
+        vm.stderr()
+    );
+    ensure!(
+        line.contains("(exit code 130)") && code == 130,
+        "report {line:?} and exit status {code}, want 130 (stopped from outside); stderr: {}",
+        vm.stderr()
+    );
+    ensure!(
+        !Path::new(&format!("/proc/{}", vm.pid)).exists(),
+        "vmhost (pid {}) is still there after it was reaped",
+        vm.pid
+    );
+    let stderr = vm.stderr();
+    ensure!(
+        stderr.contains("still in a device request"),
+        "vmhost's stderr does not name the hung I/O thread: {stderr}"
+    );
+    Ok(())
+}

@@ -246,6 +246,20 @@ impl DmDevice {
         dmsetup(&all).map(drop)
     }
 
+    /// `dmsetup suspend NAME` / `dmsetup resume NAME`.
+    pub fn suspend(&self, on: bool) -> Result<(), String> {
+        let op = if on { "suspend" } else { "resume" };
+        dmsetup(&[op, "--noudevsync", &self.name]).map(drop)
+    }
+
+    /// Whether the kernel has the device suspended (`dmsetup info`'s State).
+    pub fn suspended(&self) -> Result<bool, String> {
+        let info = dmsetup(&["info", &self.name])?;
+        Ok(info
+            .lines()
+            .any(|l| l.starts_with("State:") && l.contains("SUSPENDED")))
+    }
+
     /// `dmsetup remove NAME` (a log-writes target logs what it still holds first).
     pub fn remove(&mut self) -> Result<(), String> {
         if self.name.is_empty() {

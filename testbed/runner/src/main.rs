@@ -158,6 +158,10 @@ const FOUR_NODE: &[Test] = &[
         "virtio_blk_flush_durability",
         device_tests::flush_durability,
     ),
+    (
+        "virtio_blk_hung_storage_stops",
+        device_tests::hung_storage_stops,
+    ),
     ("virtio_blk_read_only", device_tests::read_only),
     (
         "virtio_net_ping_and_64mib_each_way",
