@@ -2,8 +2,9 @@
 # Builds the emulated host's boot image from Debian packages, cached under target/testbed/:
 #   image/bzImage        the host kernel: the same linux-image-6.1.0-*-amd64 package as the
 #                        test kernel (crates/boot/scripts/fetch-test-kernel.sh)
-#   image/initramfs.cpio busybox-static, numactl (+ its libraries), the KVM, virtio/9p, tun,
-#                        vhost and loop modules in load order, and testbed/init as /init
+#   image/initramfs.cpio busybox-static, numactl and dmsetup (+ their libraries), the KVM,
+#                        virtio/9p, tun, vhost, loop and device-mapper (dm_mod, dm-log-writes)
+#                        modules in load order, and testbed/init as /init
 #   image/VERSION        what the image was built from (a changed input rebuilds it)
 # Needs apt-get, dpkg-deb, depmod/modprobe (kmod) and python3. Downloads only from Debian's
 # package archive.
@@ -32,8 +33,10 @@ if [[ -z "$kpkg" ]]; then
 fi
 [[ -n "$kpkg" ]] || die "no linux-image-6.1.0-*-amd64 package known to apt (run apt-get update)"
 
-modules=(kvm-amd 9p 9pnet_virtio virtio_pci virtio_blk virtio_net virtio_console tun vhost_vsock vhost_net loop)
-inputs="$kpkg busybox-static numactl libnuma1 ${modules[*]} $(cat "$root/testbed/init" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
+modules=(kvm-amd 9p 9pnet_virtio virtio_pci virtio_blk virtio_net virtio_console tun vhost_vsock vhost_net loop dm_mod dm-log-writes)
+# dmsetup's libraries beside libdevmapper (from its package), taken from this machine like libc.
+dm_libs=(libselinux.so.1 libudev.so.1 libpcre2-8.so.0 libm.so.6)
+inputs="$kpkg busybox-static numactl libnuma1 dmsetup libdevmapper1.02.1 ${dm_libs[*]} ${modules[*]} $(cat "$root/testbed/init" "$root/testbed/modules.sh" "$0" | sha256sum | cut -c1-16)"
 if [[ -s "$img/initramfs.cpio" && -s "$img/bzImage" && "$(cat "$img/VERSION" 2>/dev/null)" == "$inputs" ]]; then
     echo "testbed image up to date in $img ($kpkg)"
     exit 0
@@ -73,6 +76,17 @@ cp -L "$nu"/usr/lib/x86_64-linux-gnu/libnuma.so.1 "$rootfs/lib/x86_64-linux-gnu/
 # numactl is dynamic: the host's libc and loader (Debian 12, the same release) go with it.
 cp -L /lib/x86_64-linux-gnu/libc.so.6 "$rootfs/lib/x86_64-linux-gnu/"
 cp -L /lib64/ld-linux-x86-64.so.2 "$rootfs/lib64/"
+
+# dmsetup (dm-log-writes and suspended dm-linear devices of the virtio-blk tests) is dynamic too.
+dm="$work/dmsetup"
+dpkg-deb -x "$(fetch dmsetup)" "$dm"
+dpkg-deb -x "$(fetch libdevmapper1.02.1)" "$dm"
+cp "$dm/sbin/dmsetup" "$rootfs/sbin/dmsetup"
+cp -L "$dm"/lib/x86_64-linux-gnu/libdevmapper.so.1.02.1 "$rootfs/lib/x86_64-linux-gnu/"
+for lib in "${dm_libs[@]}"; do
+    [[ -e "/lib/x86_64-linux-gnu/$lib" ]] || die "/lib/x86_64-linux-gnu/$lib not found (dmsetup needs it): apt-get install libselinux1 libudev1 libpcre2-8-0"
+    cp -L "/lib/x86_64-linux-gnu/$lib" "$rootfs/lib/x86_64-linux-gnu/"
+done
 install -m 0755 "$root/testbed/init" "$rootfs/init"
 
 python3 "$root/testbed/mkcpio.py" "$rootfs" "$img/initramfs.cpio.tmp"

@@ -1,7 +1,14 @@
 //! The virtio-mmio bus: guest-physical windows → transports. The vCPU's MMIO exit handler
 //! asks the bus first; an address no window holds is left to the VM's unknown-access policy.
+//!
+//! The I/O thread holds a transport's lock while it serves a request, `preadv`/`pwritev`/
+//! `fdatasync` included, so a register access can wait as long as the host's storage. A vCPU
+//! therefore asks with [`MmioBus::read_or_give_up`]/[`MmioBus::write_or_give_up`]: it waits
+//! for the lock only while its `give_up` check (the VM's stop flag) stays false, so a VM over
+//! hung storage still stops.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::Duration;
 
 use crate::interrupt::Interrupt;
 use crate::mmio::{MmioTransport, INTERRUPT_ACK_OFFSET, INTERRUPT_STATUS_OFFSET, MMIO_WINDOW_SIZE};
@@ -18,6 +25,21 @@ pub enum BusError {
         other: u64,
     },
 }
+
+/// What became of a guest access to the bus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// A device served it.
+    Done,
+    /// No window holds the address.
+    NotMine,
+    /// The device was busy (its I/O thread holds it) and `give_up` said to stop waiting: the
+    /// access was not done (reads leave `data` untouched).
+    GaveUp,
+}
+
+/// Longest sleep between two attempts at a busy transport's lock.
+const LOCK_POLL_MAX: Duration = Duration::from_millis(2);
 
 /// A transport shared between the vCPUs (register accesses) and the I/O thread (queues).
 pub type SharedTransport = Arc<Mutex<MmioTransport>>;
@@ -92,36 +114,54 @@ impl MmioBus {
         (gpa - w.base < MMIO_WINDOW_SIZE).then_some((gpa - w.base, w))
     }
 
-    /// A guest read at `gpa`; false when no window holds it.
+    /// A guest read at `gpa`; false when no window holds it. Waits for a busy device however
+    /// long it takes (see [`MmioBus::read_or_give_up`]).
     pub fn read(&self, gpa: u64, data: &mut [u8]) -> bool {
+        self.read_or_give_up(gpa, data, &|| false) == Access::Done
+    }
+
+    /// A guest write at `gpa`; false when no window holds it. Waits for a busy device however
+    /// long it takes (see [`MmioBus::write_or_give_up`]).
+    pub fn write(&self, gpa: u64, data: &[u8]) -> bool {
+        self.write_or_give_up(gpa, data, &|| false) == Access::Done
+    }
+
+    /// A guest read at `gpa`. While the device is busy, `give_up` is asked between attempts at
+    /// its lock; once it says true the read is abandoned ([`Access::GaveUp`]).
+    pub fn read_or_give_up(&self, gpa: u64, data: &mut [u8], give_up: &dyn Fn() -> bool) -> Access {
         let Some((offset, w)) = self.find(gpa) else {
-            return false;
+            return Access::NotMine;
         };
         if offset == INTERRUPT_STATUS_OFFSET && data.len() == 4 {
             data.copy_from_slice(&w.interrupt.read_status().to_le_bytes());
-            return true;
+            return Access::Done;
         }
-        w.transport
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .read(offset, data);
-        true
+        match lock_unless(&w.transport, give_up) {
+            Some(t) => {
+                t.read(offset, data);
+                Access::Done
+            }
+            None => Access::GaveUp,
+        }
     }
 
-    /// A guest write at `gpa`; false when no window holds it.
-    pub fn write(&self, gpa: u64, data: &[u8]) -> bool {
+    /// A guest write at `gpa`. While the device is busy, `give_up` is asked between attempts
+    /// at its lock; once it says true the write is dropped ([`Access::GaveUp`]).
+    pub fn write_or_give_up(&self, gpa: u64, data: &[u8], give_up: &dyn Fn() -> bool) -> Access {
         let Some((offset, w)) = self.find(gpa) else {
-            return false;
+            return Access::NotMine;
         };
         if let (INTERRUPT_ACK_OFFSET, Ok(bytes)) = (offset, <[u8; 4]>::try_from(data)) {
             w.interrupt.ack(u32::from_le_bytes(bytes));
-            return true;
+            return Access::Done;
         }
-        w.transport
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .write(offset, data);
-        true
+        match lock_unless(&w.transport, give_up) {
+            Some(mut t) => {
+                t.write(offset, data);
+                Access::Done
+            }
+            None => Access::GaveUp,
+        }
     }
 
     /// Number of devices on the bus.
@@ -132,6 +172,28 @@ impl MmioBus {
     /// Whether the bus is empty.
     pub fn is_empty(&self) -> bool {
         self.windows.is_empty()
+    }
+}
+
+/// The transport's lock, or None once `give_up` says true while it is held elsewhere. An
+/// uncontended lock is taken at once; a held one is retried with a growing sleep (at most
+/// [`LOCK_POLL_MAX`]), since a `Mutex` cannot be waited on with a condition beside it.
+fn lock_unless<'a>(
+    transport: &'a SharedTransport,
+    give_up: &dyn Fn() -> bool,
+) -> Option<MutexGuard<'a, MmioTransport>> {
+    let mut pause = Duration::from_micros(20);
+    loop {
+        match transport.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => {}
+        }
+        if give_up() {
+            return None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(LOCK_POLL_MAX);
     }
 }
 

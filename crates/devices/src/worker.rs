@@ -1,10 +1,17 @@
 //! The device I/O thread: it waits on the queues' ioeventfds and the backends' fds and runs
 //! the device work for them, so vCPU threads only touch registers. One thread serves a list
 //! of sources; pinning it like the emulator thread is the VMM's job (it owns the plan).
+//!
+//! Stopping is bounded: a thread still inside a device request [`STOP_WAIT`] after it was
+//! told to stop (storage that does not answer: a `pwritev` or `fdatasync` in uninterruptible
+//! sleep cannot be ended) is left running and reported ([`WorkerError::Hung`]); it holds
+//! its devices and their guest memory until its I/O returns, and the process ends then.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::PoisonError;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tracing::warn;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -13,6 +20,9 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::bus::SharedTransport;
 
 const STOP: u64 = u64::MAX;
+
+/// How long a stop waits for an I/O thread to leave its current device request.
+pub const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// Why the I/O thread could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +42,18 @@ pub enum WorkerError {
     /// The thread panicked.
     #[error("I/O thread {0} panicked")]
     Panicked(String),
+    /// The thread did not leave its device request in time: it is left running.
+    #[error(
+        "I/O thread {name} is still in a device request {waited:?} after it was told to stop \
+         (host storage not answering?); it is left behind and the process exits when its I/O \
+         returns"
+    )]
+    Hung {
+        /// Thread name.
+        name: String,
+        /// How long the stop waited.
+        waited: Duration,
+    },
 }
 
 /// Something the I/O thread waits for.
@@ -66,6 +88,9 @@ pub struct IoThread {
     name: String,
     stop: EventFd,
     handle: Option<JoinHandle<()>>,
+    // Disconnected when the thread ends (its sender is dropped, unwinding included); in a
+    // Mutex only so that the thread's owner stays Sync.
+    ended: Mutex<Receiver<()>>,
 }
 
 impl IoThread {
@@ -96,9 +121,11 @@ impl IoThread {
             add(fd, events, i as u64)?;
         }
         let stop_clone = stop.try_clone().map_err(WorkerError::Setup)?;
+        let (alive, ended) = std::sync::mpsc::channel::<()>();
         let handle = std::thread::Builder::new()
             .name(name.to_string())
             .spawn(move || {
+                let _alive = alive;
                 init();
                 // Backends are open and registered with epoll: the thread only does I/O now.
                 vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::DeviceIo);
@@ -112,6 +139,7 @@ impl IoThread {
             name: name.to_string(),
             stop,
             handle: Some(handle),
+            ended: Mutex::new(ended),
         })
     }
 
@@ -120,27 +148,42 @@ impl IoThread {
         self.handle.as_ref().map(JoinHandle::thread)
     }
 
-    /// Stops the thread and waits for it.
-    pub fn stop(mut self) -> Result<(), WorkerError> {
-        self.shutdown()
+    /// Stops the thread and waits for it, at most [`STOP_WAIT`] for a device request it is
+    /// in (see [`IoThread::stop_within`]).
+    pub fn stop(self) -> Result<(), WorkerError> {
+        self.stop_within(STOP_WAIT)
     }
 
-    fn shutdown(&mut self) -> Result<(), WorkerError> {
+    /// Stops the thread and waits for it, at most `wait` for a device request it is in;
+    /// [`WorkerError::Hung`] if it is still in one then (the thread is left running).
+    pub fn stop_within(mut self, wait: Duration) -> Result<(), WorkerError> {
+        self.shutdown(wait)
+    }
+
+    fn shutdown(&mut self, wait: Duration) -> Result<(), WorkerError> {
         let Some(handle) = self.handle.take() else {
             return Ok(());
         };
         if let Err(e) = self.stop.write(1) {
             warn!(error = %e, thread = self.name, "cannot signal the I/O thread to stop");
         }
-        handle
-            .join()
-            .map_err(|_| WorkerError::Panicked(self.name.clone()))
+        let ended = self.ended.get_mut().unwrap_or_else(PoisonError::into_inner);
+        match ended.recv_timeout(wait) {
+            Err(RecvTimeoutError::Timeout) => Err(WorkerError::Hung {
+                name: self.name.clone(),
+                waited: wait,
+            }),
+            // Disconnected: the thread has ended (nothing is ever sent).
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => handle
+                .join()
+                .map_err(|_| WorkerError::Panicked(self.name.clone())),
+        }
     }
 }
 
 impl Drop for IoThread {
     fn drop(&mut self) {
-        if let Err(e) = self.shutdown() {
+        if let Err(e) = self.shutdown(STOP_WAIT) {
             warn!(error = %e, "I/O thread");
         }
     }

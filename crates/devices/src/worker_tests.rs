@@ -260,3 +260,113 @@ fn disk_requests_are_served_on_the_io_thread_under_its_filter() {
         io.stop().unwrap();
     }
 }
+
+/// A device whose request does not return until the test lets it: storage that hangs (a
+/// `pwritev` to a suspended device-mapper table) as the I/O thread sees it. It says when a
+/// request has started and holds the transport's lock, as a real request does, meanwhile.
+struct Stalled {
+    started: std::sync::mpsc::Sender<()>,
+    release: std::sync::mpsc::Receiver<()>,
+    sizes: [u16; 1],
+}
+
+impl crate::device::VirtioDevice for Stalled {
+    fn device_type(&self) -> u32 {
+        virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK
+    }
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.sizes
+    }
+    fn features(&self) -> u64 {
+        0
+    }
+    fn config(&self) -> Vec<u8> {
+        Vec::new()
+    }
+    fn process_queue(
+        &mut self,
+        _index: usize,
+        _queue: &mut virtio_queue::Queue,
+        _mem: &vm_memory::GuestMemoryMmap,
+    ) -> Result<bool, crate::device::DeviceError> {
+        let _ = self.started.send(());
+        let _ = self.release.recv();
+        Ok(false)
+    }
+}
+
+/// With the I/O thread stuck in a device request (holding the transport): a vCPU's register
+/// access gives up once the VM's stop flag is set instead of waiting for the lock, and stopping
+/// the thread returns `Hung` instead of joining it; the thread lets the transport go when its
+/// request returns.
+#[test]
+fn a_hung_request_blocks_neither_the_bus_nor_the_stop() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use crate::bus::{Access, MmioBus};
+
+    let mem = memory();
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    let device = Stalled {
+        started: started_tx,
+        release: release_rx,
+        sizes: [16],
+    };
+    let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
+    let mut t = MmioTransport::new(Box::new(device), mem.clone(), interrupt).unwrap();
+    let q = TestQueue::new(&mem, 0, 16);
+    activate(&mut t, &[(0, &q, 16)]);
+    let t = Arc::new(Mutex::new(t));
+    let mut bus = MmioBus::default();
+    bus.insert(0xd000_0000, t.clone()).unwrap();
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let source = IoSource::QueueEvent {
+        transport: t.clone(),
+        queue: 0,
+        event: kick.try_clone().unwrap(),
+    };
+    let io = IoThread::spawn("vmhost-io-hung", vec![source]).unwrap();
+    kick.write(1).unwrap();
+    started
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the I/O thread entered the request");
+
+    // A vCPU reads the Status register (behind the transport's lock) and the VM is stopped.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let vcpu = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut b = [0u8; 4];
+            let got = bus.read_or_give_up(0xd000_0070, &mut b, &|| stop.load(Ordering::SeqCst));
+            done_tx.send(got).unwrap();
+        })
+    };
+    stop.store(true, Ordering::SeqCst);
+    let got = done.recv_timeout(Duration::from_secs(10));
+    // The stop does not wait for the request either; it names the thread.
+    let (stopped_tx, stopped) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = stopped_tx.send(io.stop_within(Duration::from_millis(100)));
+    });
+    let result = stopped.recv_timeout(Duration::from_secs(10));
+    // The storage answers (before any assertion, so that a failure does not hang the test).
+    release.send(()).unwrap();
+    vcpu.join().unwrap();
+    assert_eq!(
+        got,
+        Ok(Access::GaveUp),
+        "the register read gave up on the stop instead of waiting for the hung request"
+    );
+    match result {
+        Ok(Err(WorkerError::Hung { ref name, .. })) => assert_eq!(name, "vmhost-io-hung"),
+        other => panic!("stopping the I/O thread in a hung request gave {other:?}"),
+    }
+    // The thread finished the request, ended and let the transport go.
+    assert!(
+        wait_for(|| Arc::strong_count(&t) == 1),
+        "the left-behind I/O thread ended once its request returned"
+    );
+}

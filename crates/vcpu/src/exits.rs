@@ -19,6 +19,7 @@ use std::time::Instant;
 use kvm_bindings::KVM_INTERNAL_ERROR_EMULATION;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmhost_devices::bus::Access;
 
 use crate::devices::legacy::{PortAction, RebootVia};
 use crate::devices::LinuxDevices;
@@ -54,10 +55,14 @@ pub(crate) enum Exit {
     Other(String),
 }
 
-/// Runs the vCPU once and decodes the exit; port I/O that `devices` serve is done here.
+/// Runs the vCPU once and decodes the exit; port I/O and MMIO that `devices` serve is done
+/// here. An MMIO access to a device that stays busy (hung storage under its I/O thread) is
+/// abandoned once `stopping` says the VM stops: the exit is then [`Exit::Interrupted`], and the
+/// vCPU, which never re-enters the guest, sees the stop at the top of its loop.
 pub(crate) fn next_exit(
     fd: &mut VcpuFd,
     devices: Option<&LinuxDevices>,
+    stopping: &dyn Fn() -> bool,
 ) -> Result<Exit, kvm_ioctls::Error> {
     Ok(match fd.run()? {
         VcpuExit::IoOut(port, data) => match devices.map(|d| d.pio_write(port, data)) {
@@ -83,26 +88,28 @@ pub(crate) fn next_exit(
             }
         }
         VcpuExit::MmioRead(gpa, data) => {
-            if devices.is_some_and(|d| d.mmio_read(gpa, data)) {
-                Exit::Handled
-            } else {
-                data.fill(0xff);
-                Exit::Mmio {
-                    gpa,
-                    write: false,
-                    size: data.len(),
+            match devices.map_or(Access::NotMine, |d| d.mmio_read(gpa, data, stopping)) {
+                Access::Done => Exit::Handled,
+                Access::GaveUp => Exit::Interrupted,
+                Access::NotMine => {
+                    data.fill(0xff);
+                    Exit::Mmio {
+                        gpa,
+                        write: false,
+                        size: data.len(),
+                    }
                 }
             }
         }
         VcpuExit::MmioWrite(gpa, data) => {
-            if devices.is_some_and(|d| d.mmio_write(gpa, data)) {
-                Exit::Handled
-            } else {
-                Exit::Mmio {
+            match devices.map_or(Access::NotMine, |d| d.mmio_write(gpa, data, stopping)) {
+                Access::Done => Exit::Handled,
+                Access::GaveUp => Exit::Interrupted,
+                Access::NotMine => Exit::Mmio {
                     gpa,
                     write: true,
                     size: data.len(),
-                }
+                },
             }
         }
         VcpuExit::Hlt => Exit::Hlt,

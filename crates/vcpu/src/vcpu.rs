@@ -358,7 +358,8 @@ fn run_loop(
         if ctx.control.stop_requested() {
             return VcpuOutcome::Stopped;
         }
-        let exit = match next_exit(fd, devices.as_deref()) {
+        let stopping = || ctx.control.stop_requested();
+        let exit = match next_exit(fd, devices.as_deref(), &stopping) {
             Ok(exit) => exit,
             Err(e) if e.errno() == libc::EINTR => Exit::Interrupted,
             Err(e) if e.errno() == libc::EAGAIN => continue,

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use vm_memory::GuestMemoryMmap;
-use vmhost_devices::bus::{BusError, MmioBus};
+use vmhost_devices::bus::{Access, BusError, MmioBus};
 use vmhost_devices::host::{HostDevices, HostError};
 use vmhost_devices::mmio::{INTERRUPT_ACK_OFFSET, QUEUE_NOTIFY_OFFSET};
 use vmhost_devices::worker::{IoSource, IoThread, WorkerError};
@@ -142,6 +142,27 @@ impl VirtioAttachment {
     /// A guest write in the virtio windows; false if `gpa` is not in one.
     pub fn mmio_write(&self, gpa: u64, data: &[u8]) -> bool {
         self.bus.write(gpa, data)
+    }
+
+    /// A vCPU's read in the virtio windows: a device busy in a request is waited for only
+    /// while `give_up` (the VM's stop flag) is false ([`MmioBus::read_or_give_up`]).
+    pub fn mmio_read_or_give_up(
+        &self,
+        gpa: u64,
+        data: &mut [u8],
+        give_up: &dyn Fn() -> bool,
+    ) -> Access {
+        self.bus.read_or_give_up(gpa, data, give_up)
+    }
+
+    /// A vCPU's write in the virtio windows ([`MmioBus::write_or_give_up`]).
+    pub fn mmio_write_or_give_up(
+        &self,
+        gpa: u64,
+        data: &[u8],
+        give_up: &dyn Fn() -> bool,
+    ) -> Access {
+        self.bus.write_or_give_up(gpa, data, give_up)
     }
 
     /// The running I/O threads, in plan order.

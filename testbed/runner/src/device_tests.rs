@@ -11,8 +11,10 @@
 //! - the manifest boots and every device is bound to its driver, probed from the DSDT's
 //!   `LNRO0005` devices alone (no `virtio_mmio.device=` on the command line);
 //! - every file of the ext4 image (built by `testbed/build-disks.sh`) has its checksum;
-//! - a pattern the guest wrote and synced to the scratch disk (a loop block device with cache
-//!   `none`, so O_DIRECT) is in its backing file after vmhost is SIGKILLed;
+//! - a pattern the guest wrote and synced to the scratch disk (a `dm-log-writes` device over a
+//!   loop device, cache `none`) was on the device before a FLUSH that completed before the
+//!   guest's sync returned, by the target's own log ([`crate::dm_log`]), and is in its backing
+//!   file after vmhost is SIGKILLed;
 //! - the read-only disk is read-only in the guest, a write fails, the image is unchanged;
 //! - the guest pings the host over the tap and 64 MiB go each way with equal checksums;
 //! - the NoCloud seed mounts and its `user-data` is the manifest's, byte for byte;
@@ -60,6 +62,9 @@ pub struct Session {
     killed_code: i32,
     /// Checksum of the scratch image at the offset the guest wrote.
     scratch_sha: String,
+    /// The scratch device's `dm-log-writes` log, read once the device was removed, checked
+    /// against the bytes the image holds where the guest wrote: `Err` says what was missing.
+    scratch_log: Result<(), String>,
     /// The open flags (octal, from `/proc/<vmm>/fdinfo`) of vmhost's fd on the scratch device.
     scratch_flags: Option<u32>,
     /// Checksum of the manifest's `user-data`.
@@ -187,7 +192,7 @@ impl Drop for Loop {
 }
 
 /// The manifest: 1 socket × 2 dedicated cores, 384 MiB, the test kernel through
-/// `firmware.kernelBoot`, four disks (`scratch` is a loop block device with cache `none`:
+/// `firmware.kernelBoot`, four disks (`scratch` is a dm block device with cache `none`:
 /// O_DIRECT, which the host's tmpfs files do not take), a bridge interface on the pod network,
 /// rng.
 fn manifest(kernel: &Path, initrd: &Path, dir: &Path, scratch: &Path) -> String {
@@ -288,8 +293,8 @@ struct HostSide {
     files: BTreeMap<String, String>,
     /// The read-only image's checksum before the run.
     golden_before: String,
-    /// The scratch disk's backing file and its loop device.
-    scratch: (std::path::PathBuf, Loop),
+    /// The scratch disk.
+    scratch: Scratch,
     /// Checksum of the 64 MiB the host sends.
     to_guest_sha: String,
     /// Where the host writes the checksum of what it received.
@@ -310,13 +315,7 @@ fn prepare_host(env: &Env, dir: &Path) -> Result<HostSide, String> {
         dir.display()
     );
     let golden_before = sha256(&dir.join("golden.img"))?;
-    // The scratch disk: 16 MiB behind a loop device (cache none needs O_DIRECT).
-    let scratch = env.work.join("virtio-scratch.img");
-    let _ = std::fs::remove_file(&scratch);
-    std::fs::File::create(&scratch)
-        .and_then(|f| f.set_len(16 << 20))
-        .map_err(|e| format!("create {}: {e}", scratch.display()))?;
-    let scratch_dev = Loop::attach(&scratch)?;
+    let scratch = Scratch::new(env)?;
     let (to_guest, from_guest) = (
         env.work.join("virtio-to-guest.bin"),
         env.work.join("virtio-from-guest.sum"),
@@ -337,12 +336,69 @@ fn prepare_host(env: &Env, dir: &Path) -> Result<HostSide, String> {
     Ok(HostSide {
         files,
         golden_before,
-        scratch: (scratch, scratch_dev),
+        scratch,
         to_guest_sha,
         from_guest,
         user_data_sha,
         helpers,
     })
+}
+
+/// The mark set in the scratch device's log once the guest's `GUEST-SYNCED` line is out.
+const SYNCED: &str = "guest-synced";
+/// Where the guest writes its pattern on the scratch disk, and how much (devices.sh).
+const PATTERN: (u64, usize) = (1 << 20, 256 << 10);
+
+/// The scratch disk: 16 MiB in a file behind a loop device, and a `dm-log-writes` device
+/// over it that logs every write, FLUSH and mark to a second loop device (cache none needs a
+/// block device for O_DIRECT; the log shows what reached the device and when).
+struct Scratch {
+    file: std::path::PathBuf,
+    log_file: std::path::PathBuf,
+    // Field order is drop order: the dm device goes before its loop devices.
+    dm: crate::dm_log::DmDevice,
+    _data: Loop,
+    _log: Loop,
+}
+
+impl Scratch {
+    fn new(env: &Env) -> Result<Self, String> {
+        let file = env.work.join("virtio-scratch.img");
+        let log_file = env.work.join("virtio-scratch.log");
+        for (f, size) in [(&file, 16u64 << 20), (&log_file, 32 << 20)] {
+            let _ = std::fs::remove_file(f);
+            std::fs::File::create(f)
+                .and_then(|h| h.set_len(size))
+                .map_err(|e| format!("create {}: {e}", f.display()))?;
+        }
+        let (data, log) = (Loop::attach(&file)?, Loop::attach(&log_file)?);
+        let target = format!("log-writes {} {}", data.0, log.0);
+        let dm = crate::dm_log::DmDevice::create("vmhost-scratch", 32768, &target)?;
+        Ok(Scratch {
+            file,
+            log_file,
+            dm,
+            _data: data,
+            _log: log,
+        })
+    }
+
+    /// Removes the dm device (its log is complete then) and checks the log: the bytes the
+    /// image holds where the guest wrote were on the device before a FLUSH ahead of
+    /// [`SYNCED`].
+    fn check_log(&mut self) -> Result<(), String> {
+        self.dm.remove()?;
+        let log = std::fs::read(&self.log_file)
+            .map_err(|e| format!("{}: {e}", self.log_file.display()))?;
+        let image =
+            std::fs::read(&self.file).map_err(|e| format!("{}: {e}", self.file.display()))?;
+        let (offset, len) = PATTERN;
+        let start = usize::try_from(offset).map_err(|e| e.to_string())?;
+        let want = image
+            .get(start..start + len)
+            .ok_or_else(|| format!("the image is shorter than {}", start + len))?;
+        crate::dm_log::parse(&log)?.flushed_before_mark(SYNCED, offset, want)
+    }
 }
 
 /// Checksum of the scratch image where the guest's `GUEST-SYNCED` line says it wrote.
@@ -363,7 +419,7 @@ fn run_session(env: &Env) -> Result<Session, String> {
     let mut host = prepare_host(env, &dir)?;
     let yaml = env.work.join(format!("{VM}.yaml"));
     let initrd = env.work.join("guest/initramfs-devices.cpio");
-    let text = manifest(&a.vmlinux, &initrd, &dir, Path::new(&host.scratch.1 .0));
+    let text = manifest(&a.vmlinux, &initrd, &dir, Path::new(&host.scratch.dm.dev));
     std::fs::write(&yaml, text).map_err(|e| format!("write {}: {e}", yaml.display()))?;
     let plan = env.plan(&yaml)?;
     let mac = at(&plan, "/devices/spec/interfaces/0/mac")?
@@ -377,7 +433,9 @@ fn run_session(env: &Env) -> Result<Session, String> {
 
     let out = env.work.join(format!("{VM}.out"));
     let serial = wait_for(&out, "GUEST-SYNCED", &|| vm.stderr())?;
-    let scratch_flags = fd_flags(vm.vmm, &host.scratch.1 .0);
+    let scratch_flags = fd_flags(vm.vmm, &host.scratch.dm.dev);
+    // After the guest's sync returned: everything it made durable is ahead of this mark.
+    host.scratch.dm.message(&["mark", SYNCED])?;
     env.signal(vm.pid, libc::SIGKILL)?;
     let killed_code = env.wait(vm.pid)?;
     host.helpers.wait_all(Duration::from_secs(10));
@@ -385,7 +443,8 @@ fn run_session(env: &Env) -> Result<Session, String> {
         println!("     vmhost: {l}");
     }
     let lines = guest_lines(&serial);
-    let scratch_sha = scratch_written(&lines, &host.scratch.0)?;
+    let scratch_sha = scratch_written(&lines, &host.scratch.file)?;
+    let scratch_log = host.scratch.check_log();
     let received = std::fs::read_to_string(&host.from_guest).unwrap_or_default();
     Ok(Session {
         tail: format!("{}; stderr: {}", tail(&serial), vm.stderr()),
@@ -399,6 +458,7 @@ fn run_session(env: &Env) -> Result<Session, String> {
         ),
         killed_code,
         scratch_sha,
+        scratch_log,
         scratch_flags,
         user_data_sha: host.user_data_sha.clone(),
     })
@@ -561,8 +621,10 @@ pub fn disk_checksums(env: &Env) -> Outcome {
     Ok(())
 }
 
-/// The guest's disk is in write-back mode (it sends FLUSH), and the pattern it wrote with
-/// `conv=fsync` and `sync` is in the image after SIGKILL.
+/// The guest's disk is in write-back mode (it sends FLUSH), the pattern it wrote with
+/// `conv=fsync` and `sync` is in the image after SIGKILL, and the `dm-log-writes` log shows it
+/// on the device before a FLUSH that completed before the guest's sync returned (a vmhost
+/// whose FLUSH skips `fdatasync` leaves no FLUSH in the log ahead of the mark).
 pub fn flush_durability(env: &Env) -> Outcome {
     let s = session(env)?;
     let want = s.get("offset", "sha256")?;
@@ -594,6 +656,9 @@ pub fn flush_durability(env: &Env) -> Outcome {
         "scratch image at the written offset has sha256 {}, the guest wrote {want}",
         s.scratch_sha
     );
+    s.scratch_log
+        .clone()
+        .map_err(|e| format!("the scratch device's write log: {e}"))?;
     Ok(())
 }
 
@@ -695,6 +760,158 @@ pub fn hwrng(env: &Env) -> Outcome {
     ensure!(
         hex.len() == 128 && hex.chars().any(|c| c != '0'),
         "/dev/hwrng bytes {hex:?}"
+    );
+    Ok(())
+}
+
+/// The VM of the hung-storage test.
+const HUNG_VM: &str = "hung-vmi";
+/// How long each step of the hung-storage test may take (a deadline, not a measurement).
+const HUNG_STEP: Duration = Duration::from_secs(180);
+
+/// One disk (`vdisk`, cache none) on `dev`, the test kernel and the devices initramfs.
+fn hung_manifest(kernel: &Path, initrd: &Path, dev: &str) -> String {
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata:
+  name: {HUNG_VM}
+spec:
+  domain:
+    cpu: {{sockets: 1, cores: 2, threads: 1, dedicatedCpuPlacement: true}}
+    memory: {{guest: 256Mi}}
+    firmware:
+      kernelBoot:
+        kernelArgs: "{cmdline} vmhost.action=devices"
+        container:
+          image: registry.example/testbed-kernel:6.1
+          kernelPath: {kernel}
+          initrdPath: {initrd}
+    devices:
+      autoattachGraphicsDevice: false
+      disks:
+        - name: vdisk
+          disk: {{bus: virtio}}
+          cache: none
+  volumes:
+    - name: vdisk
+      hostDisk: {{path: {dev}, type: Disk}}
+"#,
+        cmdline = crate::linux_tests::CMDLINE,
+        kernel = kernel.display(),
+        initrd = initrd.display(),
+    )
+}
+
+/// Polls `what` every 100 ms until it gives `Some`, for at most [`HUNG_STEP`].
+fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T, String> {
+    let deadline = Instant::now() + HUNG_STEP;
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{what}: not within {HUNG_STEP:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A thread's state letter (`/proc/<pid>/task/<tid>/stat`, after the name).
+fn task_state(pid: u32, tid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// vmhost's I/O threads that are in uninterruptible sleep (`D`).
+fn io_threads_in_d(pid: u32) -> Vec<u32> {
+    crate::host::threads(pid)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.name.starts_with("vmhost-io"))
+        .filter(|t| task_state(pid, t.tid) == Some('D'))
+        .map(|t| t.tid)
+        .collect()
+}
+
+/// Hung storage: the VM's disk is a dm-linear device over a loop device, suspended while the
+/// guest boots, so the guest's first read (the partition scan) leaves vmhost's I/O thread in
+/// uninterruptible sleep. Then SIGTERM: vmhost prints its report and its vCPU threads are gone
+/// (`/proc/<pid>/task`) while the device is still suspended and the process is alive; after
+/// `dmsetup resume` it exits 130 (stopped from outside) and leaves no process behind.
+pub fn hung_storage_stops(env: &Env) -> Outcome {
+    let a = assets(env)?;
+    let file = env.work.join("virtio-hung.img");
+    let _ = std::fs::remove_file(&file);
+    std::fs::File::create(&file)
+        .and_then(|f| f.set_len(16 << 20))
+        .map_err(|e| format!("create {}: {e}", file.display()))?;
+    let backing = Loop::attach(&file)?;
+    let dm =
+        crate::dm_log::DmDevice::create("vmhost-hung", 32768, &format!("linear {} 0", backing.0))?;
+    let yaml = env.work.join(format!("{HUNG_VM}.yaml"));
+    let initrd = env.work.join("guest/initramfs-devices.cpio");
+    std::fs::write(&yaml, hung_manifest(&a.vmlinux, &initrd, &dm.dev))
+        .map_err(|e| format!("write {}: {e}", yaml.display()))?;
+    let vm = env.start(
+        HUNG_VM,
+        env.command(&["--config", &yaml.to_string_lossy()]),
+        2,
+    )?;
+    dm.suspend(true)?;
+    let hung = until(
+        "vmhost's I/O thread in uninterruptible sleep on the suspended disk",
+        || Some(io_threads_in_d(vm.vmm)).filter(|t| !t.is_empty()),
+    )
+    .map_err(|e| format!("{e}; stderr: {}", vm.stderr()))?;
+    println!("     I/O thread(s) {hung:?} in D on the suspended disk; SIGTERM");
+    env.signal(vm.pid, libc::SIGTERM)?;
+    let out = env.work.join(format!("{HUNG_VM}.out"));
+    let report = format!("VM {HUNG_VM}: ");
+    let line = until("the report after SIGTERM while the disk hangs", || {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        text.lines()
+            .find(|l| l.starts_with(&report) && l.contains("exit code"))
+            .map(str::to_string)
+    })
+    .map_err(|e| format!("{e}; stderr: {}", vm.stderr()))?;
+    // The report is out: now, with the device still suspended, the process must be alive
+    // (its I/O thread cannot end) and every vCPU thread gone.
+    let threads = crate::host::threads(vm.pid)?;
+    let vcpus: Vec<&str> = threads
+        .iter()
+        .filter(|t| t.name.starts_with("vcpu"))
+        .map(|t| t.name.as_str())
+        .collect();
+    let still_hung = io_threads_in_d(vm.vmm);
+    let suspended = dm.suspended()?;
+    dm.suspend(false)?;
+    let code = env.wait(vm.pid)?;
+    ensure!(
+        suspended && !still_hung.is_empty(),
+        "the device was resumed ({suspended}) or the I/O thread left D ({still_hung:?}) before \
+         the report: the test did not hold the storage hung"
+    );
+    ensure!(
+        vcpus.is_empty(),
+        "vCPU threads {vcpus:?} still there after the report; stderr: {}",
+        vm.stderr()
+    );
+    ensure!(
+        line.contains("(exit code 130)") && code == 130,
+        "report {line:?} and exit status {code}, want 130 (stopped from outside); stderr: {}",
+        vm.stderr()
+    );
+    ensure!(
+        !Path::new(&format!("/proc/{}", vm.pid)).exists(),
+        "vmhost (pid {}) is still there after it was reaped",
+        vm.pid
+    );
+    let stderr = vm.stderr();
+    ensure!(
+        stderr.contains("still in a device request"),
+        "vmhost's stderr does not name the hung I/O thread: {stderr}"
     );
     Ok(())
 }

@@ -13,6 +13,7 @@
 mod cgroup_tests;
 mod device_bench;
 mod device_tests;
+mod dm_log;
 mod host;
 mod ledger_tests;
 mod linux_bench;
@@ -184,6 +185,10 @@ const FOUR_NODE: &[Test] = &[
     (
         "virtio_blk_flush_durability",
         device_tests::flush_durability,
+    ),
+    (
+        "virtio_blk_hung_storage_stops",
+        device_tests::hung_storage_stops,
     ),
     ("virtio_blk_read_only", device_tests::read_only),
     (

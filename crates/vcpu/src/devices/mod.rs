@@ -18,6 +18,7 @@ use crate::control::lock;
 use debugport::{BootMarks, DEBUG_PORT};
 use legacy::{Legacy, PortAction};
 use serial::SerialConsole;
+use vmhost_devices::bus::Access;
 
 /// The port-I/O bus of a Linux guest, and its virtio-mmio devices.
 #[derive(Debug)]
@@ -82,16 +83,19 @@ impl LinuxDevices {
         self.virtio.as_ref()
     }
 
-    /// A guest MMIO read; false (and `data` untouched) when no device has the address.
-    pub fn mmio_read(&self, gpa: u64, data: &mut [u8]) -> bool {
-        self.virtio.as_ref().is_some_and(|v| v.mmio_read(gpa, data))
+    /// A guest MMIO read (`data` untouched unless [`Access::Done`]); a device busy in a
+    /// request is waited for only while `give_up` (the VM's stop flag) is false.
+    pub fn mmio_read(&self, gpa: u64, data: &mut [u8], give_up: &dyn Fn() -> bool) -> Access {
+        self.virtio.as_ref().map_or(Access::NotMine, |v| {
+            v.mmio_read_or_give_up(gpa, data, give_up)
+        })
     }
 
-    /// A guest MMIO write; false when no device has the address.
-    pub fn mmio_write(&self, gpa: u64, data: &[u8]) -> bool {
-        self.virtio
-            .as_ref()
-            .is_some_and(|v| v.mmio_write(gpa, data))
+    /// A guest MMIO write; as [`LinuxDevices::mmio_read`].
+    pub fn mmio_write(&self, gpa: u64, data: &[u8], give_up: &dyn Fn() -> bool) -> Access {
+        self.virtio.as_ref().map_or(Access::NotMine, |v| {
+            v.mmio_write_or_give_up(gpa, data, give_up)
+        })
     }
 }
 
