@@ -9,15 +9,13 @@
 //! A file that does not exist (the controller is not enabled there) means no limit; a file that
 //! exists but cannot be read or parsed is an error naming it, never a silent "unlimited".
 
-use std::{
-    fs, io,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use crate::{
     cpulist,
     error::TopologyError,
     model::{AllowedMems, HugetlbLimit},
+    sysfs::{number_error, read_optional},
 };
 
 /// This process's cgroup membership file on a live host.
@@ -198,28 +196,14 @@ fn read_limit(path: &Path) -> Result<Option<u64>, TopologyError> {
     if text == "max" {
         return Ok(None);
     }
-    let bytes: u64 = text.parse().map_err(|_| TopologyError::ParseSysfsNumber {
-        path: path.to_owned(),
-        text: text.to_owned(),
-    })?;
+    let bytes: u64 = text.parse().map_err(|_| number_error(path, text))?;
     Ok((bytes < UNLIMITED_BYTES).then_some(bytes))
-}
-
-/// A file's text, or `None` when it does not exist.
-fn read_optional(path: &Path) -> Result<Option<String>, TopologyError> {
-    match fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(TopologyError::ReadSysfs {
-            path: path.to_owned(),
-            source,
-        }),
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     const MI2: u64 = 2 << 20;
     const GI1: u64 = 1 << 30;

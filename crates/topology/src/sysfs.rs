@@ -159,7 +159,7 @@ fn read_number(path: &Path) -> Result<u64, TopologyError> {
 }
 
 /// The error for a file that should hold numbers.
-fn number_error(path: &Path, text: &str) -> TopologyError {
+pub(crate) fn number_error(path: &Path, text: &str) -> TopologyError {
     TopologyError::ParseSysfsNumber {
         path: path.to_owned(),
         text: text.trim().to_owned(),
@@ -167,7 +167,7 @@ fn number_error(path: &Path, text: &str) -> TopologyError {
 }
 
 /// A file's text, or `None` when it does not exist.
-fn read_optional(path: &Path) -> Result<Option<String>, TopologyError> {
+pub(crate) fn read_optional(path: &Path) -> Result<Option<String>, TopologyError> {
     match fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
