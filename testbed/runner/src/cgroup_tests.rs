@@ -197,6 +197,17 @@ pub fn stop_signals_through_the_supervisor(env: &Env) -> Outcome {
 /// A pod-like cgroup (what a Guaranteed pod gets under the static CPU manager): node 1's PUs
 /// and memory only. Returns its directory.
 fn make_pod(env: &Env, name: &str) -> Result<PathBuf, String> {
+    make_pod_with(env, name, &host::node_cpus(1)?, "1")
+}
+
+/// A pod-like cgroup `name` with `cpus` in `cpuset.cpus` and `mems` in `cpuset.mems`, removed
+/// by the runner's cleanup. Returns its directory.
+pub(crate) fn make_pod_with(
+    env: &Env,
+    name: &str,
+    cpus: &[u32],
+    mems: &str,
+) -> Result<PathBuf, String> {
     host::write(
         &format!("{ROOT}/cgroup.subtree_control"),
         "+cpuset +memory +hugetlb",
@@ -209,19 +220,18 @@ fn make_pod(env: &Env, name: &str) -> Result<PathBuf, String> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push(dir.clone());
-    let node1 = host::node_cpus(1)?;
-    let list = node1
+    let list = cpus
         .iter()
         .map(u32::to_string)
         .collect::<Vec<_>>()
         .join(",");
     host::write(&dir.join("cpuset.cpus").to_string_lossy(), &list)?;
-    host::write(&dir.join("cpuset.mems").to_string_lossy(), "1")?;
+    host::write(&dir.join("cpuset.mems").to_string_lossy(), mems)?;
     Ok(dir)
 }
 
 /// A vmhost command that starts inside cgroup `dir` (it moves itself there, then execs).
-fn command_in(env: &Env, dir: &Path, args: &[&str]) -> Command {
+pub(crate) fn command_in(env: &Env, dir: &Path, args: &[&str]) -> Command {
     let inner = env.command(args);
     let mut c = Command::new("/bin/sh");
     c.arg("-c")

@@ -3,54 +3,12 @@
 //! free pool. The plan must follow the cgroup, the pages must land where it allows
 //! (`numa_maps`), and a VM the cgroup cannot hold is refused naming it, with no page taken.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
+use crate::cgroup_tests::{command_in, make_pod_with};
 use crate::host;
 use crate::vm::{at, dedicated_spec, opt_num, Env};
 use crate::{ensure, Outcome};
-
-const ROOT: &str = "/sys/fs/cgroup";
-
-/// A pod-like cgroup `name` with `cpus` in `cpuset.cpus` and `mems` in `cpuset.mems`, removed
-/// by the runner's cleanup. Returns its directory.
-fn make_pod(env: &Env, name: &str, cpus: &[u32], mems: &str) -> Result<PathBuf, String> {
-    host::write(
-        &format!("{ROOT}/cgroup.subtree_control"),
-        "+cpuset +memory +hugetlb",
-    )?;
-    let dir = PathBuf::from(ROOT).join(name);
-    if !dir.exists() {
-        std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-    }
-    env.cgroups
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(dir.clone());
-    let list = cpus
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
-    host::write(&dir.join("cpuset.cpus").to_string_lossy(), &list)?;
-    host::write(&dir.join("cpuset.mems").to_string_lossy(), mems)?;
-    Ok(dir)
-}
-
-/// A vmhost command that starts inside cgroup `dir` (the shell moves itself there, then execs).
-fn command_in(env: &Env, dir: &Path, args: &[&str]) -> Command {
-    let inner = env.command(args);
-    let mut c = Command::new("/bin/sh");
-    c.arg("-c")
-        .arg(format!(
-            "echo $$ > {}/cgroup.procs && exec \"$@\"",
-            dir.display()
-        ))
-        .arg("sh")
-        .arg(inner.get_program())
-        .args(inner.get_args());
-    c
-}
 
 /// Runs vmhost in the pod and returns its output.
 fn run_in(env: &Env, pod: &Path, args: &[&str], what: &str) -> Result<crate::vm::Output, String> {
@@ -79,7 +37,7 @@ fn memory_nodes(plan: &serde_json::Value) -> Result<Vec<u32>, String> {
 pub fn memory_on_the_pods_node(env: &Env) -> Outcome {
     host::set_2m_pools(&[64, 64])?;
     let node0 = host::node_cpus(0)?;
-    let pod = make_pod(env, "tbpodmems", &node0, "1")?;
+    let pod = make_pod_with(env, "tbpodmems", &node0, "1")?;
     ensure!(
         host::parse_list(&host::read(
             &pod.join("cpuset.mems.effective").to_string_lossy()
@@ -147,7 +105,7 @@ fn refuses_what_node1_cannot_hold(env: &Env, pod: &Path) -> Outcome {
 /// taken (the pools and the cgroup's `hugetlb.2MB.current` unchanged), a 16-page VM plans.
 pub fn hugetlb_limit_refuses(env: &Env) -> Outcome {
     host::set_2m_pools(&[64, 64])?;
-    let pod = make_pod(env, "tbpodhtlb", &host::node_cpus(1)?, "1")?;
+    let pod = make_pod_with(env, "tbpodhtlb", &host::node_cpus(1)?, "1")?;
     host::write(
         &pod.join("hugetlb.2MB.max").to_string_lossy(),
         &(16u64 << 21).to_string(),
