@@ -56,6 +56,7 @@ mod emulator;
 mod exits;
 mod linux;
 pub mod payload;
+pub mod persist;
 pub mod placement;
 pub mod report;
 mod setup;
