@@ -1,0 +1,393 @@
+//! vCPU and VM state on real `/dev/kvm`: a guest counting in memory and in a register is
+//! stopped, its state saved and serialized, and a fresh VM with a copy of its memory continues
+//! exactly where it stopped; the compatibility check refuses what the host cannot run.
+
+mod common;
+
+use common::*;
+use kvm_bindings::{
+    kvm_irqchip, kvm_pit_config, kvm_userspace_memory_region, KVM_IRQCHIP_IOAPIC,
+    KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE, KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vmhost_vcpu::persist::{
+    CompatError, PersistError, TargetCaps, VcpuState, VcpuStateLayout, VmState,
+    MSR_IA32_TSC_DEADLINE,
+};
+use zerocopy::{FromBytes, IntoBytes};
+
+const MEM: usize = 0x10000;
+const CODE: u64 = 0x1000;
+const COUNTER: u64 = 0x3000;
+const PORT: u16 = 0x10;
+/// The vCPU id (not 0, so that the LAPIC ID and MP state are not KVM's defaults).
+const VCPU: u64 = 1;
+
+/// Real mode: `inc dword [0x3000]; inc ebx; mov al, bl; out 0x10, al; jmp back`.
+const LOOP: [u8; 13] = [
+    0x66, 0xff, 0x06, 0x00, 0x30, 0x66, 0x43, 0x88, 0xd8, 0xe6, 0x10, 0xeb, 0xf3,
+];
+/// `kvm_irqchip` bytes: the IOAPIC's redirection entry 5 (chip id and pad, then 24 bytes of
+/// IOAPIC header, then 8 bytes per entry).
+const IOAPIC_ENTRY5: usize = 8 + 24 + 5 * 8;
+/// Masked, vector 0x35.
+const ENTRY5_VALUE: u64 = (1 << 16) | 0x35;
+
+struct Guest {
+    // The fds drop before the memory they map.
+    vcpu: VcpuFd,
+    vm: VmFd,
+    mem: GuestMemoryMmap,
+}
+
+/// A VM with an in-kernel irqchip and PIT, `mem` as its RAM at 0, and vCPU [`VCPU`].
+fn guest(kvm: &Kvm, mem: GuestMemoryMmap) -> Guest {
+    let vm = kvm.create_vm().expect("KVM_CREATE_VM");
+    vm.create_irq_chip().expect("KVM_CREATE_IRQCHIP");
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    vm.create_pit2(pit).expect("KVM_CREATE_PIT2");
+    let host = mem.get_host_address(GuestAddress(0)).expect("host address");
+    let slot = kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: MEM as u64,
+        userspace_addr: host as u64,
+    };
+    // SAFETY: `host..host + MEM` is `mem`'s live mapping, which `Guest` keeps until after the
+    // VM fd is closed (field order); it is the VM's only slot.
+    unsafe { vm.set_user_memory_region(slot) }.expect("memslot");
+    let vcpu = vm.create_vcpu(VCPU).expect("KVM_CREATE_VCPU");
+    Guest { vcpu, vm, mem }
+}
+
+/// The source guest at the top of its loop, its LAPIC timer armed in TSC-deadline mode and its
+/// IOAPIC and PIT programmed, so that every piece of state differs from a fresh VM's.
+fn source(kvm: &Kvm) -> Guest {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).expect("memory");
+    mem.write_slice(&LOOP, GuestAddress(CODE)).expect("code");
+    let g = guest(kvm, mem);
+    g.vcpu.set_cpuid2(&supported(kvm)).expect("KVM_SET_CPUID2");
+    let mut sregs = g.vcpu.get_sregs().expect("sregs");
+    sregs.cs.base = 0;
+    sregs.cs.selector = 0;
+    g.vcpu.set_sregs(&sregs).expect("sregs");
+    let mut regs = g.vcpu.get_regs().expect("regs");
+    (regs.rip, regs.rflags, regs.rbx) = (CODE, 2, 0);
+    g.vcpu.set_regs(&regs).expect("regs");
+    g.vcpu
+        .set_mp_state(kvm_bindings::kvm_mp_state {
+            mp_state: KVM_MP_STATE_RUNNABLE,
+        })
+        .expect("runnable");
+    let mut lapic = g.vcpu.get_lapic().expect("lapic");
+    let lvtt = 0x320;
+    // TSC-deadline mode (bits 17-18 = 2), masked, vector 0xec.
+    let value: u32 = (2 << 17) | (1 << 16) | 0xec;
+    for (i, b) in value.to_le_bytes().into_iter().enumerate() {
+        lapic.regs[lvtt + i] = b as i8;
+    }
+    g.vcpu.set_lapic(&lapic).expect("lapic");
+    let far = 1u64 << 60;
+    let msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+        index: MSR_IA32_TSC_DEADLINE,
+        data: far,
+        ..Default::default()
+    }])
+    .expect("msrs");
+    assert_eq!(g.vcpu.set_msrs(&msrs).expect("deadline"), 1);
+    program_vm_devices(&g.vm);
+    g
+}
+
+/// The CPUID a vCPU is given. (On this nested KVM, leaf 1's APIC ID follows the host CPU the
+/// caller runs on, so two calls may differ there; no test compares them.)
+fn supported(kvm: &Kvm) -> kvm_bindings::CpuId {
+    kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .expect("KVM_GET_SUPPORTED_CPUID")
+}
+
+fn program_vm_devices(vm: &VmFd) {
+    let mut chip = kvm_irqchip {
+        chip_id: KVM_IRQCHIP_IOAPIC,
+        ..Default::default()
+    };
+    vm.get_irqchip(&mut chip).expect("get ioapic");
+    let mut bytes = chip.as_bytes().to_vec();
+    bytes[IOAPIC_ENTRY5..IOAPIC_ENTRY5 + 8].copy_from_slice(&ENTRY5_VALUE.to_le_bytes());
+    let chip = kvm_irqchip::read_from_bytes(&bytes).expect("chip");
+    vm.set_irqchip(&chip).expect("set ioapic");
+    let mut pit = vm.get_pit2().expect("pit");
+    pit.channels[0].count = 0x1234;
+    pit.channels[0].mode = 2;
+    vm.set_pit2(&pit).expect("set pit");
+}
+
+/// Runs `g` until it has written `n` values to [`PORT`]; returns them.
+fn run_outs(g: &mut Guest, n: usize) -> Vec<u8> {
+    let mut seen = Vec::with_capacity(n);
+    while seen.len() < n {
+        match g.vcpu.run().expect("KVM_RUN") {
+            VcpuExit::IoOut(PORT, data) => seen.push(data[0]),
+            other => panic!("unexpected exit {other:?}"),
+        }
+    }
+    seen
+}
+
+/// Leaves `KVM_RUN` the way a pause does: with `immediate_exit`, so KVM completes the pending
+/// `out` and the saved RIP is past it.
+fn complete_pending_io(g: &mut Guest) {
+    g.vcpu.set_kvm_immediate_exit(1);
+    let err = g.vcpu.run().expect_err("immediate exit");
+    assert_eq!(err.errno(), libc::EINTR);
+    g.vcpu.set_kvm_immediate_exit(0);
+}
+
+/// The xAPIC ID: the top byte of the ID register at 0x20.
+fn lapic_id(lapic: &kvm_bindings::kvm_lapic_state) -> u64 {
+    lapic.regs[0x23].to_ne_bytes()[0].into()
+}
+
+fn counter(mem: &GuestMemoryMmap) -> u32 {
+    mem.read_obj(GuestAddress(COUNTER)).expect("counter")
+}
+
+#[test]
+fn a_saved_guest_continues_in_a_fresh_vm_exactly_where_it_stopped() {
+    if !kvm_available("a_saved_guest_continues_in_a_fresh_vm_exactly_where_it_stopped") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let kvm = Kvm::new().expect("/dev/kvm");
+    let mut src = source(&kvm);
+    let layout = VcpuStateLayout::probe(&kvm, &src.vm).expect("layout");
+    assert_eq!(run_outs(&mut src, 50), (1..=50).collect::<Vec<u8>>());
+    complete_pending_io(&mut src);
+
+    let vcpu_state = VcpuState::save(&src.vcpu, &layout, &supported(&kvm)).expect("save vCPU");
+    let vm_state = VmState::save(&src.vm).expect("save VM");
+    let saved_regs = src.vcpu.get_regs().expect("regs");
+    let mut ram = vec![0u8; MEM];
+    src.mem.read_slice(&mut ram, GuestAddress(0)).expect("copy");
+    assert_eq!(counter(&src.mem), 50);
+    println!(
+        "saved {} of {} MSRs tried, {} bytes of XSAVE, TSC {} kHz",
+        vcpu_state.msrs.len(),
+        layout.msrs.len(),
+        vcpu_state.xsave.len(),
+        vcpu_state.tsc_khz
+    );
+    assert_eq!(vcpu_state.msr(MSR_IA32_TSC_DEADLINE), Some(1 << 60));
+
+    let json = serde_json::to_string(&(&vcpu_state, &vm_state)).expect("serialize");
+    let (vcpu_state, vm_state): (VcpuState, VmState) =
+        serde_json::from_str(&json).expect("deserialize");
+    vcpu_state
+        .check_compatible(&TargetCaps::probe(&kvm).expect("probe"))
+        .expect("this host runs its own state");
+    // What the source does next is what the copy must do.
+    let expected = run_outs(&mut src, 20);
+
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).expect("memory");
+    mem.write_slice(&ram, GuestAddress(0)).expect("copy in");
+    let mut dst = guest(&kvm, mem);
+    vm_state.restore(&dst.vm).expect("restore VM");
+    vcpu_state
+        .restore(&dst.vcpu, &layout)
+        .expect("restore vCPU");
+
+    assert_eq!(dst.vcpu.get_regs().expect("regs"), saved_regs);
+    assert_eq!(
+        dst.vcpu.get_mp_state().expect("mp").mp_state,
+        KVM_MP_STATE_RUNNABLE,
+        "a fresh vCPU 1 waits for INIT/SIPI; the saved one was running"
+    );
+    let lapic = dst.vcpu.get_lapic().expect("lapic");
+    assert_eq!(lapic_id(&lapic), VCPU);
+    let again = VcpuState::save(&dst.vcpu, &layout, &supported(&kvm)).expect("save the copy");
+    assert_eq!(again.msr(MSR_IA32_TSC_DEADLINE), Some(1 << 60));
+    for (what, a, b) in [
+        ("sregs", &again.sregs, &vcpu_state.sregs),
+        ("xsave", &again.xsave, &vcpu_state.xsave),
+        ("xcrs", &again.xcrs, &vcpu_state.xcrs),
+        ("debug", &again.debug_regs, &vcpu_state.debug_regs),
+        ("events", &again.events, &vcpu_state.events),
+    ] {
+        assert!(a == b, "{what} differs after restore");
+    }
+
+    assert_eq!(run_outs(&mut dst, 20), expected);
+    assert_eq!(counter(&dst.mem), 70, "the counter went on from 50");
+}
+
+#[test]
+fn vm_state_round_trips_and_the_clock_neither_jumps_back_nor_forward() {
+    if !kvm_available("vm_state_round_trips_and_the_clock_neither_jumps_back_nor_forward") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let kvm = Kvm::new().expect("/dev/kvm");
+    let src = source(&kvm);
+    let saved = VmState::save(&src.vm).expect("save");
+    let dst = guest(
+        &kvm,
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).expect("memory"),
+    );
+    let fresh = VmState::save(&dst.vm).expect("fresh");
+    assert_ne!(
+        fresh.ioapic, saved.ioapic,
+        "the source's IOAPIC was programmed"
+    );
+
+    let before_set = std::time::Instant::now();
+    saved.restore(&dst.vm).expect("restore");
+    let got = VmState::save(&dst.vm).expect("save again");
+    let bound = u64::try_from(before_set.elapsed().as_nanos()).expect("ns");
+
+    assert_eq!(got.pic_master, saved.pic_master);
+    assert_eq!(got.pic_slave, saved.pic_slave);
+    assert_eq!(got.ioapic, saved.ioapic);
+    assert_eq!(
+        got.ioapic[IOAPIC_ENTRY5..IOAPIC_ENTRY5 + 8],
+        ENTRY5_VALUE.to_le_bytes()
+    );
+    let pit = |s: &VmState| {
+        let mut p = kvm_bindings::kvm_pit_state2::read_from_bytes(&s.pit).expect("pit");
+        // KVM stamps the load time with its own clock on every set.
+        p.channels.iter_mut().for_each(|c| c.count_load_time = 0);
+        p
+    };
+    assert_eq!(pit(&got), pit(&saved));
+    assert_eq!(
+        (pit(&got).channels[0].count, pit(&got).channels[0].mode),
+        (0x1234, 2)
+    );
+    assert!(got.clock_ns >= saved.clock_ns, "kvmclock went backwards");
+    assert!(
+        got.clock_ns - saved.clock_ns <= bound,
+        "kvmclock advanced by {} ns, more than the {bound} ns since it was set: it jumped by \
+         the pause",
+        got.clock_ns - saved.clock_ns
+    );
+}
+
+#[test]
+fn a_state_from_another_tsc_rate_or_cpu_is_refused_before_a_vm_exists() {
+    if !kvm_available("a_state_from_another_tsc_rate_or_cpu_is_refused_before_a_vm_exists") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let kvm = Kvm::new().expect("/dev/kvm");
+    let src = source(&kvm);
+    let layout = VcpuStateLayout::probe(&kvm, &src.vm).expect("layout");
+    let state = VcpuState::save(&src.vcpu, &layout, &supported(&kvm)).expect("save");
+    let target = TargetCaps::probe(&kvm).expect("probe");
+    state
+        .check_compatible(&target)
+        .expect("compatible with itself");
+
+    let mut faster = state.clone();
+    faster.tsc_khz += 100_000;
+    let err = faster.check_compatible(&target).unwrap_err();
+    assert!(
+        matches!(err, CompatError::TscKhz { saved_khz, target_khz }
+            if saved_khz == target.tsc_khz + 100_000 && target_khz == target.tsc_khz),
+        "{err}"
+    );
+
+    // A leaf 7 EBX feature this KVM does not offer.
+    let supported = target
+        .supported
+        .iter()
+        .find(|e| e.function == 7 && e.index == 0)
+        .map_or(0, |e| e.regs[1]);
+    let bit = (0..32).map(|b| 1u32 << b).find(|b| supported & b == 0);
+    let bit = bit.expect("some leaf 7 EBX bit is unsupported");
+    let mut alien = state.clone();
+    let leaf7 = alien
+        .cpuid
+        .iter_mut()
+        .find(|e| e.function == 7 && e.index == 0)
+        .expect("leaf 7 saved");
+    leaf7.regs[1] |= bit;
+    let err = alien.check_compatible(&target).unwrap_err();
+    assert!(
+        matches!(err, CompatError::CpuidFeature { leaf: 7, subleaf: 0, reg: "ebx", missing }
+            if missing == bit),
+        "{err}"
+    );
+    println!("{err}");
+}
+
+/// `IA32_ARCH_CAPABILITIES`: listed by `KVM_GET_MSR_INDEX_LIST`, but on these hosts KVM takes
+/// only the value the vCPU already has (host facts).
+const MSR_ARCH_CAPABILITIES: u32 = 0x10a;
+
+#[test]
+fn an_unreadable_msr_is_left_out_and_a_refused_one_must_already_match() {
+    if !kvm_available("an_unreadable_msr_is_left_out_and_a_refused_one_must_already_match") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let kvm = Kvm::new().expect("/dev/kvm");
+    let src = source(&kvm);
+    let mut layout = VcpuStateLayout::probe(&kvm, &src.vm).expect("layout");
+    assert!(
+        layout.msrs.contains(&MSR_ARCH_CAPABILITIES),
+        "{:x?}",
+        layout.msrs
+    );
+    // An MSR no x86 CPU has, in the middle of the list: KVM_GET_MSRS stops there.
+    let bogus = 0x0000_2fff;
+    let at = layout.msrs.partition_point(|&m| m < bogus);
+    layout.msrs.insert(at, bogus);
+    let state = VcpuState::save(&src.vcpu, &layout, &supported(&kvm)).expect("save");
+    assert_eq!(state.msr(bogus), None);
+    assert_eq!(state.msrs.len(), layout.msrs.len() - 1, "all others saved");
+    let after = layout.msrs[at + 1];
+    assert!(state.msr(after).is_some(), "{after:#x} after the bogus one");
+
+    // Restoring the state as it is works (its ARCH_CAPABILITIES is the target's).
+    let fresh = || {
+        guest(
+            &kvm,
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap(),
+        )
+    };
+    let dst = fresh();
+    state.restore(&dst.vcpu, &layout).expect("restore");
+    // One from a host whose ARCH_CAPABILITIES differs: the guest may not see it change.
+    let theirs = state.msr(MSR_ARCH_CAPABILITIES).expect("saved") ^ 1;
+    let mut foreign = state.clone();
+    for m in foreign
+        .msrs
+        .iter_mut()
+        .filter(|m| m.index == MSR_ARCH_CAPABILITIES)
+    {
+        m.data = theirs;
+    }
+    let dst = fresh();
+    match foreign.restore(&dst.vcpu, &layout) {
+        Err(PersistError::MsrRefused {
+            index,
+            saved,
+            target,
+        }) => {
+            assert_eq!((index, saved), (MSR_ARCH_CAPABILITIES, theirs));
+            assert_ne!(target, theirs);
+            println!("refused as expected: ARCH_CAPABILITIES {theirs:#x} vs {target:#x}");
+        }
+        Ok(()) => {
+            // A KVM that takes the value must then hold it.
+            let again = VcpuState::save(&dst.vcpu, &layout, &supported(&kvm)).expect("save");
+            assert_eq!(again.msr(MSR_ARCH_CAPABILITIES), Some(theirs));
+            println!("this KVM set ARCH_CAPABILITIES to {theirs:#x}");
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
