@@ -33,6 +33,8 @@ const LOOP: [u8; 13] = [
 const IOAPIC_ENTRY5: usize = 8 + 24 + 5 * 8;
 /// Masked, vector 0x35.
 const ENTRY5_VALUE: u64 = (1 << 16) | 0x35;
+/// The source's XMM0, which only XSAVE carries over.
+const XMM0: [u8; 16] = [0xa5; 16];
 
 struct Guest {
     // The fds drop before the memory they map.
@@ -100,8 +102,38 @@ fn source(kvm: &Kvm) -> Guest {
     }])
     .expect("msrs");
     assert_eq!(g.vcpu.set_msrs(&msrs).expect("deadline"), 1);
+    set_xmm0(kvm, &g.vcpu);
     program_vm_devices(&g.vm);
     g
+}
+
+/// Puts [`XMM0`] into the vCPU's XSAVE state (with its SSE bit in XSTATE_BV: `KVM_SET_FPU`
+/// alone leaves that bit clear, and the guest would see XMM0 in its initial state).
+fn set_xmm0(kvm: &Kvm, vcpu: &VcpuFd) {
+    let size = kvm.check_extension_int(kvm_ioctls::Cap::Xsave2);
+    let legacy = std::mem::size_of::<kvm_bindings::kvm_xsave>();
+    assert!(
+        usize::try_from(size).unwrap_or(0) <= legacy,
+        "XSAVE2 size {size}"
+    );
+    let mut bytes = vcpu.get_xsave().expect("KVM_GET_XSAVE").as_bytes().to_vec();
+    bytes[XMM0_AT..XMM0_AT + 16].copy_from_slice(&XMM0);
+    bytes[XSTATE_BV_AT] |= 0b11;
+    let xsave = kvm_bindings::kvm_xsave::read_from_bytes(&bytes).expect("xsave");
+    // SAFETY: KVM copies in at most its XSAVE size, which is not above the 4 KiB of
+    // `kvm_xsave` (asserted above).
+    unsafe { vcpu.set_xsave(&xsave) }.expect("KVM_SET_XSAVE");
+}
+
+/// XMM0 in the legacy XSAVE region, and XSTATE_BV in its header.
+const XMM0_AT: usize = 160;
+const XSTATE_BV_AT: usize = 512;
+
+fn xmm0(vcpu: &VcpuFd) -> [u8; 16] {
+    let x = vcpu.get_xsave().expect("KVM_GET_XSAVE");
+    let mut r = [0; 16];
+    r.copy_from_slice(&x.as_bytes()[XMM0_AT..XMM0_AT + 16]);
+    r
 }
 
 /// The CPUID a vCPU is given. (On this nested KVM, leaf 1's APIC ID follows the host CPU the
@@ -207,6 +239,7 @@ fn a_saved_guest_continues_in_a_fresh_vm_exactly_where_it_stopped() {
         KVM_MP_STATE_RUNNABLE,
         "a fresh vCPU 1 waits for INIT/SIPI; the saved one was running"
     );
+    assert_eq!(xmm0(&dst.vcpu), XMM0);
     let lapic = dst.vcpu.get_lapic().expect("lapic");
     assert_eq!(lapic_id(&lapic), VCPU);
     let again = VcpuState::save(&dst.vcpu, &layout, &supported(&kvm)).expect("save the copy");
@@ -390,4 +423,49 @@ fn an_unreadable_msr_is_left_out_and_a_refused_one_must_already_match() {
         }
         Err(e) => panic!("{e}"),
     }
+}
+
+#[test]
+fn xsave_past_the_legacy_region_round_trips_and_a_torn_one_is_refused() {
+    if !kvm_available("xsave_past_the_legacy_region_round_trips_and_a_torn_one_is_refused") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let kvm = Kvm::new().expect("/dev/kvm");
+    let src = source(&kvm);
+    let mut layout = VcpuStateLayout::probe(&kvm, &src.vm).expect("layout");
+    println!("KVM_CAP_XSAVE2: {} bytes", layout.xsave_bytes);
+    assert_eq!(xmm0(&src.vcpu), XMM0);
+    // The XSAVE2 path with a buffer larger than this KVM needs: it fills what it has.
+    let legacy = std::mem::size_of::<kvm_bindings::kvm_xsave>();
+    layout.xsave_bytes = layout.xsave_bytes.max(legacy) + 256;
+    let state = VcpuState::save(&src.vcpu, &layout, &supported(&kvm)).expect("save");
+    assert_eq!(state.xsave.len(), layout.xsave_bytes);
+    let fresh = || {
+        guest(
+            &kvm,
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap(),
+        )
+    };
+    let dst = fresh();
+    state.restore(&dst.vcpu, &layout).expect("restore");
+    let back = dst.vcpu.get_xsave().expect("KVM_GET_XSAVE");
+    assert!(back.as_bytes() == &state.xsave[..legacy], "XSAVE differs");
+
+    let mut torn = state.clone();
+    torn.xsave.truncate(legacy - 1);
+    let err = torn.restore(&fresh().vcpu, &layout).unwrap_err();
+    assert!(
+        matches!(err, PersistError::Size { piece: "XSAVE", found, .. } if found == legacy - 1),
+        "{err}"
+    );
+    // A state from a VM with less XSAVE room than the target's is padded with zeros: the
+    // components it had no room for start in their initial state.
+    let mut short = state.clone();
+    short.xsave.truncate(legacy);
+    layout.xsave_bytes += 64;
+    let dst = fresh();
+    short.restore(&dst.vcpu, &layout).expect("padded restore");
+    let back = dst.vcpu.get_xsave().expect("KVM_GET_XSAVE");
+    assert!(back.as_bytes() == &state.xsave[..legacy], "XSAVE differs");
 }
