@@ -277,6 +277,13 @@ fn vm_state_round_trips_and_the_clock_neither_jumps_back_nor_forward() {
         "the source's IOAPIC was programmed"
     );
 
+    println!(
+        "kvmclock {} ns, flags {:#x} (TSC_STABLE {:#x}, REALTIME {:#x})",
+        saved.clock_ns,
+        saved.clock_flags,
+        kvm_bindings::KVM_CLOCK_TSC_STABLE,
+        kvm_bindings::KVM_CLOCK_REALTIME
+    );
     let before_set = std::time::Instant::now();
     saved.restore(&dst.vm).expect("restore");
     let got = VmState::save(&dst.vm).expect("save again");

@@ -34,27 +34,26 @@ const CHIPS: [(&str, u32); 3] = [
     ("IOAPIC", KVM_IRQCHIP_IOAPIC),
 ];
 
+fn get_chip(vm: &VmFd, (piece, chip_id): (&'static str, u32)) -> Result<Vec<u8>, PersistError> {
+    let mut chip = kvm_irqchip {
+        chip_id,
+        ..Default::default()
+    };
+    vm.get_irqchip(&mut chip)
+        .map_err(ioctl(piece, "KVM_GET_IRQCHIP"))?;
+    Ok(to_bytes(&chip))
+}
+
 impl VmState {
     /// Captures the state of `vm`, which has an in-kernel irqchip and PIT, with every vCPU out
     /// of `KVM_RUN`. The clock is read last, as close to the pause as possible.
     pub fn save(vm: &VmFd) -> Result<Self, PersistError> {
-        let mut chips = Vec::with_capacity(CHIPS.len());
-        for (piece, chip_id) in CHIPS {
-            let mut chip = kvm_irqchip {
-                chip_id,
-                ..Default::default()
-            };
-            vm.get_irqchip(&mut chip)
-                .map_err(ioctl(piece, "KVM_GET_IRQCHIP"))?;
-            chips.push(to_bytes(&chip));
-        }
+        let [master, slave, ioapic] = CHIPS;
+        let pic_master = get_chip(vm, master)?;
+        let pic_slave = get_chip(vm, slave)?;
+        let ioapic = get_chip(vm, ioapic)?;
         let pit = vm.get_pit2().map_err(ioctl("PIT", "KVM_GET_PIT2"))?;
         let clock = vm.get_clock().map_err(ioctl("kvmclock", "KVM_GET_CLOCK"))?;
-        let [pic_master, pic_slave, ioapic] =
-            <[Vec<u8>; 3]>::try_from(chips).map_err(|c| PersistError::TooLong {
-                piece: "irqchip",
-                len: c.len(),
-            })?;
         Ok(Self {
             pic_master,
             pic_slave,
