@@ -15,7 +15,8 @@
 //!   [`TargetCaps`]: a different TSC frequency or a CPUID feature the target KVM cannot give
 //!   is refused there.
 //! - On the target: create the VM, its irqchip and PIT, the memslots and the vCPUs, restore
-//!   [`VmState`], then each [`VcpuState`], then run.
+//!   [`VmState`], then each [`VcpuState`], then run. A restore that fails leaves the target
+//!   partly loaded: discard that VM, never run it.
 
 mod compat;
 mod raw;

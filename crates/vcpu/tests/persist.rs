@@ -217,6 +217,7 @@ fn a_saved_guest_continues_in_a_fresh_vm_exactly_where_it_stopped() {
     assert_eq!(vcpu_state.msr(MSR_IA32_TSC_DEADLINE), Some(1 << 60));
 
     let json = serde_json::to_string(&(&vcpu_state, &vm_state)).expect("serialize");
+    println!("vCPU + VM state: {} bytes of JSON", json.len());
     let (vcpu_state, vm_state): (VcpuState, VmState) =
         serde_json::from_str(&json).expect("deserialize");
     vcpu_state
