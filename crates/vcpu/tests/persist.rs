@@ -10,7 +10,8 @@ use kvm_bindings::{
     KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmhost_vcpu::arch::{BootLayout, USER_CS, USER_RFLAGS};
 use vmhost_vcpu::persist::{
     CompatError, PersistError, TargetCaps, VcpuState, VcpuStateLayout, VmState,
     MSR_IA32_TSC_DEADLINE,
@@ -40,11 +41,12 @@ struct Guest {
     // The fds drop before the memory they map.
     vcpu: VcpuFd,
     vm: VmFd,
-    mem: GuestMemoryMmap,
+    /// Guest RAM at 0, then (long mode) the boot area: one region each, one memslot each.
+    mems: Vec<GuestMemoryMmap>,
 }
 
-/// A VM with an in-kernel irqchip and PIT, `mem` as its RAM at 0, and vCPU [`VCPU`].
-fn guest(kvm: &Kvm, mem: GuestMemoryMmap) -> Guest {
+/// A VM with an in-kernel irqchip and PIT, `mems` as its memslots, and vCPU [`VCPU`].
+fn guest(kvm: &Kvm, mems: Vec<GuestMemoryMmap>) -> Guest {
     let vm = kvm.create_vm().expect("KVM_CREATE_VM");
     vm.create_irq_chip().expect("KVM_CREATE_IRQCHIP");
     let pit = kvm_pit_config {
@@ -52,19 +54,48 @@ fn guest(kvm: &Kvm, mem: GuestMemoryMmap) -> Guest {
         ..Default::default()
     };
     vm.create_pit2(pit).expect("KVM_CREATE_PIT2");
-    let host = mem.get_host_address(GuestAddress(0)).expect("host address");
-    let slot = kvm_userspace_memory_region {
-        slot: 0,
-        flags: 0,
-        guest_phys_addr: 0,
-        memory_size: MEM as u64,
-        userspace_addr: host as u64,
-    };
-    // SAFETY: `host..host + MEM` is `mem`'s live mapping, which `Guest` keeps until after the
-    // VM fd is closed (field order); it is the VM's only slot.
-    unsafe { vm.set_user_memory_region(slot) }.expect("memslot");
+    for (slot, region) in (0u32..).zip(mems.iter().flat_map(|m| m.iter())) {
+        let gpa = region.start_addr();
+        let host = region
+            .get_host_address(vm_memory::MemoryRegionAddress(0))
+            .expect("host address");
+        let slot = kvm_userspace_memory_region {
+            slot,
+            flags: 0,
+            guest_phys_addr: gpa.0,
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+        };
+        // SAFETY: the region is a live mapping of `mems`, which `Guest` keeps until after the
+        // VM fd is closed (field order); the regions do not overlap.
+        unsafe { vm.set_user_memory_region(slot) }.expect("memslot");
+    }
     let vcpu = vm.create_vcpu(VCPU).expect("KVM_CREATE_VCPU");
-    Guest { vcpu, vm, mem }
+    Guest { vcpu, vm, mems }
+}
+
+/// A copy of guest memory, region by region, as a restore gets it.
+fn copy_of(mems: &[GuestMemoryMmap]) -> Vec<GuestMemoryMmap> {
+    mems.iter()
+        .map(|m| {
+            let ranges: Vec<_> = m
+                .iter()
+                .map(|r| (r.start_addr(), usize::try_from(r.len()).expect("size")))
+                .collect();
+            let copy = GuestMemoryMmap::from_ranges(&ranges).expect("memory");
+            for &(start, len) in &ranges {
+                let mut bytes = vec![0u8; len];
+                m.read_slice(&mut bytes, start).expect("read");
+                copy.write_slice(&bytes, start).expect("write");
+            }
+            copy
+        })
+        .collect()
+}
+
+/// Fresh guest RAM.
+fn blank() -> Vec<GuestMemoryMmap> {
+    vec![GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).expect("memory")]
 }
 
 /// The source guest at the top of its loop, its LAPIC timer armed in TSC-deadline mode and its
@@ -72,7 +103,7 @@ fn guest(kvm: &Kvm, mem: GuestMemoryMmap) -> Guest {
 fn source(kvm: &Kvm) -> Guest {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).expect("memory");
     mem.write_slice(&LOOP, GuestAddress(CODE)).expect("code");
-    let g = guest(kvm, mem);
+    let g = guest(kvm, vec![mem]);
     g.vcpu.set_cpuid2(&supported(kvm)).expect("KVM_SET_CPUID2");
     let mut sregs = g.vcpu.get_sregs().expect("sregs");
     sregs.cs.base = 0;
@@ -159,6 +190,48 @@ fn program_vm_devices(vm: &VmFd) {
     vm.set_pit2(&pit).expect("set pit");
 }
 
+/// 64-bit ring 3: `inc qword [0x3000]; inc rbx; mov al, bl; out 0x10, al; jmp back`, then a
+/// `hlt` the exception handlers point at.
+const LOOP64: [u8; 18] = [
+    0x48, 0xff, 0x04, 0x25, 0x00, 0x30, 0x00, 0x00, 0x48, 0xff, 0xc3, 0x88, 0xd8, 0xe6, 0x10, 0xeb,
+    0xef, 0xf4,
+];
+/// Where the boot area (page tables, GDT, IDT, TSS, code) sits: above RAM, 2 MiB aligned.
+const BOOT_BASE: u64 = 4 << 20;
+
+/// A source guest in 64-bit long mode with paging, running [`LOOP64`] in ring 3 (natively on
+/// this nested KVM), laid out by the crate's own boot area.
+fn long_mode_source(kvm: &Kvm) -> Guest {
+    let ram = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).expect("memory");
+    let ram_range = 0..MEM as u64;
+    let boot = BootLayout::new(BOOT_BASE, 1 << 30, 1, std::slice::from_ref(&ram_range))
+        .expect("boot layout");
+    let hlt = boot.code + LOOP64.len() as u64 - 1;
+    let area = boot.build(&[hlt; 32]).expect("boot area");
+    area.write_slice(&LOOP64, GuestAddress(boot.code))
+        .expect("code");
+    let g = guest(kvm, vec![ram, area]);
+    g.vcpu.set_cpuid2(&supported(kvm)).expect("KVM_SET_CPUID2");
+    let mut sregs = g.vcpu.get_sregs().expect("sregs");
+    boot.configure_sregs(&mut sregs, 0);
+    sregs.cs = kvm_bindings::kvm_segment {
+        selector: USER_CS,
+        dpl: 3,
+        ..sregs.cs
+    };
+    sregs.ss = sregs.ds;
+    g.vcpu.set_sregs(&sregs).expect("sregs");
+    let mut regs = boot.initial_regs(0, boot.code);
+    regs.rflags = USER_RFLAGS;
+    g.vcpu.set_regs(&regs).expect("regs");
+    g.vcpu
+        .set_mp_state(kvm_bindings::kvm_mp_state {
+            mp_state: KVM_MP_STATE_RUNNABLE,
+        })
+        .expect("runnable");
+    g
+}
+
 /// Runs `g` until it has written `n` values to [`PORT`]; returns them.
 fn run_outs(g: &mut Guest, n: usize) -> Vec<u8> {
     let mut seen = Vec::with_capacity(n);
@@ -204,9 +277,8 @@ fn a_saved_guest_continues_in_a_fresh_vm_exactly_where_it_stopped() {
     let vcpu_state = VcpuState::save(&src.vcpu, &layout, &supported(&kvm)).expect("save vCPU");
     let vm_state = VmState::save(&src.vm).expect("save VM");
     let saved_regs = src.vcpu.get_regs().expect("regs");
-    let mut ram = vec![0u8; MEM];
-    src.mem.read_slice(&mut ram, GuestAddress(0)).expect("copy");
-    assert_eq!(counter(&src.mem), 50);
+    let copy = copy_of(&src.mems);
+    assert_eq!(counter(&src.mems[0]), 50);
     println!(
         "saved {} of {} MSRs tried, {} bytes of XSAVE, TSC {} kHz",
         vcpu_state.msrs.len(),
@@ -226,9 +298,7 @@ fn a_saved_guest_continues_in_a_fresh_vm_exactly_where_it_stopped() {
     // What the source does next is what the copy must do.
     let expected = run_outs(&mut src, 20);
 
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).expect("memory");
-    mem.write_slice(&ram, GuestAddress(0)).expect("copy in");
-    let mut dst = guest(&kvm, mem);
+    let mut dst = guest(&kvm, copy);
     vm_state.restore(&dst.vm).expect("restore VM");
     vcpu_state
         .restore(&dst.vcpu, &layout)
@@ -256,7 +326,43 @@ fn a_saved_guest_continues_in_a_fresh_vm_exactly_where_it_stopped() {
     }
 
     assert_eq!(run_outs(&mut dst, 20), expected);
-    assert_eq!(counter(&dst.mem), 70, "the counter went on from 50");
+    assert_eq!(counter(&dst.mems[0]), 70, "the counter went on from 50");
+}
+
+#[test]
+fn a_ring3_long_mode_guest_continues_in_a_fresh_vm() {
+    if !kvm_available("a_ring3_long_mode_guest_continues_in_a_fresh_vm") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let kvm = Kvm::new().expect("/dev/kvm");
+    let mut src = long_mode_source(&kvm);
+    let layout = VcpuStateLayout::probe(&kvm, &src.vm).expect("layout");
+    let first: Vec<u8> = (1..=1000u32).map(|i| i.to_le_bytes()[0]).collect();
+    assert_eq!(run_outs(&mut src, 1000), first);
+    complete_pending_io(&mut src);
+    let sregs = src.vcpu.get_sregs().expect("sregs");
+    assert_eq!(
+        (sregs.cs.dpl, sregs.efer & 0x500),
+        (3, 0x500),
+        "ring 3, long mode"
+    );
+    let state = VcpuState::save(&src.vcpu, &layout, &supported(&kvm)).expect("save vCPU");
+    let vm_state = VmState::save(&src.vm).expect("save VM");
+    let saved_regs = src.vcpu.get_regs().expect("regs");
+    let copy = copy_of(&src.mems);
+    let expected = run_outs(&mut src, 300);
+
+    let json = serde_json::to_vec(&state).expect("serialize");
+    let state: VcpuState = serde_json::from_slice(&json).expect("deserialize");
+    let mut dst = guest(&kvm, copy);
+    vm_state.restore(&dst.vm).expect("restore VM");
+    state.restore(&dst.vcpu, &layout).expect("restore vCPU");
+    assert_eq!(dst.vcpu.get_regs().expect("regs"), saved_regs);
+    assert_eq!(dst.vcpu.get_sregs().expect("sregs"), sregs);
+    assert_eq!(run_outs(&mut dst, 300), expected);
+    assert_eq!(counter(&dst.mems[0]), 1300, "the counter went on from 1000");
+    assert_eq!(dst.vcpu.get_regs().expect("regs").rbx, 1300);
 }
 
 #[test]
@@ -268,10 +374,7 @@ fn vm_state_round_trips_and_the_clock_neither_jumps_back_nor_forward() {
     let kvm = Kvm::new().expect("/dev/kvm");
     let src = source(&kvm);
     let saved = VmState::save(&src.vm).expect("save");
-    let dst = guest(
-        &kvm,
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).expect("memory"),
-    );
+    let dst = guest(&kvm, blank());
     let fresh = VmState::save(&dst.vm).expect("fresh");
     assert_ne!(
         fresh.ioapic, saved.ioapic,
@@ -394,12 +497,7 @@ fn an_unreadable_msr_is_left_out_and_a_refused_one_must_already_match() {
     assert!(state.msr(after).is_some(), "{after:#x} after the bogus one");
 
     // Restoring the state as it is works (its ARCH_CAPABILITIES is the target's).
-    let fresh = || {
-        guest(
-            &kvm,
-            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap(),
-        )
-    };
+    let fresh = || guest(&kvm, blank());
     let dst = fresh();
     state.restore(&dst.vcpu, &layout).expect("restore");
     // One from a host whose ARCH_CAPABILITIES differs: the guest may not see it change.
@@ -449,12 +547,7 @@ fn xsave_past_the_legacy_region_round_trips_and_a_torn_one_is_refused() {
     layout.xsave_bytes = layout.xsave_bytes.max(legacy) + 256;
     let state = VcpuState::save(&src.vcpu, &layout, &supported(&kvm)).expect("save");
     assert_eq!(state.xsave.len(), layout.xsave_bytes);
-    let fresh = || {
-        guest(
-            &kvm,
-            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap(),
-        )
-    };
+    let fresh = || guest(&kvm, blank());
     let dst = fresh();
     state.restore(&dst.vcpu, &layout).expect("restore");
     let back = dst.vcpu.get_xsave().expect("KVM_GET_XSAVE");
