@@ -59,17 +59,17 @@ pub enum PersistError {
     /// The target KVM refused an MSR and holds a different value for it, so the guest would
     /// see the MSR change across the move.
     #[error(
-        "KVM_SET_MSRS refused MSR {index:#x} (saved {saved:#x}, the target vCPU has \
-         {target:#x}): this host cannot give the guest the value it had; restore on a host \
-         with the same CPU model"
+        "KVM_SET_MSRS refused MSR {index:#x} (saved {saved:#x}, the target vCPU has {t}): this \
+         host cannot give the guest the value it had; restore on a host with the same CPU model",
+        t = target.map_or_else(|| "no readable value".to_owned(), |v| format!("{v:#x}"))
     )]
     MsrRefused {
         /// The MSR.
         index: u32,
         /// Its saved value.
         saved: u64,
-        /// The value the target vCPU holds.
-        target: u64,
+        /// The value the target vCPU holds, if it can read the MSR at all.
+        target: Option<u64>,
     },
     /// A saved irqchip holds another chip than its place in the state says.
     #[error("the saved {piece} holds irqchip {found}: the state is corrupt")]

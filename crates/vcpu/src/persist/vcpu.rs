@@ -329,10 +329,8 @@ fn write_msrs(fd: &VcpuFd, saved: &[MsrEntry]) -> Result<(), PersistError> {
             rest = &rest[written..];
             continue;
         };
-        let target = read_msrs(fd, &[refused.index])?
-            .first()
-            .map_or(!refused.data, |m| m.data);
-        if target != refused.data {
+        let target = read_msrs(fd, &[refused.index])?.first().map(|m| m.data);
+        if target != Some(refused.data) {
             return Err(PersistError::MsrRefused {
                 index: refused.index,
                 saved: refused.data,
