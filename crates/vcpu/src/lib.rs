@@ -6,8 +6,8 @@
 //! The split follows Firecracker's `vstate`: [`vm`] owns the VM (memslots, irqchip, boot area
 //! or kernel, devices), [`vcpu`] one vCPU thread and `exits` its exits, the emulator thread
 //! (`vmhost-emu`) the event loop that starts, stops and joins them. Architecture specifics sit
-//! in [`arch`], payloads in [`payload`], a Linux guest's devices in [`devices`], raw calls in
-//! `sys`.
+//! in [`arch`], payloads in [`payload`], a Linux guest's devices in [`devices`], the vCPU and VM
+//! state that a snapshot or migration moves in [`persist`], raw calls in `sys`.
 //!
 //! Flow: spec → plan → guest memory → [`Vm::new`] → [`Vm::run`] → [`RunReport`]. Stopping
 //! early: [`Vm::stop_handle`] (or [`stop_on_signals`] for SIGINT/SIGTERM); pausing, resuming
@@ -56,6 +56,7 @@ mod emulator;
 mod exits;
 mod linux;
 pub mod payload;
+pub mod persist;
 pub mod placement;
 pub mod report;
 mod setup;

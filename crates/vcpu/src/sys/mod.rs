@@ -277,6 +277,46 @@ pub fn restore_terminal() {
     }
 }
 
+/// `KVM_GET_XSAVE2` into a buffer of `entries` extra 32-bit words past the legacy 4 KiB
+/// `kvm_xsave` region; `entries` comes from `KVM_CHECK_EXTENSION(KVM_CAP_XSAVE2)`.
+pub fn get_xsave2(
+    fd: &kvm_ioctls::VcpuFd,
+    entries: usize,
+) -> Result<kvm_bindings::Xsave, kvm_ioctls::Error> {
+    let mut xsave =
+        kvm_bindings::Xsave::new(entries).map_err(|_| kvm_ioctls::Error::new(libc::E2BIG))?;
+    // SAFETY: `xsave` was allocated with `entries` words past the legacy region, the size
+    // KVM_CHECK_EXTENSION(KVM_CAP_XSAVE2) reported for this VM, so the kernel writes inside it.
+    unsafe { fd.get_xsave2(&mut xsave) }?;
+    Ok(xsave)
+}
+
+/// `KVM_SET_XSAVE` of the legacy `region` followed by `words`, through a buffer at least as
+/// large as the VM's XSAVE2 size.
+///
+/// `xsave_bytes` is the VM's `KVM_CHECK_EXTENSION(KVM_CAP_XSAVE2)` value (0 without XSAVE2);
+/// a smaller buffer is refused with `EINVAL` instead of letting the kernel read past it.
+pub fn set_xsave2(
+    fd: &kvm_ioctls::VcpuFd,
+    region: kvm_bindings::kvm_xsave,
+    words: &[u32],
+    xsave_bytes: usize,
+) -> Result<(), kvm_ioctls::Error> {
+    let einval = || kvm_ioctls::Error::new(libc::EINVAL);
+    let have = std::mem::size_of::<kvm_bindings::kvm_xsave>() + std::mem::size_of_val(words);
+    if have < xsave_bytes {
+        return Err(einval());
+    }
+    let mut xsave = kvm_bindings::Xsave::new(words.len()).map_err(|_| einval())?;
+    // SAFETY: only the fixed `xsave` region of the header is written; the length field the
+    // wrapper keeps for its `words.len()` entries is left as it is.
+    unsafe { xsave.as_mut_fam_struct() }.xsave = region;
+    xsave.as_mut_slice().copy_from_slice(words);
+    // SAFETY: the buffer holds at least the `xsave_bytes` KVM copies in for this VM (checked
+    // above), so the kernel reads only inside it.
+    unsafe { fd.set_xsave2(&xsave) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
