@@ -1,5 +1,6 @@
 //! Authenticated streams on a real socket pair: the key file loader, the mutual handshake, and
 //! the per-record MAC against altered, dropped, repeated, reordered, injected and cut records.
+#![allow(clippy::cast_possible_truncation)] // small test sizes
 
 use std::fs;
 use std::io::Read;

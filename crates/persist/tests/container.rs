@@ -1,5 +1,6 @@
 //! The record container: round trips, and every kind of bad input refused with a typed error
 //! that names what is wrong and where.
+#![allow(clippy::cast_possible_truncation)] // small test sizes
 
 use proptest::prelude::*;
 use vmhost_persist::container::{
