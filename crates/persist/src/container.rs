@@ -48,11 +48,6 @@ pub fn crc64(bytes: &[u8]) -> u64 {
     CRC.checksum(bytes)
 }
 
-/// A running CRC-64/XZ, for callers that checksum a file as they write or read it.
-pub(crate) fn crc64_digest() -> crc::Digest<'static, u64> {
-    CRC.digest()
-}
-
 /// A record's kind. Kinds below 16 belong to this crate; the VMM's state records take kinds
 /// from 16 on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -12,7 +12,9 @@
 //!
 //! Every file is created mode 0600 with `O_CREAT|O_EXCL|O_NOFOLLOW`: nothing is overwritten and
 //! no symbolic link is followed. The manifest lists each other file with its length and the
-//! CRC-64 of its bytes. [`Snapshot::open`] checks the whole directory before the caller
+//! SHA-256 of its bytes. (Not a CRC: every record of a file ends with the CRC of its own
+//! bytes, and a CRC run over data followed by that data's CRC ends in a constant, so the CRC
+//! of a whole file would depend only on its record lengths.) [`Snapshot::open`] checks the whole directory before the caller
 //! allocates anything: no file missing, none extra, no link, every length and checksum right,
 //! every file a well-formed container of a version this vmhost reads.
 
@@ -21,7 +23,9 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::container::{self, ContainerError, Header, Reader, RecordKind, Writer};
+use sha2::{Digest, Sha256};
+
+use crate::container::{ContainerError, Header, Reader, Record, RecordKind, Writer};
 use crate::pages::PageError;
 
 /// The name of the state file.
@@ -72,8 +76,8 @@ pub struct ManifestEntry {
     pub name: FileName,
     /// Its length in bytes.
     pub len: u64,
-    /// The CRC-64/XZ of its bytes.
-    pub crc64: u64,
+    /// The SHA-256 of its bytes.
+    pub sha256: [u8; 32],
 }
 
 /// An error from the code that fills a file with records.
@@ -154,32 +158,36 @@ pub enum DirError {
         why: String,
     },
     /// A file's length or checksum differs from the manifest's.
-    #[error("the snapshot file {path} is not the one the snapshot wrote: {len} bytes with CRC-64 {crc64:#018x}, the manifest says {want_len} bytes with {want_crc64:#018x}")]
+    #[error("the snapshot file {path} is not the one the snapshot wrote: {len} bytes with SHA-256 {}, the manifest says {want_len} bytes with {}", hex(sha256), hex(want_sha256))]
     Mismatch {
         /// The file.
         path: PathBuf,
         /// Its length.
         len: u64,
-        /// Its checksum.
-        crc64: u64,
+        /// Its digest.
+        sha256: [u8; 32],
         /// The manifest's length.
         want_len: u64,
-        /// The manifest's checksum.
-        want_crc64: u64,
+        /// The manifest's digest.
+        want_sha256: [u8; 32],
     },
 }
 
 /// A file being written, checksummed as it goes.
 pub struct ChecksumFile {
     out: BufWriter<File>,
-    crc: crc::Digest<'static, u64>,
+    hash: Sha256,
     len: u64,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Write for ChecksumFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.out.write(buf)?;
-        self.crc.update(&buf[..n]);
+        self.hash.update(&buf[..n]);
         self.len += n as u64;
         Ok(n)
     }
@@ -270,7 +278,7 @@ impl SnapshotWriter {
         self.files.push(ManifestEntry {
             name,
             len: out.len,
-            crc64: out.crc.finalize(),
+            sha256: out.hash.finalize().into(),
         });
         Ok(())
     }
@@ -283,7 +291,7 @@ impl SnapshotWriter {
         let file = create_file(path)?;
         let out = ChecksumFile {
             out: BufWriter::new(file),
-            crc: container::crc64_digest(),
+            hash: Sha256::new(),
             len: 0,
         };
         let write_err = |source: FillError| DirError::WriteFile {
@@ -359,7 +367,7 @@ fn check_complete(files: &[ManifestEntry]) -> Result<(), String> {
     Ok(())
 }
 
-/// `count u32 | (name length u8 | name | length u64 | CRC-64 u64) × count`.
+/// `count u32 | (name length u8 | name | length u64 | SHA-256 (32 bytes)) × count`.
 fn encode_manifest(files: &[ManifestEntry]) -> Vec<u8> {
     let mut out = Vec::new();
     // At most 2 + MAX_CELLS entries: SnapshotWriter::write_file and decode_manifest.
@@ -371,7 +379,7 @@ fn encode_manifest(files: &[ManifestEntry]) -> Vec<u8> {
         out.push(u8::try_from(name.len()).unwrap_or(u8::MAX));
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(&f.len.to_le_bytes());
-        out.extend_from_slice(&f.crc64.to_le_bytes());
+        out.extend_from_slice(&f.sha256);
     }
     out
 }
@@ -405,8 +413,9 @@ fn decode_manifest(payload: &[u8]) -> Result<Vec<ManifestEntry>, String> {
                 )
             })?;
         let len = u64_at(take(8)?);
-        let crc64 = u64_at(take(8)?);
-        files.push(ManifestEntry { name, len, crc64 });
+        let mut sha256 = [0u8; 32];
+        sha256.copy_from_slice(take(32)?);
+        files.push(ManifestEntry { name, len, sha256 });
     }
     if !rest.is_empty() {
         return Err("bytes follow its last entry".to_string());
@@ -418,14 +427,14 @@ fn decode_manifest(payload: &[u8]) -> Result<Vec<ManifestEntry>, String> {
 /// A `Read` that checksums and counts what passes through it.
 struct ChecksumRead<R> {
     inner: R,
-    crc: crc::Digest<'static, u64>,
+    hash: Sha256,
     len: u64,
 }
 
 impl<R: Read> Read for ChecksumRead<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.crc.update(&buf[..n]);
+        self.hash.update(&buf[..n]);
         self.len += n as u64;
         Ok(n)
     }
@@ -433,11 +442,11 @@ impl<R: Read> Read for ChecksumRead<R> {
 
 /// Reads a whole container file, checking every record; returns its length, its CRC-64 and
 /// its first record.
-fn verify_container(path: &Path) -> Result<(u64, u64, Option<container::Record>), DirError> {
+fn verify_container(path: &Path) -> Result<(u64, [u8; 32], Option<Record>), DirError> {
     let file = open_regular(path)?;
     let mut input = ChecksumRead {
         inner: BufReader::new(file),
-        crc: container::crc64_digest(),
+        hash: Sha256::new(),
         len: 0,
     };
     let damaged = |source| DirError::Damaged {
@@ -449,7 +458,7 @@ fn verify_container(path: &Path) -> Result<(u64, u64, Option<container::Record>)
     while reader.next_record().map_err(damaged)?.is_some() {}
     reader.expect_eof().map_err(damaged)?;
     drop(reader);
-    Ok((input.len, input.crc.finalize(), first))
+    Ok((input.len, input.hash.finalize().into(), first))
 }
 
 /// A snapshot directory whose files have all been checked.
@@ -462,7 +471,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Checks the snapshot in `dir` whole: the state file and its manifest, then every listed
-    /// file (no link, length, CRC-64, container well-formed), and that the directory holds
+    /// file (no link, length, SHA-256, container well-formed), and that the directory holds
     /// nothing else. Reads every file once; allocates at most one record at a time.
     pub fn open(dir: &Path) -> Result<Snapshot, DirError> {
         let state = dir.join(STATE_FILE);
@@ -478,15 +487,15 @@ impl Snapshot {
         check_listing(dir, &files)?;
         for f in &files {
             let path = dir.join(f.name.to_string());
-            let (len, crc64, _) = verify_container(&path)?;
-            if (len, crc64) != (f.len, f.crc64) {
-                let (want_len, want_crc64) = (f.len, f.crc64);
+            let (len, sha256, _) = verify_container(&path)?;
+            if (len, sha256) != (f.len, f.sha256) {
+                let (want_len, want_sha256) = (f.len, f.sha256);
                 return Err(DirError::Mismatch {
                     path,
                     len,
-                    crc64,
+                    sha256,
                     want_len,
-                    want_crc64,
+                    want_sha256,
                 });
             }
         }
