@@ -1,0 +1,381 @@
+//! Authenticated streams: the pre-shared key, the mutual handshake and the per-record MAC.
+//!
+//! Both sides of a migration hold the same key file (`--auth-key FILE`, mode 0600, at least
+//! [`MIN_KEY_LEN`] bytes; its bytes are the key). Before any record moves, each side proves it
+//! holds the key:
+//!
+//! ```text
+//! 1. each side sends hello: "VMHOSTAU" | handshake version u32 | role u8 (1 source, 2 target)
+//!                           | 32-byte nonce from getrandom
+//! 2. each side sends proof: HMAC-SHA256(key, "vmhost-persist-1 proof " | own role label
+//!                           | source nonce | target nonce)
+//! 3. each side checks the peer's proof (constant time) and hangs up on a mismatch
+//! ```
+//!
+//! A proof binds both fresh nonces and the prover's role, so it cannot be replayed from an
+//! earlier session nor reflected back to its sender, and it reveals nothing of the key. The
+//! source sends no record before the target has proved the key, and the target reads no record
+//! before the source has.
+//!
+//! Each direction then gets its own key, `HMAC-SHA256(key, "vmhost-persist-1 key " | direction
+//! label | source nonce | target nonce)`, and every header and record on the stream carries a
+//! tag `HMAC-SHA256(direction key, direction label | sequence number u64 | bytes)` (see
+//! [`crate::container`]). A changed, injected, replayed, reordered or dropped record fails its
+//! tag; a cut stream lacks the authenticated end record.
+//!
+//! The handshake does no I/O timing of its own: set read and write timeouts on the socket.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The shortest key accepted, in bytes.
+pub const MIN_KEY_LEN: usize = 32;
+/// The longest key file accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 4096;
+/// The length of a record tag.
+pub const TAG_LEN: usize = 32;
+
+const HELLO_MAGIC: [u8; 8] = *b"VMHOSTAU";
+const HANDSHAKE_VERSION: u32 = 1;
+const NONCE_LEN: usize = 32;
+const HELLO_LEN: usize = 8 + 4 + 1 + NONCE_LEN;
+
+/// Why a key could not be loaded or a handshake failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// The key file could not be opened or read.
+    #[error("cannot read the key file {path}")]
+    ReadKey {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The key file is not a regular file.
+    #[error("the key file {path} is not a regular file; give a file holding the key")]
+    KeyNotFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The key file is open to group or others.
+    #[error("the key file {path} has mode {mode:04o}: group or others may read or change it; run `chmod 600 {path}`")]
+    KeyMode {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The key is too short or too long.
+    #[error("the key file {path} holds {len} bytes; a key is {MIN_KEY_LEN} to {MAX_KEY_LEN} bytes (make one with `head -c 32 /dev/urandom > {path}; chmod 600 {path}`)")]
+    KeyLength {
+        /// The file (`<memory>` for a key given as bytes).
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+    },
+    /// The system's random source failed.
+    #[error("cannot draw a nonce from the system's random source: {0}")]
+    Random(String),
+    /// Sending or receiving during the handshake failed.
+    #[error("the authentication handshake failed while {step}")]
+    Io {
+        /// What was being sent or received.
+        step: &'static str,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The peer closed the connection during the handshake.
+    #[error("the peer closed the connection while {step} (it may have refused our key: check that both sides use the same --auth-key file)")]
+    Closed {
+        /// What was being received.
+        step: &'static str,
+    },
+    /// The peer's hello is not a vmhost handshake of this version.
+    #[error("the peer is not a vmhost migration endpoint of handshake version {HANDSHAKE_VERSION}: its hello starts {found:02x?}")]
+    BadHello {
+        /// The peer's first 12 bytes (magic and version).
+        found: [u8; 12],
+    },
+    /// The peer claims the same role, or an unknown one.
+    #[error("the peer's role byte is {found}; a {ours} talks only to a {peer}")]
+    BadRole {
+        /// The role byte received.
+        found: u8,
+        /// This side's role.
+        ours: Role,
+        /// The role expected of the peer.
+        peer: Role,
+    },
+    /// The peer's proof does not match: it does not hold our key.
+    #[error("the peer ({peer}) did not prove the pre-shared key: the two sides use different --auth-key files; nothing was sent or accepted")]
+    BadProof {
+        /// The peer's role.
+        peer: Role,
+    },
+}
+
+/// A pre-shared key. Its bytes never appear in `Debug` output.
+pub struct AuthKey(Vec<u8>);
+
+impl std::fmt::Debug for AuthKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AuthKey({} bytes, redacted)", self.0.len())
+    }
+}
+
+impl AuthKey {
+    /// Loads the key file at `path`: a regular file of [`MIN_KEY_LEN`] to [`MAX_KEY_LEN`]
+    /// bytes that neither group nor others may read or write (mode 0600 or 0400). Its bytes,
+    /// as they are, are the key. Symbolic links are followed (Kubernetes mounts secrets
+    /// through them); the file reached is what is checked.
+    pub fn load(path: &Path) -> Result<AuthKey, AuthError> {
+        let read_err = |source| AuthError::ReadKey {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = File::open(path).map_err(read_err)?;
+        let meta = file.metadata().map_err(read_err)?;
+        if !meta.is_file() {
+            return Err(AuthError::KeyNotFile {
+                path: path.to_path_buf(),
+            });
+        }
+        let mode = meta.mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            let path = path.to_path_buf();
+            return Err(AuthError::KeyMode { path, mode });
+        }
+        let mut bytes = Vec::new();
+        // Read one byte past the limit so that a longer file is seen as too long.
+        (&mut file)
+            .take(MAX_KEY_LEN as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read_err)?;
+        Self::checked(bytes, path)
+    }
+
+    /// A key from bytes already in memory (length checked as for a file).
+    pub fn from_bytes(bytes: &[u8]) -> Result<AuthKey, AuthError> {
+        Self::checked(bytes.to_vec(), Path::new("<memory>"))
+    }
+
+    fn checked(bytes: Vec<u8>, path: &Path) -> Result<AuthKey, AuthError> {
+        if !(MIN_KEY_LEN..=MAX_KEY_LEN).contains(&bytes.len()) {
+            let len = bytes.len() as u64;
+            let path = path.to_path_buf();
+            return Err(AuthError::KeyLength { path, len });
+        }
+        Ok(AuthKey(bytes))
+    }
+
+    fn mac(&self, parts: &[&[u8]]) -> [u8; 32] {
+        keyed_mac(&self.0, parts)
+    }
+}
+
+/// HMAC-SHA256 keyed with `key`, fed `parts`.
+fn keyed(key: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+    let mut mac = <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
+    for p in parts {
+        mac.update(p);
+    }
+    mac
+}
+
+fn keyed_mac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    keyed(key, parts).finalize().into_bytes().into()
+}
+
+/// Which end of a migration stream this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The side that sends the VM.
+    Source,
+    /// The side that receives it.
+    Target,
+}
+
+impl Role {
+    fn byte(self) -> u8 {
+        match self {
+            Role::Source => 1,
+            Role::Target => 2,
+        }
+    }
+
+    fn peer(self) -> Role {
+        match self {
+            Role::Source => Role::Target,
+            Role::Target => Role::Source,
+        }
+    }
+
+    fn label(self) -> &'static [u8] {
+        match self {
+            Role::Source => b"source",
+            Role::Target => b"target",
+        }
+    }
+
+    /// The label of the direction this role sends in.
+    fn sending(self) -> &'static [u8] {
+        match self {
+            Role::Source => b"source->target",
+            Role::Target => b"target->source",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Role::Source => "source",
+            Role::Target => "target",
+        })
+    }
+}
+
+/// The per-record MAC of one direction of a session: its key, its direction label and the next
+/// sequence number. Made only by [`handshake`].
+pub struct RecordMac {
+    key: [u8; 32],
+    label: &'static [u8],
+    seq: u64,
+}
+
+impl std::fmt::Debug for RecordMac {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordMac")
+            .field("label", &String::from_utf8_lossy(self.label))
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RecordMac {
+    fn tag(&self, parts: &[&[u8]]) -> HmacSha256 {
+        let mut mac = keyed(&self.key, &[self.label, &self.seq.to_le_bytes()]);
+        for p in parts {
+            mac.update(p);
+        }
+        mac
+    }
+
+    /// The tag of the next header or record (the concatenation of `parts`); advances the
+    /// sequence number.
+    pub(crate) fn sign(&mut self, parts: &[&[u8]]) -> [u8; TAG_LEN] {
+        let tag = self.tag(parts).finalize().into_bytes().into();
+        self.seq += 1;
+        tag
+    }
+
+    /// Checks `tag` against the next header or record in constant time; advances the sequence
+    /// number when it matches.
+    pub(crate) fn verify(&mut self, parts: &[&[u8]], tag: &[u8]) -> bool {
+        let ok = self.tag(parts).verify_slice(tag).is_ok();
+        if ok {
+            self.seq += 1;
+        }
+        ok
+    }
+
+    /// The sequence number of the next header or record.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+/// An authenticated session: the MAC for what this side sends and for what it receives.
+#[derive(Debug)]
+pub struct Session {
+    /// Hand to [`crate::container::Writer::authenticated`].
+    pub send: RecordMac,
+    /// Hand to [`crate::container::Reader::authenticated`].
+    pub recv: RecordMac,
+}
+
+fn exchange<S: Read + Write>(
+    stream: &mut S,
+    out: &[u8],
+    input: &mut [u8],
+    step: &'static str,
+) -> Result<(), AuthError> {
+    stream
+        .write_all(out)
+        .and_then(|()| stream.flush())
+        .map_err(|source| AuthError::Io { step, source })?;
+    stream.read_exact(input).map_err(|source| {
+        if source.kind() == io::ErrorKind::UnexpectedEof {
+            AuthError::Closed { step }
+        } else {
+            AuthError::Io { step, source }
+        }
+    })
+}
+
+/// Runs the mutual handshake as `role` on `stream` with `key`. Returns the session when both
+/// sides hold the same key; otherwise an error, and this side must close the stream.
+pub fn handshake<S: Read + Write>(
+    stream: &mut S,
+    key: &AuthKey,
+    role: Role,
+) -> Result<Session, AuthError> {
+    let mut nonce = [0u8; NONCE_LEN];
+    getrandom::fill(&mut nonce).map_err(|e| AuthError::Random(e.to_string()))?;
+    let mut hello = Vec::with_capacity(HELLO_LEN);
+    hello.extend_from_slice(&HELLO_MAGIC);
+    hello.extend_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
+    hello.push(role.byte());
+    hello.extend_from_slice(&nonce);
+    let mut theirs = [0u8; HELLO_LEN];
+    exchange(stream, &hello, &mut theirs, "exchanging hellos")?;
+    let mut head = [0u8; 12];
+    head.copy_from_slice(&theirs[..12]);
+    if head[..8] != HELLO_MAGIC || head[8..12] != HANDSHAKE_VERSION.to_le_bytes() {
+        return Err(AuthError::BadHello { found: head });
+    }
+    let peer = role.peer();
+    if theirs[12] != peer.byte() {
+        let (found, ours) = (theirs[12], role);
+        return Err(AuthError::BadRole { found, ours, peer });
+    }
+    let peer_nonce = &theirs[13..];
+    let (ns, nt): (&[u8], &[u8]) = match role {
+        Role::Source => (&nonce, peer_nonce),
+        Role::Target => (peer_nonce, &nonce),
+    };
+    let proof_of = |r: Role| key.mac(&[b"vmhost-persist-1 proof ", r.label(), ns, nt]);
+    let mut their_proof = [0u8; 32];
+    exchange(
+        stream,
+        &proof_of(role),
+        &mut their_proof,
+        "exchanging proofs",
+    )?;
+    // Constant-time comparison (`verify_slice`).
+    let peer_parts: [&[u8]; 4] = [b"vmhost-persist-1 proof ", peer.label(), ns, nt];
+    if keyed(&key.0, &peer_parts)
+        .verify_slice(&their_proof)
+        .is_err()
+    {
+        return Err(AuthError::BadProof { peer });
+    }
+    let direction = |r: Role| RecordMac {
+        key: key.mac(&[b"vmhost-persist-1 key ", r.sending(), ns, nt]),
+        label: r.sending(),
+        seq: 0,
+    };
+    Ok(Session {
+        send: direction(role),
+        recv: direction(peer),
+    })
+}

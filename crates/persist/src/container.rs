@@ -1,0 +1,726 @@
+//! The record container shared by snapshot files and the migration stream.
+//!
+//! A container is a header, then records, then an end record; all integers are little-endian:
+//!
+//! ```text
+//! header   magic "VMHOSTPF" (8) | format version u32 | version string length u16 (<= 64)
+//!          | vmhost version (UTF-8) | CRC-64/XZ of the bytes before it (u64)
+//! record   kind u16 | flags u16 | payload length u32 (<= MAX_PAYLOAD) | payload
+//!          | CRC-64/XZ of kind..payload (u64)
+//! end      a record of kind END whose 8-byte payload is the number of records before it
+//! ```
+//!
+//! Flag bit 0 marks a record **mandatory**: a reader that does not know its kind refuses the
+//! container. A reader yields unknown optional records to its caller, which skips them. The
+//! other flag bits must be zero.
+//!
+//! On an authenticated stream ([`crate::auth`]) the header and every record (the end record
+//! too) are followed by a 32-byte HMAC-SHA256 tag over the direction label, a sequence number
+//! (0 for the header, then 1, 2, …) and the exact bytes of the header or record; see
+//! [`RecordMac`].
+//!
+//! A reader accepts its own format version and the one before it ([`FORMAT_VERSION`]).
+//! Version 1 is the first: there is no version 0, and a header that says 0 is refused as
+//! older than the oldest version this reader reads.
+
+use std::io::{self, Read, Write};
+
+use crc::{Crc, CRC_64_XZ};
+
+use crate::auth::RecordMac;
+
+/// The first eight bytes of every container.
+pub const MAGIC: [u8; 8] = *b"VMHOSTPF";
+/// The format version this crate writes.
+pub const FORMAT_VERSION: u32 = 1;
+/// The largest record payload a reader accepts (8 MiB + 4 KiB): a reader never allocates more
+/// than this for one record, whatever length a hostile input claims.
+pub const MAX_PAYLOAD: u32 = 8 * 1024 * 1024 + 4096;
+/// The longest vmhost version string a header carries.
+pub const MAX_VERSION_STRING: usize = 64;
+
+const FLAG_MANDATORY: u16 = 1;
+const RECORD_HEADER: usize = 8;
+const CRC: Crc<u64> = Crc::<u64>::new(&CRC_64_XZ);
+
+/// The CRC-64/XZ (ECMA-182, reflected; as `xz`) of `bytes`, the checksum used throughout.
+pub fn crc64(bytes: &[u8]) -> u64 {
+    CRC.checksum(bytes)
+}
+
+/// A record's kind. Kinds below 16 belong to this crate; the VMM's state records take kinds
+/// from 16 on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordKind(pub u16);
+
+impl RecordKind {
+    /// The end record.
+    pub const END: RecordKind = RecordKind(0);
+    /// The snapshot manifest (first record of a snapshot's `state` file, [`crate::dir`]).
+    pub const MANIFEST: RecordKind = RecordKind(1);
+    /// The VM spec, as the user wrote it (UTF-8 text).
+    pub const SPEC: RecordKind = RecordKind(2);
+    /// The resolved plan the VM ran under (JSON).
+    pub const PLAN: RecordKind = RecordKind(3);
+    /// A run of guest memory pages ([`crate::pages`]).
+    pub const PAGES: RecordKind = RecordKind(4);
+}
+
+impl std::fmt::Display for RecordKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match *self {
+            RecordKind::END => "end",
+            RecordKind::MANIFEST => "manifest",
+            RecordKind::SPEC => "spec",
+            RecordKind::PLAN => "plan",
+            RecordKind::PAGES => "pages",
+            _ => return write!(f, "kind {}", self.0),
+        };
+        write!(f, "{name} (kind {})", self.0)
+    }
+}
+
+/// A container's header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// The format version it was written in.
+    pub version: u32,
+    /// The version of the vmhost that wrote it.
+    pub vmhost_version: String,
+}
+
+/// One record as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Its kind.
+    pub kind: RecordKind,
+    /// Whether a reader that does not know `kind` must refuse the container.
+    pub mandatory: bool,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// The offset of its first byte in the container.
+    pub offset: u64,
+}
+
+/// Why a container could not be written or read. Offsets count from the container's first byte.
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    /// Reading failed.
+    #[error("cannot read the container at offset {offset}")]
+    Read {
+        /// Where.
+        offset: u64,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Writing failed.
+    #[error("cannot write the container at offset {offset}")]
+    Write {
+        /// Where.
+        offset: u64,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The input ended inside the header or a record, or before the end record.
+    #[error("the container is truncated at offset {offset}: it ends inside {what}")]
+    Truncated {
+        /// Where the input ended.
+        offset: u64,
+        /// What was being read (`the header`, `a pages (kind 4) record`, `the record stream
+        /// before the end record`).
+        what: String,
+    },
+    /// The first eight bytes are not [`MAGIC`].
+    #[error("not a vmhost snapshot or migration stream: the magic is {found:02x?}, not {MAGIC:02x?} (\"VMHOSTPF\")")]
+    BadMagic {
+        /// The bytes found.
+        found: [u8; 8],
+    },
+    /// The format version is older than the oldest this reader accepts.
+    #[error("format version {found} is older than the oldest this vmhost reads ({oldest}); read it with the vmhost that wrote it, or an older vmhost that reads both")]
+    VersionTooOld {
+        /// The header's version.
+        found: u32,
+        /// The oldest version this reader accepts.
+        oldest: u32,
+    },
+    /// The format version is newer than this reader's.
+    #[error("format version {found} is newer than this vmhost's format version {newest}; upgrade vmhost on this side")]
+    VersionTooNew {
+        /// The header's version.
+        found: u32,
+        /// This reader's version.
+        newest: u32,
+    },
+    /// The header's vmhost version string is too long or not UTF-8.
+    #[error("the header's vmhost version string (length {len}) is not UTF-8 of at most {MAX_VERSION_STRING} bytes")]
+    BadVersionString {
+        /// Its length.
+        len: usize,
+    },
+    /// The header's checksum does not match.
+    #[error(
+        "the container header is corrupted: CRC-64 {found:#018x} stored, {computed:#018x} computed"
+    )]
+    HeaderChecksum {
+        /// The stored checksum.
+        found: u64,
+        /// The checksum of the bytes read.
+        computed: u64,
+    },
+    /// A record's checksum does not match.
+    #[error("the {kind} record at offset {offset} is corrupted: CRC-64 {found:#018x} stored, {computed:#018x} computed")]
+    RecordChecksum {
+        /// Where the record starts.
+        offset: u64,
+        /// Its kind.
+        kind: RecordKind,
+        /// The stored checksum.
+        found: u64,
+        /// The checksum of the bytes read.
+        computed: u64,
+    },
+    /// A record is longer than [`MAX_PAYLOAD`].
+    #[error("the {kind} record at offset {offset} claims {len} bytes of payload; the limit is {MAX_PAYLOAD}")]
+    Oversized {
+        /// Where the record starts.
+        offset: u64,
+        /// Its kind.
+        kind: RecordKind,
+        /// The claimed payload length.
+        len: u64,
+    },
+    /// A record's flags have bits this version does not define.
+    #[error("the {kind} record at offset {offset} has unknown flags {flags:#06x}")]
+    BadFlags {
+        /// Where the record starts.
+        offset: u64,
+        /// Its kind.
+        kind: RecordKind,
+        /// The flags.
+        flags: u16,
+    },
+    /// A mandatory record of a kind the reader does not know.
+    #[error("the mandatory {kind} record at offset {offset} is unknown to this vmhost; read it with a vmhost that knows it")]
+    UnknownMandatory {
+        /// Where the record starts.
+        offset: u64,
+        /// Its kind.
+        kind: RecordKind,
+    },
+    /// The end record is malformed or counts a different number of records.
+    #[error("the end record at offset {offset} is wrong: it counts {claimed:?} records, {read} were read (records were dropped or added)")]
+    BadEnd {
+        /// Where the end record starts.
+        offset: u64,
+        /// The count it holds (`None`: its payload is not 8 bytes).
+        claimed: Option<u64>,
+        /// The records read before it.
+        read: u64,
+    },
+    /// Bytes follow the end record of a file.
+    #[error("{extra} unexpected bytes follow the end record at offset {offset}")]
+    TrailingData {
+        /// Where they start.
+        offset: u64,
+        /// How many (at least).
+        extra: usize,
+    },
+    /// A record's MAC does not match: it was altered, replayed, reordered or injected.
+    #[error("the {what} at offset {offset} (sequence number {seq}) fails authentication: it was altered, replayed, reordered or injected, or a record before it was dropped")]
+    Authentication {
+        /// Where it starts.
+        offset: u64,
+        /// `the header` or the record's kind.
+        what: String,
+        /// The sequence number expected.
+        seq: u64,
+    },
+    /// A record handed to the writer is too long.
+    #[error("a {kind} record of {len} bytes is longer than the limit {MAX_PAYLOAD}")]
+    PayloadTooLarge {
+        /// Its kind.
+        kind: RecordKind,
+        /// Its length.
+        len: usize,
+    },
+    /// The writer was asked to write an end record, or a version string that does not fit.
+    #[error("invalid argument for the container writer: {0}")]
+    Usage(&'static str),
+}
+
+/// The versions a reader of format `newest` accepts: `newest` and the one before it; there is
+/// no version 0.
+fn accepted_versions(newest: u32) -> std::ops::RangeInclusive<u32> {
+    newest.saturating_sub(1).max(1)..=newest
+}
+
+/// Checks a header's version against a reader of format `newest`.
+fn check_version(found: u32, newest: u32) -> Result<(), ContainerError> {
+    let accepted = accepted_versions(newest);
+    if found < *accepted.start() {
+        return Err(ContainerError::VersionTooOld {
+            found,
+            oldest: *accepted.start(),
+        });
+    }
+    if found > newest {
+        return Err(ContainerError::VersionTooNew { found, newest });
+    }
+    Ok(())
+}
+
+/// The bytes of a header (checksum included).
+fn encode_header(version: u32, vmhost_version: &str) -> Result<Vec<u8>, ContainerError> {
+    let len = u16::try_from(vmhost_version.len())
+        .ok()
+        .filter(|&l| usize::from(l) <= MAX_VERSION_STRING)
+        .ok_or(ContainerError::Usage(
+            "the vmhost version string is longer than 64 bytes",
+        ))?;
+    let mut out = Vec::with_capacity(22 + vmhost_version.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(vmhost_version.as_bytes());
+    let sum = crc64(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    Ok(out)
+}
+
+/// Writes a container: the header at creation, records, and the end record at [`finish`].
+/// A record refused before any byte is written ([`ContainerError::PayloadTooLarge`]) leaves
+/// the container as it was; after a write error the container is unusable.
+///
+/// [`finish`]: Writer::finish
+pub struct Writer<W: Write> {
+    out: W,
+    offset: u64,
+    records: u64,
+    mac: Option<RecordMac>,
+}
+
+impl<W: Write> Writer<W> {
+    /// Starts a container on `out` (a file) and writes its header.
+    pub fn new(out: W, vmhost_version: &str) -> Result<Self, ContainerError> {
+        Self::start(out, vmhost_version, None)
+    }
+
+    /// Starts an authenticated container on `out` (a stream), with the sending half of a
+    /// session ([`crate::auth::Session`]).
+    pub fn authenticated(
+        out: W,
+        vmhost_version: &str,
+        mac: RecordMac,
+    ) -> Result<Self, ContainerError> {
+        Self::start(out, vmhost_version, Some(mac))
+    }
+
+    fn start(out: W, vmhost_version: &str, mac: Option<RecordMac>) -> Result<Self, ContainerError> {
+        let header = encode_header(FORMAT_VERSION, vmhost_version)?;
+        let mut w = Writer {
+            out,
+            offset: 0,
+            records: 0,
+            mac,
+        };
+        w.put(&header)?;
+        if let Some(mac) = &mut w.mac {
+            let tag = mac.sign(&[&header]);
+            w.put(&tag)?;
+        }
+        Ok(w)
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> Result<(), ContainerError> {
+        self.out
+            .write_all(bytes)
+            .map_err(|source| ContainerError::Write {
+                offset: self.offset,
+                source,
+            })?;
+        self.offset += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Writes a mandatory record.
+    pub fn write_record(&mut self, kind: RecordKind, payload: &[u8]) -> Result<(), ContainerError> {
+        self.record(kind, FLAG_MANDATORY, payload)
+    }
+
+    /// Writes an optional record: a reader that does not know its kind skips it.
+    pub fn write_optional(
+        &mut self,
+        kind: RecordKind,
+        payload: &[u8],
+    ) -> Result<(), ContainerError> {
+        self.record(kind, 0, payload)
+    }
+
+    fn record(
+        &mut self,
+        kind: RecordKind,
+        flags: u16,
+        payload: &[u8],
+    ) -> Result<(), ContainerError> {
+        if kind == RecordKind::END {
+            return Err(ContainerError::Usage(
+                "the end record is written by finish()",
+            ));
+        }
+        self.raw_record(kind, flags, payload)?;
+        self.records += 1;
+        Ok(())
+    }
+
+    fn raw_record(
+        &mut self,
+        kind: RecordKind,
+        flags: u16,
+        payload: &[u8],
+    ) -> Result<(), ContainerError> {
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|&l| l <= MAX_PAYLOAD)
+            .ok_or(ContainerError::PayloadTooLarge {
+                kind,
+                len: payload.len(),
+            })?;
+        let mut head = [0u8; RECORD_HEADER];
+        head[0..2].copy_from_slice(&kind.0.to_le_bytes());
+        head[2..4].copy_from_slice(&flags.to_le_bytes());
+        head[4..8].copy_from_slice(&len.to_le_bytes());
+        let mut crc = CRC.digest();
+        crc.update(&head);
+        crc.update(payload);
+        let sum = crc.finalize().to_le_bytes();
+        self.put(&head)?;
+        self.put(payload)?;
+        self.put(&sum)?;
+        if let Some(mac) = &mut self.mac {
+            let tag = mac.sign(&[&head, payload, &sum]);
+            self.put(&tag)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the end record, flushes, and hands back the output.
+    pub fn finish(mut self) -> Result<W, ContainerError> {
+        let count = self.records.to_le_bytes();
+        self.raw_record(RecordKind::END, FLAG_MANDATORY, &count)?;
+        self.out.flush().map_err(|source| ContainerError::Write {
+            offset: self.offset,
+            source,
+        })?;
+        Ok(self.out)
+    }
+
+    /// The number of bytes written so far.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+/// Reads a container: the header at creation, then records until the end record.
+pub struct Reader<R: Read> {
+    input: R,
+    header: Header,
+    offset: u64,
+    records: u64,
+    /// `None`: every kind is known (a check of the container's integrity only).
+    known: Option<Vec<RecordKind>>,
+    mac: Option<RecordMac>,
+    ended: bool,
+}
+
+impl<R: Read> Reader<R> {
+    /// Reads and checks the header of a container (a file). `known` lists the record kinds
+    /// the caller understands: a mandatory record of another kind is refused.
+    pub fn new(input: R, known: &[RecordKind]) -> Result<Self, ContainerError> {
+        Self::start(input, Some(known.to_vec()), None)
+    }
+
+    /// Reads a container checking only its integrity: every record kind is accepted.
+    pub fn any_kind(input: R) -> Result<Self, ContainerError> {
+        Self::start(input, None, None)
+    }
+
+    /// Reads and authenticates the header of a container on a stream, with the receiving half
+    /// of a session ([`crate::auth::Session`]).
+    pub fn authenticated(
+        input: R,
+        known: &[RecordKind],
+        mac: RecordMac,
+    ) -> Result<Self, ContainerError> {
+        Self::start(input, Some(known.to_vec()), Some(mac))
+    }
+
+    fn start(
+        input: R,
+        known: Option<Vec<RecordKind>>,
+        mac: Option<RecordMac>,
+    ) -> Result<Self, ContainerError> {
+        let mut r = Reader {
+            input,
+            header: Header {
+                version: 0,
+                vmhost_version: String::new(),
+            },
+            offset: 0,
+            records: 0,
+            known,
+            mac,
+            ended: false,
+        };
+        r.header = r.read_header()?;
+        Ok(r)
+    }
+
+    /// The container's header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The offset of the next byte to read.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    fn take(&mut self, buf: &mut [u8], what: &dyn Fn() -> String) -> Result<(), ContainerError> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.input.read(&mut buf[done..]) {
+                Ok(0) => {
+                    return Err(ContainerError::Truncated {
+                        offset: self.offset + done as u64,
+                        what: what(),
+                    })
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(ContainerError::Read {
+                        offset: self.offset + done as u64,
+                        source,
+                    })
+                }
+            }
+        }
+        self.offset += buf.len() as u64;
+        Ok(())
+    }
+
+    fn read_header(&mut self) -> Result<Header, ContainerError> {
+        let what = || "the header".to_string();
+        let mut fixed = [0u8; 14];
+        self.take(&mut fixed, &what)?;
+        let mut magic = [0u8; 8];
+        magic.copy_from_slice(&fixed[0..8]);
+        if magic != MAGIC {
+            return Err(ContainerError::BadMagic { found: magic });
+        }
+        let len = usize::from(u16::from_le_bytes([fixed[12], fixed[13]]));
+        if len > MAX_VERSION_STRING {
+            return Err(ContainerError::BadVersionString { len });
+        }
+        let mut rest = vec![0u8; len + 8];
+        self.take(&mut rest, &what)?;
+        let (text, sum) = rest.split_at(len);
+        let mut crc = CRC.digest();
+        crc.update(&fixed);
+        crc.update(text);
+        let computed = crc.finalize();
+        let found = u64::from_le_bytes(sum.try_into().unwrap_or_default());
+        if found != computed {
+            return Err(ContainerError::HeaderChecksum { found, computed });
+        }
+        self.check_tag(0, "the header".to_string(), &[&fixed, &rest])?;
+        let version = u32::from_le_bytes([fixed[8], fixed[9], fixed[10], fixed[11]]);
+        check_version(version, FORMAT_VERSION)?;
+        let vmhost_version = String::from_utf8(text.to_vec())
+            .map_err(|_| ContainerError::BadVersionString { len })?;
+        Ok(Header {
+            version,
+            vmhost_version,
+        })
+    }
+
+    /// Reads the MAC tag after the bytes at `start` and checks it (authenticated readers only).
+    fn check_tag(
+        &mut self,
+        start: u64,
+        what: String,
+        parts: &[&[u8]],
+    ) -> Result<(), ContainerError> {
+        let Some(mut mac) = self.mac.take() else {
+            return Ok(());
+        };
+        let mut tag = [0u8; crate::auth::TAG_LEN];
+        let read = self.take(&mut tag, &|| format!("the tag of {what}"));
+        let seq = mac.seq();
+        let ok = read.is_ok() && mac.verify(parts, &tag);
+        self.mac = Some(mac);
+        read?;
+        if !ok {
+            return Err(ContainerError::Authentication {
+                offset: start,
+                what,
+                seq,
+            });
+        }
+        Ok(())
+    }
+
+    /// The next record, or `None` after the end record (whose count is checked). Unknown
+    /// optional records are returned too: the caller skips the kinds it does not use.
+    pub fn next_record(&mut self) -> Result<Option<Record>, ContainerError> {
+        if self.ended {
+            return Ok(None);
+        }
+        let start = self.offset;
+        let mut head = [0u8; RECORD_HEADER];
+        self.take(&mut head, &|| {
+            "the record stream before the end record".to_string()
+        })?;
+        let kind = RecordKind(u16::from_le_bytes([head[0], head[1]]));
+        let flags = u16::from_le_bytes([head[2], head[3]]);
+        let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+        if len > MAX_PAYLOAD {
+            let len = u64::from(len);
+            return Err(ContainerError::Oversized {
+                offset: start,
+                kind,
+                len,
+            });
+        }
+        let what = || format!("a {kind} record");
+        // Bounded by MAX_PAYLOAD above.
+        let mut payload = vec![0u8; len as usize];
+        self.take(&mut payload, &what)?;
+        let mut sum = [0u8; 8];
+        self.take(&mut sum, &what)?;
+        self.check_tag(start, format!("{kind} record"), &[&head, &payload, &sum])?;
+        let mut crc = CRC.digest();
+        crc.update(&head);
+        crc.update(&payload);
+        let computed = crc.finalize();
+        let found = u64::from_le_bytes(sum);
+        if found != computed {
+            let offset = start;
+            return Err(ContainerError::RecordChecksum {
+                offset,
+                kind,
+                found,
+                computed,
+            });
+        }
+        if flags & !FLAG_MANDATORY != 0 {
+            return Err(ContainerError::BadFlags {
+                offset: start,
+                kind,
+                flags,
+            });
+        }
+        let mandatory = flags & FLAG_MANDATORY != 0;
+        if kind == RecordKind::END {
+            return self.end(start, mandatory, &payload).map(|()| None);
+        }
+        if mandatory && self.known.as_ref().is_some_and(|k| !k.contains(&kind)) {
+            return Err(ContainerError::UnknownMandatory {
+                offset: start,
+                kind,
+            });
+        }
+        self.records += 1;
+        Ok(Some(Record {
+            kind,
+            mandatory,
+            payload,
+            offset: start,
+        }))
+    }
+
+    fn end(&mut self, offset: u64, mandatory: bool, payload: &[u8]) -> Result<(), ContainerError> {
+        let claimed = <[u8; 8]>::try_from(payload).ok().map(u64::from_le_bytes);
+        if !mandatory || claimed != Some(self.records) {
+            let read = self.records;
+            return Err(ContainerError::BadEnd {
+                offset,
+                claimed,
+                read,
+            });
+        }
+        self.ended = true;
+        Ok(())
+    }
+
+    /// After the end record of a file: checks that nothing follows it.
+    pub fn expect_eof(&mut self) -> Result<(), ContainerError> {
+        let mut probe = [0u8; 64];
+        loop {
+            match self.input.read(&mut probe) {
+                Ok(0) => return Ok(()),
+                Ok(extra) => {
+                    let offset = self.offset;
+                    return Err(ContainerError::TrailingData { offset, extra });
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    let offset = self.offset;
+                    return Err(ContainerError::Read { offset, source });
+                }
+            }
+        }
+    }
+
+    /// Whether the end record has been read.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reader_accepts_its_version_and_the_one_before() {
+        // Today (format 1) only version 1; there is no version 0.
+        assert!(check_version(1, 1).is_ok());
+        assert!(matches!(
+            check_version(0, 1),
+            Err(ContainerError::VersionTooOld {
+                found: 0,
+                oldest: 1
+            })
+        ));
+        // The rule once version 2 exists: 1 and 2 read, 0 and 3 refused.
+        assert!(check_version(1, 2).is_ok());
+        assert!(check_version(2, 2).is_ok());
+        assert!(matches!(
+            check_version(0, 2),
+            Err(ContainerError::VersionTooOld {
+                found: 0,
+                oldest: 1
+            })
+        ));
+        assert!(matches!(
+            check_version(3, 2),
+            Err(ContainerError::VersionTooNew {
+                found: 3,
+                newest: 2
+            })
+        ));
+        // And at version 5: 4 and 5.
+        assert!(check_version(4, 5).is_ok());
+        assert!(matches!(
+            check_version(3, 5),
+            Err(ContainerError::VersionTooOld {
+                found: 3,
+                oldest: 4
+            })
+        ));
+    }
+}

@@ -1,0 +1,596 @@
+//! The snapshot directory: its files, how they are created, and the check before a restore.
+//!
+//! ```text
+//! DIR/                 mode 0700, created by the snapshot (never an existing directory)
+//!   spec               container: one SPEC record (the spec as the user wrote it)
+//!   plan               container: one PLAN record (the plan the VM ran under)
+//!   memory-cell<N>     container: PAGES records of guest cell N (N = 0, 1, …), zero and
+//!                      untouched pages left out
+//!   state              container: a MANIFEST record first, then the VM's state records;
+//!                      written last, so a directory without it is an unfinished snapshot
+//! ```
+//!
+//! Every file is created mode 0600 with `O_CREAT|O_EXCL|O_NOFOLLOW`: nothing is overwritten and
+//! no symbolic link is followed. The manifest lists each other file with its length and the
+//! SHA-256 of its bytes. (Not a CRC: every record of a file ends with the CRC of its own
+//! bytes, and a CRC run over data followed by that data's CRC ends in a constant, so the CRC
+//! of a whole file would depend only on its record lengths.) [`Snapshot::open`] checks the whole directory before the caller
+//! allocates anything: no file missing, none extra, no link, every length and checksum right,
+//! every file a well-formed container of a version this vmhost reads.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::container::{ContainerError, Header, Reader, Record, RecordKind, Writer};
+use crate::pages::PageError;
+
+/// The name of the state file.
+pub const STATE_FILE: &str = "state";
+/// The most memory cells a snapshot holds.
+pub const MAX_CELLS: u32 = 1024;
+
+/// A file of the snapshot other than `state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FileName {
+    /// `spec`.
+    Spec,
+    /// `plan`.
+    Plan,
+    /// `memory-cell<N>`.
+    MemoryCell(u32),
+}
+
+impl std::fmt::Display for FileName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FileName::Spec => f.write_str("spec"),
+            FileName::Plan => f.write_str("plan"),
+            FileName::MemoryCell(n) => write!(f, "memory-cell{n}"),
+        }
+    }
+}
+
+impl FileName {
+    /// Parses a file name as written by [`Display`](std::fmt::Display) (no other spelling).
+    pub fn parse(name: &str) -> Option<FileName> {
+        match name {
+            "spec" => Some(FileName::Spec),
+            "plan" => Some(FileName::Plan),
+            _ => {
+                let n = name.strip_prefix("memory-cell")?;
+                let cell: u32 = n.parse().ok()?;
+                (cell < MAX_CELLS && n == cell.to_string()).then_some(FileName::MemoryCell(cell))
+            }
+        }
+    }
+}
+
+/// A manifest entry: a file and what its bytes must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ManifestEntry {
+    /// The file.
+    pub name: FileName,
+    /// Its length in bytes.
+    pub len: u64,
+    /// The SHA-256 of its bytes.
+    pub sha256: [u8; 32],
+}
+
+/// An error from the code that fills a file with records.
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    /// A record could not be written.
+    #[error(transparent)]
+    Container(#[from] ContainerError),
+    /// Pages could not be written.
+    #[error(transparent)]
+    Pages(#[from] PageError),
+}
+
+/// Why a snapshot directory could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    /// The directory could not be created.
+    #[error(
+        "cannot create the snapshot directory {path} (it must not exist yet: choose a new path)"
+    )]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A file could not be created.
+    #[error("cannot create the snapshot file {path}")]
+    CreateFile {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A file could not be written.
+    #[error("cannot write the snapshot file {path}")]
+    WriteFile {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: FillError,
+    },
+    /// A file was written twice, or the snapshot lacks a file.
+    #[error("the snapshot in {dir} is incomplete or inconsistent: {why}")]
+    Incomplete {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// A file or the directory could not be opened or listed.
+    #[error("cannot open {path} (a snapshot's files are regular files, not links)")]
+    Open {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A file is not a well-formed container.
+    #[error("the snapshot file {path} is damaged")]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: ContainerError,
+    },
+    /// The manifest is malformed.
+    #[error("the manifest in {path} is malformed: {why}")]
+    Manifest {
+        /// The state file.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// A file's length or checksum differs from the manifest's.
+    #[error("the snapshot file {path} is not the one the snapshot wrote: {len} bytes with SHA-256 {}, the manifest says {want_len} bytes with {}", hex(sha256), hex(want_sha256))]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+        /// Its digest.
+        sha256: [u8; 32],
+        /// The manifest's length.
+        want_len: u64,
+        /// The manifest's digest.
+        want_sha256: [u8; 32],
+    },
+}
+
+/// A file being written, checksummed as it goes.
+pub struct ChecksumFile {
+    out: BufWriter<File>,
+    hash: Sha256,
+    len: u64,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Write for ChecksumFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// Creates `path` mode 0600, refusing an existing file or a link.
+fn create_file(path: &Path) -> Result<File, DirError> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|source| DirError::CreateFile {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Opens `path` for reading without following a link, and checks it is a regular file.
+fn open_regular(path: &Path) -> Result<File, DirError> {
+    let open_err = |source| DirError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(open_err)?;
+    if !file.metadata().map_err(open_err)?.is_file() {
+        return Err(open_err(io::Error::other("not a regular file")));
+    }
+    Ok(file)
+}
+
+/// Writes a snapshot directory: [`create`](Self::create), one
+/// [`write_file`](Self::write_file) per file, then [`commit`](Self::commit).
+pub struct SnapshotWriter {
+    dir: PathBuf,
+    vmhost_version: String,
+    files: Vec<ManifestEntry>,
+}
+
+impl SnapshotWriter {
+    /// Creates the directory `dir` (mode 0700); it must not exist.
+    pub fn create(dir: &Path, vmhost_version: &str) -> Result<Self, DirError> {
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| DirError::CreateDir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        Ok(SnapshotWriter {
+            dir: dir.to_path_buf(),
+            vmhost_version: vmhost_version.to_string(),
+            files: Vec::new(),
+        })
+    }
+
+    /// Creates the file `name` and fills it with the records `fill` writes.
+    pub fn write_file(
+        &mut self,
+        name: FileName,
+        fill: impl FnOnce(&mut Writer<ChecksumFile>) -> Result<(), FillError>,
+    ) -> Result<(), DirError> {
+        if matches!(name, FileName::MemoryCell(n) if n >= MAX_CELLS) {
+            let why = format!("{name}: a snapshot holds at most {MAX_CELLS} cells");
+            return Err(DirError::Incomplete {
+                dir: self.dir.clone(),
+                why,
+            });
+        }
+        if self.files.iter().any(|f| f.name == name) {
+            let why = format!("{name} written twice");
+            return Err(DirError::Incomplete {
+                dir: self.dir.clone(),
+                why,
+            });
+        }
+        let path = self.dir.join(name.to_string());
+        let out = self.fill(&path, fill)?;
+        self.files.push(ManifestEntry {
+            name,
+            len: out.len,
+            sha256: out.hash.finalize().into(),
+        });
+        Ok(())
+    }
+
+    fn fill(
+        &self,
+        path: &Path,
+        fill: impl FnOnce(&mut Writer<ChecksumFile>) -> Result<(), FillError>,
+    ) -> Result<ChecksumFile, DirError> {
+        let file = create_file(path)?;
+        let out = ChecksumFile {
+            out: BufWriter::new(file),
+            hash: Sha256::new(),
+            len: 0,
+        };
+        let write_err = |source: FillError| DirError::WriteFile {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut w = Writer::new(out, &self.vmhost_version).map_err(|e| write_err(e.into()))?;
+        fill(&mut w).map_err(write_err)?;
+        let out = w.finish().map_err(|e| write_err(e.into()))?;
+        let file = out.out.get_ref();
+        file.sync_all().map_err(|e| {
+            write_err(
+                ContainerError::Write {
+                    offset: out.len,
+                    source: e,
+                }
+                .into(),
+            )
+        })?;
+        Ok(out)
+    }
+
+    /// Writes the `state` file (the manifest, then the records `fill` writes) once `spec`,
+    /// `plan` and `memory-cell0` … `memory-cell<N>` are written, and syncs the directory.
+    pub fn commit(
+        self,
+        fill: impl FnOnce(&mut Writer<ChecksumFile>) -> Result<(), FillError>,
+    ) -> Result<PathBuf, DirError> {
+        check_complete(&self.files).map_err(|why| DirError::Incomplete {
+            dir: self.dir.clone(),
+            why,
+        })?;
+        let manifest = encode_manifest(&self.files);
+        let path = self.dir.join(STATE_FILE);
+        self.fill(&path, |w| {
+            w.write_record(RecordKind::MANIFEST, &manifest)?;
+            fill(w)
+        })?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|source| DirError::Open {
+                path: self.dir.clone(),
+                source,
+            })?;
+        Ok(self.dir)
+    }
+}
+
+/// Checks that `files` holds spec, plan and memory cells 0..n, each once.
+fn check_complete(files: &[ManifestEntry]) -> Result<(), String> {
+    for (i, f) in files.iter().enumerate() {
+        if files[..i].iter().any(|g| g.name == f.name) {
+            return Err(format!("{} is listed twice", f.name));
+        }
+    }
+    for need in [FileName::Spec, FileName::Plan, FileName::MemoryCell(0)] {
+        if !files.iter().any(|f| f.name == need) {
+            return Err(format!("{need} is missing"));
+        }
+    }
+    let cells = files
+        .iter()
+        .filter(|f| matches!(f.name, FileName::MemoryCell(_)))
+        .count();
+    for n in 0..cells {
+        let name = FileName::MemoryCell(u32::try_from(n).unwrap_or(u32::MAX));
+        if !files.iter().any(|f| f.name == name) {
+            return Err(format!(
+                "{name} is missing (cells are numbered from 0 without gaps)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `count u32 | (name length u8 | name | length u64 | SHA-256 (32 bytes)) × count`.
+fn encode_manifest(files: &[ManifestEntry]) -> Vec<u8> {
+    let mut out = Vec::new();
+    // At most 2 + MAX_CELLS entries: SnapshotWriter::write_file and decode_manifest.
+    let count = u32::try_from(files.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&count.to_le_bytes());
+    for f in files {
+        let name = f.name.to_string();
+        // File names are at most 21 bytes ("memory-cell" and a u32).
+        out.push(u8::try_from(name.len()).unwrap_or(u8::MAX));
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&f.len.to_le_bytes());
+        out.extend_from_slice(&f.sha256);
+    }
+    out
+}
+
+fn decode_manifest(payload: &[u8]) -> Result<Vec<ManifestEntry>, String> {
+    let mut rest = payload;
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        if rest.len() < n {
+            return Err(format!("it ends {} bytes early", n - rest.len()));
+        }
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Ok(head)
+    };
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+    let count = u32::from_le_bytes(take(4)?.try_into().unwrap_or_default());
+    if count > MAX_CELLS + 2 {
+        return Err(format!("it lists {count} files; at most {}", MAX_CELLS + 2));
+    }
+    let mut files = Vec::new();
+    for _ in 0..count {
+        let len = usize::from(take(1)?[0]);
+        let raw = take(len)?;
+        let name = std::str::from_utf8(raw)
+            .ok()
+            .and_then(FileName::parse)
+            .ok_or_else(|| {
+                format!(
+                    "it lists an unknown file {:?}",
+                    String::from_utf8_lossy(raw)
+                )
+            })?;
+        let len = u64_at(take(8)?);
+        let mut sha256 = [0u8; 32];
+        sha256.copy_from_slice(take(32)?);
+        files.push(ManifestEntry { name, len, sha256 });
+    }
+    if !rest.is_empty() {
+        return Err("bytes follow its last entry".to_string());
+    }
+    check_complete(&files)?;
+    Ok(files)
+}
+
+/// A `Read` that checksums and counts what passes through it.
+struct ChecksumRead<R> {
+    inner: R,
+    hash: Sha256,
+    len: u64,
+}
+
+impl<R: Read> Read for ChecksumRead<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+}
+
+/// Reads a whole container file, checking every record; returns its length, its CRC-64 and
+/// its first record.
+fn verify_container(path: &Path) -> Result<(u64, [u8; 32], Option<Record>), DirError> {
+    let file = open_regular(path)?;
+    let mut input = ChecksumRead {
+        inner: BufReader::new(file),
+        hash: Sha256::new(),
+        len: 0,
+    };
+    let damaged = |source| DirError::Damaged {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut reader = Reader::any_kind(&mut input).map_err(damaged)?;
+    let first = reader.next_record().map_err(damaged)?;
+    while reader.next_record().map_err(damaged)?.is_some() {}
+    reader.expect_eof().map_err(damaged)?;
+    drop(reader);
+    Ok((input.len, input.hash.finalize().into(), first))
+}
+
+/// A snapshot directory whose files have all been checked.
+#[derive(Debug)]
+pub struct Snapshot {
+    dir: PathBuf,
+    header: Header,
+    files: Vec<ManifestEntry>,
+}
+
+impl Snapshot {
+    /// Checks the snapshot in `dir` whole: the state file and its manifest, then every listed
+    /// file (no link, length, SHA-256, container well-formed), and that the directory holds
+    /// nothing else. Reads every file once; allocates at most one record at a time.
+    pub fn open(dir: &Path) -> Result<Snapshot, DirError> {
+        let state = dir.join(STATE_FILE);
+        let (_, _, first) = verify_container(&state)?;
+        let bad = |why: String| DirError::Manifest {
+            path: state.clone(),
+            why,
+        };
+        let manifest = first
+            .filter(|r| r.kind == RecordKind::MANIFEST)
+            .ok_or_else(|| bad("the state file does not start with a manifest record".into()))?;
+        let files = decode_manifest(&manifest.payload).map_err(bad)?;
+        check_listing(dir, &files)?;
+        for f in &files {
+            let path = dir.join(f.name.to_string());
+            let (len, sha256, _) = verify_container(&path)?;
+            if (len, sha256) != (f.len, f.sha256) {
+                let (want_len, want_sha256) = (f.len, f.sha256);
+                return Err(DirError::Mismatch {
+                    path,
+                    len,
+                    sha256,
+                    want_len,
+                    want_sha256,
+                });
+            }
+        }
+        let header = Reader::any_kind(open_regular(&state)?)
+            .map_err(|source| DirError::Damaged {
+                path: state.clone(),
+                source,
+            })?
+            .header()
+            .clone();
+        Ok(Snapshot {
+            dir: dir.to_path_buf(),
+            header,
+            files,
+        })
+    }
+
+    /// The header of the state file (format and vmhost version of the snapshot).
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The files the manifest lists.
+    pub fn files(&self) -> &[ManifestEntry] {
+        &self.files
+    }
+
+    /// The number of memory cells.
+    pub fn cells(&self) -> u32 {
+        let n = self
+            .files
+            .iter()
+            .filter(|f| matches!(f.name, FileName::MemoryCell(_)));
+        u32::try_from(n.count()).unwrap_or(u32::MAX)
+    }
+
+    /// Opens the file `name` for reading its records of the `known` kinds.
+    pub fn open_file(
+        &self,
+        name: FileName,
+        known: &[RecordKind],
+    ) -> Result<Reader<BufReader<File>>, DirError> {
+        self.reader(&self.dir.join(name.to_string()), known)
+    }
+
+    /// Opens the state file; its first record is the manifest, which the caller skips.
+    pub fn open_state(&self, known: &[RecordKind]) -> Result<Reader<BufReader<File>>, DirError> {
+        let mut known = known.to_vec();
+        known.push(RecordKind::MANIFEST);
+        self.reader(&self.dir.join(STATE_FILE), &known)
+    }
+
+    fn reader(
+        &self,
+        path: &Path,
+        known: &[RecordKind],
+    ) -> Result<Reader<BufReader<File>>, DirError> {
+        let file = BufReader::new(open_regular(path)?);
+        Reader::new(file, known).map_err(|source| DirError::Damaged {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}
+
+/// Checks that `dir` holds exactly `state` and the listed files.
+fn check_listing(dir: &Path, files: &[ManifestEntry]) -> Result<(), DirError> {
+    let open_err = |source| DirError::Open {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut seen = 0;
+    for entry in fs::read_dir(dir).map_err(open_err)? {
+        let name = entry.map_err(open_err)?.file_name();
+        let name = name.to_string_lossy();
+        let listed = FileName::parse(&name).is_some_and(|n| files.iter().any(|f| f.name == n));
+        if name != STATE_FILE && !listed {
+            let why = format!("it holds {name:?}, which the manifest does not list");
+            return Err(DirError::Incomplete {
+                dir: dir.to_path_buf(),
+                why,
+            });
+        }
+        seen += usize::from(listed);
+    }
+    if seen != files.len() {
+        let missing = files
+            .iter()
+            .find(|f| !dir.join(f.name.to_string()).exists())
+            .map_or_else(|| "a listed file".to_string(), |f| f.name.to_string());
+        let why = format!("{missing} is missing");
+        return Err(DirError::Incomplete {
+            dir: dir.to_path_buf(),
+            why,
+        });
+    }
+    Ok(())
+}
