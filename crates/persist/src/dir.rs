@@ -89,6 +89,9 @@ pub enum FillError {
     /// Pages could not be written.
     #[error(transparent)]
     Pages(#[from] PageError),
+    /// The caller's own step failed (e.g. reading the guest memory it writes).
+    #[error(transparent)]
+    Caller(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Why a snapshot directory could not be written or read.
