@@ -25,7 +25,7 @@ pub enum PayloadKind {
     NumaBench,
     /// Start, report, halt.
     Halt,
-    /// Wait halted until stopped.
+    /// Wait halted until stopped, counting LAPIC timer ticks in its mailbox.
     Idle,
     /// A test payload.
     #[doc(hidden)]

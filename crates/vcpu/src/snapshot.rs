@@ -21,6 +21,7 @@ use vmhost_plan::Plan;
 use crate::arch::boot::VCPU_BLOCK;
 use crate::arch::BootLayout;
 use crate::control::{lock, VmHandle, VmState as RunState, PAUSE_TIMEOUT};
+use crate::payload::mailbox::Mailbox;
 use crate::payload::PayloadKind;
 use crate::persist::{PersistError, SavedPayload, SavedVm, VmState};
 use crate::setup::prepare_payload;
@@ -186,6 +187,20 @@ impl VmHandle {
             payload,
             devices: None,
         })
+    }
+}
+
+impl VmHandle {
+    /// vCPU `vcpu`'s payload mailbox as it is now: a payload's progress (`idle`'s `ticks`,
+    /// `touch`'s status), read without stopping the guest. `None` for a Linux guest or an index
+    /// past the last vCPU.
+    pub fn payload_mailbox(&self, vcpu: usize) -> Option<Mailbox> {
+        let source = lock(&self.0.snapshot).clone()?;
+        let p = source.payload?;
+        if vcpu >= p.boot.vcpus {
+            return None;
+        }
+        crate::payload::read_mailbox(&p.boot_mem, p.boot.mailbox(vcpu)).ok()
     }
 }
 
