@@ -1,10 +1,10 @@
 //! Which built-in program a VM runs.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Test payloads that fault on purpose (hidden: for tests and diagnostics).
 #[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FaultPayload {
     /// Loads an empty IDT in ring 0, then executes `ud2` in ring 3: a triple fault.
     TripleFault,
@@ -17,7 +17,7 @@ pub enum FaultPayload {
 }
 
 /// What the guest runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PayloadKind {
     /// Every vCPU writes every page of its own guest cell ([`crate::touch`]).
     Touch,
@@ -25,7 +25,7 @@ pub enum PayloadKind {
     NumaBench,
     /// Start, report, halt.
     Halt,
-    /// Wait halted until stopped.
+    /// Wait halted until stopped, counting LAPIC timer ticks in its mailbox.
     Idle,
     /// A test payload.
     #[doc(hidden)]

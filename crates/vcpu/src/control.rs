@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 use kvm_ioctls::VmFd;
 use serde::Serialize;
 
+use crate::persist::{PersistError, VcpuState};
+use crate::snapshot::CaptureError;
 use crate::sys;
 
 /// How long [`VmHandle::pause`] waits for every vCPU to park.
@@ -102,6 +104,15 @@ struct Lifecycle {
     /// Of those, parked.
     parked: usize,
     tids: Vec<Option<i32>>,
+    /// A capture in progress: parked vCPUs save their state into it.
+    save: Option<SaveJob>,
+}
+
+/// One capture: each parked vCPU thread saves its own state into its slot.
+struct SaveJob {
+    /// Tells this capture's results from a later one's.
+    id: u64,
+    results: Vec<Option<Result<VcpuState, PersistError>>>,
 }
 
 /// State shared by the VM, its vCPU threads, the emulator thread and the handles.
@@ -114,6 +125,10 @@ pub(crate) struct Control {
     changed: Condvar,
     /// A Linux guest's VM, to raise the power button's interrupt (weak: the `Vm` owns it).
     power_button: Mutex<Option<Weak<VmFd>>>,
+    /// What a capture reads besides the vCPUs (set when the VM is built).
+    pub(crate) snapshot: Mutex<Option<crate::snapshot::Source>>,
+    /// Numbers capture jobs.
+    save_ids: AtomicUsize,
 }
 
 /// Locks `m`; a panicking holder leaves plain data behind, so keep going with it.
@@ -135,9 +150,12 @@ impl Control {
                 active: 0,
                 parked: 0,
                 tids: vec![None; vcpus],
+                save: None,
             }),
             changed: Condvar::new(),
             power_button: Mutex::new(None),
+            snapshot: Mutex::new(None),
+            save_ids: AtomicUsize::new(0),
         }
     }
 
@@ -255,9 +273,14 @@ impl Control {
         self.state_of(&lock(&self.life))
     }
 
-    /// Called by a vCPU thread at the top of its run loop: while a pause is requested (and no
-    /// stop), waits parked. Returns true when it parked.
-    pub fn park_if_paused(&self) -> bool {
+    /// Called by vCPU thread `vcpu` at the top of its run loop: while a pause is requested
+    /// (and no stop), waits parked; while parked it answers a capture ([`Control::save_vcpus`])
+    /// by calling `save` on its own thread. Returns true when it parked.
+    pub fn park_if_paused(
+        &self,
+        vcpu: usize,
+        save: &mut dyn FnMut() -> Result<VcpuState, PersistError>,
+    ) -> bool {
         let mut l = lock(&self.life);
         if !l.pause_requested || self.stop_requested() {
             return false;
@@ -265,10 +288,82 @@ impl Control {
         l.parked += 1;
         self.changed.notify_all();
         while l.pause_requested && !self.stop_requested() {
+            let job = l
+                .save
+                .as_ref()
+                .filter(|j| j.results.get(vcpu).is_some_and(Option::is_none))
+                .map(|j| j.id);
+            if let Some(id) = job {
+                drop(l);
+                let result = save();
+                l = lock(&self.life);
+                if let Some(j) = l.save.as_mut().filter(|j| j.id == id) {
+                    j.results[vcpu] = Some(result);
+                }
+                self.changed.notify_all();
+                continue;
+            }
             l = self.changed.wait(l).unwrap_or_else(PoisonError::into_inner);
         }
         l.parked -= 1;
         true
+    }
+
+    /// Has every vCPU thread, parked by a pause, save its own state, and returns the states by
+    /// vCPU index. Refused unless the VM is paused with every vCPU still in its run loop; gives
+    /// up after `timeout` or when the VM stops meanwhile.
+    pub fn save_vcpus(&self, timeout: Duration) -> Result<Vec<VcpuState>, CaptureError> {
+        let mut l = lock(&self.life);
+        let state = self.state_of(&l);
+        if state != VmState::Paused {
+            return Err(CaptureError::NotPaused { state });
+        }
+        if let Some(vcpu) = l.tids.iter().position(Option::is_none) {
+            return Err(CaptureError::VcpuGone { vcpu });
+        }
+        if l.active != self.kicks.len() {
+            return Err(CaptureError::VcpuGone { vcpu: l.active });
+        }
+        let id = self.save_ids.fetch_add(1, Ordering::SeqCst) as u64;
+        l.save = Some(SaveJob {
+            id,
+            results: (0..self.kicks.len()).map(|_| None).collect(),
+        });
+        self.changed.notify_all();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let done = l
+                .save
+                .as_ref()
+                .is_some_and(|j| j.results.iter().all(Option::is_some));
+            if done {
+                let job = l.save.take().map_or_else(Vec::new, |j| j.results);
+                return job
+                    .into_iter()
+                    .enumerate()
+                    .map(|(vcpu, r)| match r {
+                        Some(Ok(s)) => Ok(s),
+                        Some(Err(source)) => Err(CaptureError::Vcpu { vcpu, source }),
+                        None => Err(CaptureError::VcpuGone { vcpu }),
+                    })
+                    .collect();
+            }
+            let now = Instant::now();
+            let state = self.state_of(&l);
+            if state != VmState::Paused || now >= deadline {
+                l.save = None;
+                return Err(if now >= deadline {
+                    CaptureError::Timeout { timeout }
+                } else {
+                    CaptureError::NotPaused { state }
+                });
+            }
+            l = self
+                .changed
+                .wait_timeout(l, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 
     /// Requests a pause, kicks every vCPU and waits up to `timeout` for all running ones to
@@ -576,7 +671,7 @@ mod tests {
                     let reg = c.register(i);
                     tx.send(()).unwrap();
                     while !c.stop_requested() {
-                        c.park_if_paused();
+                        c.park_if_paused(i, &mut || unreachable!("no capture in this test"));
                         count.fetch_add(1, Ordering::SeqCst);
                         std::thread::sleep(Duration::from_micros(200));
                     }

@@ -20,10 +20,12 @@
 
 mod compat;
 mod raw;
+mod saved;
 mod vcpu;
 mod vm;
 
 pub use compat::{CompatError, TargetCaps};
+pub use saved::{check_target, DevicesState, PendingDevicesState, SavedPayload, SavedVm};
 pub use vcpu::{
     CpuidEntry, MsrEntry, VcpuState, VcpuStateLayout, MSR_IA32_TSC, MSR_IA32_TSC_DEADLINE,
 };
