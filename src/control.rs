@@ -135,6 +135,22 @@ impl Control {
         }
     }
 
+    /// A built-in payload's progress per vCPU, from its mailbox (`null` for a Linux guest):
+    /// its status, the TSC at its start (unchanged by a restore: the guest continued) and the
+    /// `idle` payload's timer ticks.
+    fn payload_progress(&self) -> Value {
+        let vcpus: Vec<Value> = (0..self.plan.vcpus.len())
+            .map_while(|i| self.handle.payload_mailbox(i))
+            .zip(0u32..)
+            .map(|(m, i)| json!({"vcpu": i, "status": m.status, "tsc_start": m.tsc_start, "ticks": m.ticks}))
+            .collect();
+        if vcpus.is_empty() {
+            Value::Null
+        } else {
+            Value::Array(vcpus)
+        }
+    }
+
     fn memory_regions(&self) -> Vec<Value> {
         let maps = std::fs::read_to_string("/proc/self/numa_maps").unwrap_or_default();
         self.audit
@@ -165,6 +181,7 @@ impl VmControl for Control {
             "uptime_seconds": self.started.elapsed().as_secs_f64(),
             "pid": std::process::id(),
             "spec": self.spec,
+            "payload": self.payload_progress(),
         })
     }
 
