@@ -138,7 +138,10 @@ impl Jobs {
         let for_thread = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("vmhost-snap".into())
-            .spawn(move || job_thread(&source, &rx, &for_thread))?;
+            .spawn(move || {
+                vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Snapshot);
+                job_thread(&source, &rx, &for_thread);
+            })?;
         Ok(Jobs {
             tx: Mutex::new(tx),
             shared,

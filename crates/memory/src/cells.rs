@@ -365,6 +365,7 @@ fn load_worker<R: Read>(
             source,
         })?;
     }
+    vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Loader);
     let (bytes, records) = load_cell(regions, cell, input)?;
     Ok(CellLoaded {
         cell,

@@ -74,11 +74,18 @@ pub enum ThreadKind {
     /// The background prefault's coordinator (`vmhost-prefault`, `--prefault background`)
     /// once its workers are done: the residency audit, its report and the cpuset narrowing.
     PrefaultAudit,
+    /// The snapshot job (`vmhost-snap`): pauses and resumes the vCPUs, captures the VM's
+    /// state, writes the snapshot directory (or removes an unfinished one) and, with `stop`,
+    /// ends the VM.
+    Snapshot,
+    /// A restore's guest memory loader (`load-c<cell>`): reads its cell's memory file into
+    /// guest RAM.
+    Loader,
 }
 
 impl ThreadKind {
     /// Every kind, in the order of the published table.
-    pub const ALL: [ThreadKind; 16] = [
+    pub const ALL: [ThreadKind; 18] = [
         ThreadKind::Vcpu,
         ThreadKind::Vmm,
         ThreadKind::Emulator,
@@ -95,6 +102,8 @@ impl ThreadKind {
         ThreadKind::Output,
         ThreadKind::Supervisor,
         ThreadKind::PrefaultAudit,
+        ThreadKind::Snapshot,
+        ThreadKind::Loader,
     ];
 
     /// The kind's name (`VMHOST_SECCOMP_SELFTEST`, messages, docs).
@@ -116,6 +125,8 @@ impl ThreadKind {
             ThreadKind::DeviceIo => "device-io",
             ThreadKind::Supervisor => "supervisor",
             ThreadKind::PrefaultAudit => "prefault-audit",
+            ThreadKind::Snapshot => "snapshot",
+            ThreadKind::Loader => "loader",
         }
     }
 
@@ -405,6 +416,8 @@ fn thread_names(kind: ThreadKind) -> &'static str {
         ThreadKind::DeviceIo => "vmhost-io-<N>",
         ThreadKind::Supervisor => "vmhost (supervisor)",
         ThreadKind::PrefaultAudit => "vmhost-prefault",
+        ThreadKind::Snapshot => "vmhost-snap",
+        ThreadKind::Loader => "load-c<C>",
     }
 }
 
