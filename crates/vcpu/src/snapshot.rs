@@ -161,6 +161,8 @@ impl VmHandle {
             return Err(CaptureError::NotPaused { state });
         };
         match &source.payload {
+            // TODO(mig-devices): a Linux guest's `Source` gets the `Arc<LinuxDevices>`, whose
+            // `save()` (workers quiesced) fills `SavedVm::devices` after the vCPUs are saved.
             None => return Err(CaptureError::DevicesNotSupported),
             Some(p) if !p.kind.needs_irqchip() => {
                 return Err(CaptureError::NoIrqchip { kind: p.kind })
