@@ -70,11 +70,11 @@ pub enum CaptureError {
     /// `DevicesState`).
     #[error("capturing a Linux guest needs its devices' state, which is not saved yet")]
     DevicesNotSupported,
-    /// A payload that runs without the in-kernel irqchip and PIT (`halt`, `touch`,
-    /// `numa-bench`) has no VM state to capture.
+    /// A payload that runs without the in-kernel irqchip and PIT (`halt`, `numa-bench`) has
+    /// no VM state to capture.
     #[error(
         "the {kind:?} payload runs without the in-kernel irqchip, so it cannot be captured \
-         (the idle payload can)"
+         (the idle and touch payloads can)"
     )]
     NoIrqchip {
         /// The payload.
