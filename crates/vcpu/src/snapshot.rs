@@ -57,6 +57,9 @@ pub enum CaptureError {
         #[source]
         source: PersistError,
     },
+    /// Another capture of this VM is running.
+    #[error("another capture of this VM is in progress")]
+    InProgress,
     /// The parked vCPU threads did not all answer in time.
     #[error("the vCPUs did not save their state within {timeout:?}")]
     Timeout {
