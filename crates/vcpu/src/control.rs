@@ -718,6 +718,22 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_capture_with_a_vcpu_that_has_ended_names_it() {
+        let c = Arc::new(Control::new(2));
+        c.mark_started();
+        // vCPU 1's thread has ended (or never started); vCPU 0 runs and parks.
+        let (_, threads) = fake_vcpus(&c, 1);
+        c.pause(Duration::from_secs(5)).unwrap();
+        let err = c.save_vcpus(Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(err, CaptureError::VcpuGone { vcpu: 1 }), "{err}");
+        assert_eq!(c.state(), VmState::Paused);
+        c.request_stop(StopReason::Requested);
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
     /// `n` fake vCPU threads that register and loop on `park_if_paused` until a stop, counting
     /// their iterations; parked, they answer a capture with [`fake_state`].
     fn fake_vcpus(

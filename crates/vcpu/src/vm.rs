@@ -268,8 +268,8 @@ pub enum VmError {
     },
     /// A saved VM does not fit the plan it is restored with: another guest topology or guest.
     #[error(
-        "VM {vm}: the saved VM has {what} {saved}, the plan {planned}: restore with the spec the \
-         snapshot was taken with"
+        "VM {vm}: {what}: the saved VM has {saved}, the plan {planned}; restore with the spec \
+         the snapshot was taken with"
     )]
     RestoreMismatch {
         /// VM name.

@@ -14,7 +14,7 @@ use vmhost_memory::{GuestLayout, GuestMemory, MMIO_HOLE_END, MMIO_HOLE_START};
 use vmhost_plan::Plan;
 use vmhost_vcpu::payload::mailbox::{status, Mailbox};
 use vmhost_vcpu::payload::touch;
-use vmhost_vcpu::persist::{check_target, SavedVm};
+use vmhost_vcpu::persist::{check_target, CompatError, SavedVm};
 use vmhost_vcpu::{
     CaptureError, PayloadResult, RunReport, RunStatus, VcpuOutcome, Vm, VmError, VmHandle,
     VmOptions, VmState,
@@ -173,8 +173,8 @@ fn an_idle_vm_restored_into_fresh_memory_continues_without_starting_again() {
 }
 
 #[test]
-fn a_restore_with_another_guest_topology_is_refused() {
-    if !kvm_available("a_restore_with_another_guest_topology_is_refused") {
+fn a_restore_with_another_guest_topology_or_payload_or_tsc_rate_is_refused() {
+    if !kvm_available("a_restore_with_another_guest_topology_or_payload_or_tsc_rate_is_refused") {
         return;
     }
     let _cpus = lock_cpus();
@@ -191,6 +191,28 @@ fn a_restore_with_another_guest_topology_is_refused() {
         "{err}"
     );
     assert!(err.to_string().contains("2") && err.to_string().contains("1"));
+
+    let halt = plan_toml(
+        "name = \"snap-topology\"\n[cpu]\ncores = 2\n[memory]\nguest = \"16Mi\"\n[boot]\npayload = \"halt\"\n",
+    );
+    let err = Vm::restore(&halt, memory(&halt), VmOptions::default(), saved.clone())
+        .expect_err("an idle guest restored as halt");
+    println!("refused as expected: {err}");
+    assert!(
+        matches!(&err, VmError::RestoreMismatch { what, saved, planned, .. }
+            if what == "guest" && saved.contains("Idle") && planned.contains("Halt")),
+        "{err}"
+    );
+
+    let mut faster = saved.clone();
+    faster.vcpus[1].tsc_khz += 100_000;
+    let err = check_target(&faster).expect_err("another TSC rate");
+    println!("refused as expected: {err}");
+    assert!(
+        matches!(err, CompatError::TscKhz { saved_khz, target_khz }
+            if saved_khz == target_khz + 100_000),
+        "{err}"
+    );
 
     let mut swapped = saved;
     swapped.vcpus.swap(0, 1);
