@@ -220,6 +220,43 @@ impl Vm {
     /// the same payload; a mismatch is [`VmError::RestoreMismatch`] naming both. Run
     /// [`crate::persist::check_target`] first. Linux guests are not restorable yet
     /// ([`VmError::RestoreUnsupported`]).
+    ///
+    /// ```
+    /// use vmhost_memory::{GuestMemory, MemoryOptions};
+    /// use vmhost_plan::{plan, PlanOptions};
+    /// use vmhost_vcpu::{persist, RunStatus, Vm, VmOptions};
+    ///
+    /// if std::env::var("VMHOST_SKIP_KVM_TESTS").as_deref() == Ok("1") {
+    ///     println!("SKIP doc example: VMHOST_SKIP_KVM_TESTS=1");
+    ///     return;
+    /// }
+    /// let spec = vmhost_config::from_toml_str(
+    ///     "name = \"moved\"\n[cpu]\ncores = 1\n[memory]\nguest = \"16Mi\"\n[boot]\npayload = \"idle\"\n",
+    ///     "moved.toml",
+    /// )
+    /// .unwrap()
+    /// .spec;
+    /// let host = vmhost_topology::discover().unwrap();
+    /// let plan = plan(&spec, &host, &PlanOptions::default()).into_result().unwrap();
+    /// let memory = || GuestMemory::new(&plan, &MemoryOptions::default()).unwrap();
+    ///
+    /// let mut vm = Vm::new(&plan, memory(), VmOptions::default()).unwrap();
+    /// let (handle, stop) = (vm.handle(), vm.stop_handle());
+    /// let running = std::thread::spawn(move || vm.run());
+    /// while stop.ready_vcpus() < 1 {
+    ///     std::thread::yield_now();
+    /// }
+    /// handle.pause().unwrap();
+    /// let saved = handle.capture().unwrap();
+    /// handle.stop();
+    /// running.join().unwrap().unwrap();
+    ///
+    /// // (The idle payload keeps nothing in RAM; a real restore loads the saved RAM first.)
+    /// persist::check_target(&saved).unwrap();
+    /// let mut vm = Vm::restore(&plan, memory(), VmOptions::default(), saved).unwrap();
+    /// vm.stop_handle().stop(); // ends the run as soon as its vCPUs are loaded
+    /// assert_eq!(vm.run().unwrap().status, RunStatus::Stopped);
+    /// ```
     pub fn restore(
         plan: &Plan,
         ram: impl GuestRam,
