@@ -21,6 +21,7 @@ use vmhost_plan::Plan;
 use crate::arch::boot::VCPU_BLOCK;
 use crate::arch::BootLayout;
 use crate::control::{lock, VmHandle, VmState as RunState, PAUSE_TIMEOUT};
+use crate::devices::LinuxDevices;
 use crate::payload::mailbox::Mailbox;
 use crate::payload::PayloadKind;
 use crate::persist::{PersistError, SavedPayload, SavedVm, VmState};
@@ -96,11 +97,15 @@ pub enum CaptureError {
     },
 }
 
-/// What a capture reads besides the vCPUs: the VM fd and a payload's boot area.
+/// What a capture reads besides the vCPUs: the VM fd, a payload's boot area or a Linux
+/// guest's devices (weak: the `Vm` owns them).
 #[derive(Clone)]
 pub(crate) struct Source {
     vm: Weak<VmFd>,
     payload: Option<PayloadSource>,
+    /// Where a Linux guest's `DevicesState` will come from (see [`VmHandle::capture`]).
+    #[allow(dead_code)]
+    linux: Option<Weak<LinuxDevices>>,
 }
 
 #[derive(Clone)]
@@ -125,9 +130,14 @@ impl Source {
             }),
             Guest::Linux { .. } => None,
         };
+        let linux = match guest {
+            Guest::Linux { devices, .. } => Some(Arc::downgrade(devices)),
+            Guest::Payload { .. } => None,
+        };
         Source {
             vm: Arc::downgrade(fd),
             payload,
+            linux,
         }
     }
 }
@@ -164,7 +174,7 @@ impl VmHandle {
             return Err(CaptureError::NotPaused { state });
         };
         match &source.payload {
-            // TODO(mig-devices): a Linux guest's `Source` gets the `Arc<LinuxDevices>`, whose
+            // TODO(mig-devices): `source.linux` upgraded is the guest's `LinuxDevices`, whose
             // `save()` (workers quiesced) fills `SavedVm::devices` after the vCPUs are saved.
             None => return Err(CaptureError::DevicesNotSupported),
             Some(p) if !p.kind.needs_irqchip() => {
