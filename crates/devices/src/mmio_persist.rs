@@ -166,23 +166,24 @@ impl MmioTransport {
         self.queue_sel = saved.queue_sel;
         self.config_generation = saved.config_generation;
         self.interrupt.restore_status(saved.interrupt_status);
-        let active = self.status & (VIRTIO_CONFIG_S_DRIVER_OK | VIRTIO_CONFIG_S_FAILED)
+        // A device in NEEDS_RESET is not started: it serves nothing until the driver resets
+        // it, which starts from scratch.
+        let running = self.status
+            & (VIRTIO_CONFIG_S_DRIVER_OK | VIRTIO_CONFIG_S_FAILED | VIRTIO_CONFIG_S_NEEDS_RESET)
             == VIRTIO_CONFIG_S_DRIVER_OK;
-        if !active {
+        if !running {
             return Ok(());
         }
         self.device
             .activate_queues(self.driver_features, &self.queues, &self.mem)
             .map_err(StateError::Activate)?;
-        if self.status & VIRTIO_CONFIG_S_NEEDS_RESET == 0 {
-            let used = self
-                .device
-                .restored(&mut self.queues, &self.mem)
-                .map_err(|e| StateError::Activate(super::error_chain(&e)))?;
-            if used {
-                self.interrupt
-                    .restore_status(self.interrupt.status() | VIRTIO_MMIO_INT_VRING);
-            }
+        let used = self
+            .device
+            .restored(&mut self.queues, &self.mem)
+            .map_err(|e| StateError::Activate(super::error_chain(&e)))?;
+        if used {
+            self.interrupt
+                .restore_status(self.interrupt.status() | VIRTIO_MMIO_INT_VRING);
         }
         Ok(())
     }

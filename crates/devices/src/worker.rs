@@ -242,20 +242,34 @@ impl IoThread {
     /// thread parks when its request returns, until [`IoThread::resume`]). A parked or ended
     /// thread is left as it is.
     pub fn pause(&self, wait: Duration) -> Result<(), WorkerError> {
+        self.ask_pause();
+        self.wait_paused(wait)
+    }
+
+    /// Asks the thread to pause without waiting (see [`IoThread::pause`]), so several
+    /// threads quiesce at once; [`IoThread::wait_paused`] waits for it.
+    pub fn ask_pause(&self) {
         let mut s = self.park.lock();
-        if s.ended {
-            return Ok(());
-        }
-        if s.requested && s.parked.is_some() {
-            return Ok(());
+        if s.ended || (s.requested && s.parked.is_some()) {
+            return;
         }
         s.requested = true;
         s.generation = s.generation.wrapping_add(1);
-        let generation = s.generation;
         self.park.changed.notify_all();
         if let Err(e) = self.pause.write(1) {
             warn!(error = %e, thread = self.name, "cannot signal the I/O thread to pause");
         }
+    }
+
+    /// Waits at most `wait` for the thread to park after the last [`IoThread::ask_pause`];
+    /// [`WorkerError::Hung`] if it has not (it parks later, when its request returns). A
+    /// thread that was not asked to pause is not waited for.
+    pub fn wait_paused(&self, wait: Duration) -> Result<(), WorkerError> {
+        let s = self.park.lock();
+        if !s.requested {
+            return Ok(());
+        }
+        let generation = s.generation;
         let (s, _) = self
             .park
             .changed

@@ -14,7 +14,6 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use vm_memory::GuestMemoryMmap;
@@ -185,18 +184,13 @@ impl VirtioAttachment {
     /// (storage that does not answer fails the pause, naming the thread). All threads are
     /// asked first, then waited for.
     pub fn pause_io(&self) -> Result<(), WorkerError> {
-        let mut result = Ok(());
         for t in &self._io {
-            if let Err(e) = t.pause(Duration::ZERO) {
-                if !matches!(e, WorkerError::Hung { .. }) {
-                    result = Err(e);
-                }
-            }
+            t.ask_pause();
         }
         for t in &self._io {
-            t.pause(STOP_WAIT)?;
+            t.wait_paused(STOP_WAIT)?;
         }
-        result
+        Ok(())
     }
 
     /// Lets paused I/O threads serve their devices again (the VM runs on here: a snapshot
