@@ -424,3 +424,63 @@ fn overhead_constants_match_the_devices() {
     );
     assert_eq!(DIRECT_ALIGN, vmhost_config::devices::DIRECT_BLOCK);
 }
+
+/// A Linux guest's devices — two disks, rng, COM1, the legacy ports — saved as one
+/// `DevicesState` from one KVM VM and restored into another by `LinuxDevices::restore`: the
+/// registers the guest wrote (UART scratch, CMOS index, the disk's DRIVER_OK) read back
+/// there, and the per-run disks are not looked for by `check_restorable`.
+#[test]
+fn linux_devices_are_saved_and_restored_as_one_state() {
+    use crate::devices::serial::{SerialConsole, SerialOut};
+    use crate::devices::LinuxDevices;
+    use vmhost_devices::persist::{check_restorable, DevicesState};
+
+    if !vmhost_testsupport::need_kvm("linux_devices_are_saved_and_restored_as_one_state") {
+        return;
+    }
+    let mut plan = plan_here(TWO_DISKS_RNG);
+    let mine = crate::sys::current_affinity().unwrap();
+    for (i, t) in plan.devices.io_threads.iter_mut().enumerate() {
+        t.host_cpus = vec![mine[i % mine.len()]];
+    }
+    let kvm = Kvm::new().unwrap();
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let vm = vm_with(&kvm, &mem);
+    let (dir, target_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let sink = || {
+        Some(SerialOut(std::sync::Arc::new(std::sync::Mutex::new(
+            std::io::sink(),
+        ))))
+    };
+    let att = attach(&vm, &plan.devices, "t", &mem, dir.path()).unwrap();
+    handshake(&att);
+    let source = LinuxDevices::new(SerialConsole::new(sink()).unwrap()).with_virtio(att);
+    source.pio_write(0x3ff, &[0x77]); // UART scratch
+    source.pio_write(0x70, &[0x0b]); // CMOS index: status B
+
+    let state = source.save().unwrap();
+    assert_eq!(state.virtio.len(), 3);
+    assert_eq!(state.serial.as_ref().map(|s| s.scratch), Some(0x77));
+    assert_eq!(state.legacy.map(|l| l.cmos_index), Some(0x0b));
+    let state: DevicesState =
+        serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+    check_restorable(&state).unwrap();
+
+    let target_vm = vm_with(&kvm, &mem);
+    let target =
+        LinuxDevices::restore(&target_vm, &plan, &mem, sink(), target_dir.path(), &state).unwrap();
+    target.resume_restored();
+    let mut b = [0u8; 1];
+    assert!(target.pio_read(0x3ff, &mut b));
+    assert_eq!(b[0], 0x77, "UART scratch");
+    assert!(target.pio_read(0x71, &mut b));
+    assert_eq!(b[0], 0x02, "CMOS status B through the restored index");
+    let mut status = [0u8; 4];
+    let give_up = || false;
+    assert_eq!(
+        target.mmio_read(BASE + 0x70, &mut status, &give_up),
+        vmhost_devices::bus::Access::Done
+    );
+    assert_eq!(u32::from_le_bytes(status), 15, "the first disk's DRIVER_OK");
+    source.resume_io();
+}
