@@ -18,7 +18,8 @@ use std::io;
 use std::marker::PhantomData;
 use std::os::fd::{AsFd, AsRawFd};
 
-use vm_memory::{GuestAddress, GuestMemory, GuestMemoryError, GuestMemoryMmap, Permissions};
+use vm_memory::{GuestAddress, GuestMemory, GuestMemoryError, Permissions};
+use vmhost_memory::GuestMemoryMmap;
 
 /// Linux's `IOV_MAX`: most `iovec`s one call takes.
 pub const IOV_MAX: usize = 1024;

@@ -16,12 +16,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
-use vm_memory::GuestMemoryMmap;
 use vmhost_devices::bus::{Access, BusError, MmioBus};
 use vmhost_devices::host::{HostDevices, HostError};
 use vmhost_devices::mmio::{INTERRUPT_ACK_OFFSET, QUEUE_NOTIFY_OFFSET};
 use vmhost_devices::worker::{IoSource, IoThread, WorkerError};
 use vmhost_devices::{Interrupt, MmioError, MmioTransport};
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::devices::DevicePlan;
 use vmhost_plan::iothreads::IO_THREAD_PREFIX;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};

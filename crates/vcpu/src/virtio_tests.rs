@@ -70,7 +70,7 @@ fn a_guest_queue_notify_reaches_the_device_through_the_ioeventfd() {
     let kvm = Kvm::new().unwrap();
     let vm = kvm.create_vm().unwrap();
     vm.create_irq_chip().unwrap();
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
     register_memslots(&vm, &mem, None).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let plan = DevicePlan::new(DeviceSpec {
@@ -158,7 +158,7 @@ fn a_missing_image_fails_attach_with_the_disk_named() {
     let kvm = Kvm::new().unwrap();
     let vm = kvm.create_vm().unwrap();
     vm.create_irq_chip().unwrap();
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let disk = vmhost_config::DiskSpec {
         name: "root".into(),
@@ -250,7 +250,7 @@ fn each_planned_io_thread_serves_its_devices_pinned_to_its_pus() {
     let kvm = Kvm::new().unwrap();
     let vm = kvm.create_vm().unwrap();
     vm.create_irq_chip().unwrap();
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let att = attach(&vm, &plan.devices, "t", &mem, dir.path()).unwrap();
     let io = att.io_threads();
@@ -291,7 +291,7 @@ fn an_io_thread_that_cannot_be_pinned_fails_attach_and_leaves_no_thread() {
     let kvm = Kvm::new().unwrap();
     let vm = kvm.create_vm().unwrap();
     vm.create_irq_chip().unwrap();
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let err = attach(&vm, &plan.devices, "t", &mem, dir.path()).unwrap_err();
     assert!(

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvm_ioctls::{Kvm, VmFd};
-use vm_memory::GuestMemoryMmap;
 use vmhost_boot::LinuxBoot;
 use vmhost_config::BootSpec;
 use vmhost_memory::GuestLayout;
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::Plan;
 
 use crate::arch::{BootError, BootLayout, CpuidError};

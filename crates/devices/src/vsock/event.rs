@@ -4,7 +4,7 @@
 //! the device; a notification checks that the ring itself is readable.
 
 use virtio_queue::{Queue, QueueOwnedT};
-use vm_memory::GuestMemoryMmap;
+use vmhost_memory::GuestMemoryMmap;
 
 use super::EVENT;
 use crate::device::DeviceError;
