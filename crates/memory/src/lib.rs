@@ -62,6 +62,7 @@
 pub mod audit;
 pub mod background;
 pub mod backing;
+pub mod dirty;
 pub mod host;
 pub mod layout;
 pub mod policy;
@@ -82,6 +83,7 @@ use vmhost_plan::{Backing, Plan};
 pub use audit::{Audit, AuditError, RegionAudit, Violation};
 pub use background::{BackgroundDone, OnDone, PrefaultTiming};
 pub use backing::{BackingError, MappedRegion};
+pub use dirty::{DirtyBitmap, DirtyRuns, DIRTY_PAGE_BYTES};
 pub use host::{Admission, AdmissionError, HostState};
 pub use layout::{GuestLayout, LayoutError, LayoutRegion, MMIO_HOLE_END, MMIO_HOLE_START};
 pub use policy::PolicyOverride;
