@@ -8,7 +8,8 @@ use std::num::Wrapping;
 use std::sync::atomic::Ordering;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Address, Bytes, GuestAddress};
+use vmhost_memory::GuestMemoryMmap;
 
 use crate::chain::{Chain, ChainError, ChainLimits};
 use crate::persist::{DeviceState, StateError};

@@ -15,10 +15,11 @@
 //! ```
 //! use std::sync::Arc;
 //! use vmhost_devices::{Interrupt, MmioTransport, Rng, MMIO_MAGIC};
-//! use vm_memory::{GuestAddress, GuestMemoryMmap};
+//! use vm_memory::GuestAddress;
+//! use vmhost_memory::GuestMemoryMmap;
 //! use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 //!
-//! let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+//! let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
 //! let irq = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
 //! let dev = MmioTransport::new(Box::new(Rng::new()), mem, irq).unwrap();
 //! let mut magic = [0u8; 4];

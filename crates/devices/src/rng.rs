@@ -3,7 +3,7 @@
 use tracing::warn;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
+use vmhost_memory::GuestMemoryMmap;
 
 use crate::chain::{Chain, ChainError, ChainLimits};
 use crate::device::{serve_single_queue, DeviceError, VirtioDevice};

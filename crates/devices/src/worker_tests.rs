@@ -44,7 +44,7 @@ fn a_queue_event_is_served_on_the_io_thread() {
 /// A NIC on one end of a datagram pair, behind a transport: (memory, transport, backend fd,
 /// the other end playing the tap).
 fn net_rig() -> (
-    vm_memory::GuestMemoryMmap,
+    vmhost_memory::GuestMemoryMmap,
     MmioTransport,
     std::os::fd::RawFd,
     UnixDatagram,
@@ -161,7 +161,7 @@ type BlkRequest<'a> = ((u32, u64), Option<&'a [u8]>, u32);
 
 /// One virtio-blk request (header, data, status) at `base`; returns the status byte's address.
 fn post_blk(
-    mem: &vm_memory::GuestMemoryMmap,
+    mem: &vmhost_memory::GuestMemoryMmap,
     q: &mut TestQueue<'_>,
     base: u64,
     (kind, sector): (u32, u64),
@@ -287,7 +287,7 @@ impl crate::device::VirtioDevice for Stalled {
         &mut self,
         _index: usize,
         _queue: &mut virtio_queue::Queue,
-        _mem: &vm_memory::GuestMemoryMmap,
+        _mem: &vmhost_memory::GuestMemoryMmap,
     ) -> Result<bool, crate::device::DeviceError> {
         let _ = self.started.send(());
         let _ = self.release.recv();

@@ -21,6 +21,8 @@ fn the_ioctl_numbers_are_linux_s() {
     assert_eq!(filters::KVM_TRANSLATE, 0xc018_ae85);
     assert_eq!(filters::KVM_GET_VCPU_EVENTS, 0x8040_ae9f);
     assert_eq!(filters::KVM_IRQ_LINE, 0x4008_ae61);
+    assert_eq!(filters::KVM_GET_DIRTY_LOG, 0x4010_ae42);
+    assert_eq!(filters::KVM_SET_USER_MEMORY_REGION, 0x4020_ae46);
     assert_eq!(filters::TCSETS_REQ, libc::TCSETS);
     assert_eq!(filters::TCGETS_REQ, libc::TCGETS);
 }

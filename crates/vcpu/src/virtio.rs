@@ -16,13 +16,13 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
-use vm_memory::GuestMemoryMmap;
 use vmhost_devices::bus::{Access, BusError, MmioBus, SharedTransport};
 use vmhost_devices::host::{HostDevices, HostError, PreparedDevice};
 use vmhost_devices::mmio::{INTERRUPT_ACK_OFFSET, QUEUE_NOTIFY_OFFSET};
 use vmhost_devices::persist::{restore_slot, save_transports, VirtioSlotState};
 use vmhost_devices::worker::{IoSource, IoThread, WorkerError, STOP_WAIT};
 use vmhost_devices::{Interrupt, MmioError, MmioTransport, PersistError};
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::devices::{DevicePlan, VirtioSlot};
 use vmhost_plan::iothreads::IO_THREAD_PREFIX;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};

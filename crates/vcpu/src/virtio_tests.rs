@@ -70,7 +70,7 @@ fn a_guest_queue_notify_reaches_the_device_through_the_ioeventfd() {
     let kvm = Kvm::new().unwrap();
     let vm = kvm.create_vm().unwrap();
     vm.create_irq_chip().unwrap();
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
     register_memslots(&vm, &mem, None).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let plan = DevicePlan::new(DeviceSpec {
@@ -182,7 +182,7 @@ fn devices_saved_from_one_vm_are_restored_into_another() {
         return;
     }
     let kvm = Kvm::new().unwrap();
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
     let vm = vm_with(&kvm, &mem);
     let dir = tempfile::tempdir().unwrap();
     let plan = DevicePlan::new(DeviceSpec {
@@ -210,7 +210,7 @@ fn devices_saved_from_one_vm_are_restored_into_another() {
 
     let mut bytes = vec![0u8; 2 << 20];
     mem.read_slice(&mut bytes, GuestAddress(0)).unwrap();
-    let target_mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let target_mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
     target_mem.write_slice(&bytes, GuestAddress(0)).unwrap();
     let target_vm = vm_with(&kvm, &target_mem);
     let restored =
@@ -255,7 +255,7 @@ fn a_missing_image_fails_attach_with_the_disk_named() {
     let kvm = Kvm::new().unwrap();
     let vm = kvm.create_vm().unwrap();
     vm.create_irq_chip().unwrap();
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let disk = vmhost_config::DiskSpec {
         name: "root".into(),
@@ -347,7 +347,7 @@ fn each_planned_io_thread_serves_its_devices_pinned_to_its_pus() {
     let kvm = Kvm::new().unwrap();
     let vm = kvm.create_vm().unwrap();
     vm.create_irq_chip().unwrap();
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let att = attach(&vm, &plan.devices, "t", &mem, dir.path()).unwrap();
     let io = att.io_threads();
@@ -388,7 +388,7 @@ fn an_io_thread_that_cannot_be_pinned_fails_attach_and_leaves_no_thread() {
     let kvm = Kvm::new().unwrap();
     let vm = kvm.create_vm().unwrap();
     vm.create_irq_chip().unwrap();
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let err = attach(&vm, &plan.devices, "t", &mem, dir.path()).unwrap_err();
     assert!(
@@ -444,7 +444,7 @@ fn linux_devices_are_saved_and_restored_as_one_state() {
         t.host_cpus = vec![mine[i % mine.len()]];
     }
     let kvm = Kvm::new().unwrap();
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
     let vm = vm_with(&kvm, &mem);
     let (dir, target_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let sink = || {

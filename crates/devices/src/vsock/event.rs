@@ -6,7 +6,7 @@
 //! is readable.
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::GuestMemoryMmap;
+use vmhost_memory::GuestMemoryMmap;
 
 use super::{EVENT, VSOCK_QUEUE_SIZE};
 use crate::chain::{Chain, ChainError, ChainLimits};

@@ -16,9 +16,9 @@
 use std::path::Path;
 
 use kvm_ioctls::VmFd;
-use vm_memory::GuestMemoryMmap;
 use vmhost_devices::persist::DevicesState;
 use vmhost_devices::PersistError;
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::Plan;
 
 use super::serial::{SerialConsole, SerialOut, COM1_GSI};
