@@ -610,6 +610,16 @@ impl VirtioDevice for Net {
     fn restore_state(&mut self, state: &DeviceState) -> Result<(), StateError> {
         self.check_restore(state)
     }
+
+    /// Announces the guest's MAC on the new tap (see `net_persist.rs`).
+    fn restored(
+        &mut self,
+        _queues: &mut [Queue],
+        _mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        self.announce();
+        Ok(false)
+    }
 }
 
 /// Receive chains: device-writable buffers only, up to a queue's worth of segments.

@@ -585,3 +585,35 @@ proptest! {
         }
     }
 }
+
+/// A NIC restored with the driver running announces the guest's MAC on its new backend: one
+/// broadcast RARP frame from the MAC, behind a virtio-net header.
+#[test]
+fn a_restored_nic_announces_its_mac_on_the_new_backend() {
+    let mem = memory();
+    let (net, _old_peer) = nic(MAC);
+    let (mut dev, _irq) = transport(Box::new(net), &mem);
+    let rx = TestQueue::new(&mem, 0, 16);
+    let tx = TestQueue::new(&mem, 0x2000, 16);
+    activate(&mut dev, &[(0, &rx, 16), (1, &tx, 16)]);
+    let (ts, ds) = dev.save().unwrap();
+    let (ts, ds) = through_json(&ts, &ds);
+
+    let target = copy_of(&mem);
+    let (net, peer) = nic(MAC);
+    let (mut restored, _irq) = transport(Box::new(net), &target);
+    restored.restore(&ts, &ds).unwrap();
+    let mut frame = [0u8; 128];
+    let n = peer
+        .recv(&mut frame)
+        .expect("the announcement was sent at restore");
+    let frame = &frame[..n];
+    assert_eq!(n, crate::net::VNET_HDR_LEN + 60);
+    let eth = &frame[crate::net::VNET_HDR_LEN..];
+    assert_eq!(eth[..6], [0xff; 6], "broadcast");
+    assert_eq!(eth[6..12], MAC, "from the guest's MAC");
+    assert_eq!(eth[12..14], [0x80, 0x35], "RARP");
+    assert_eq!(eth[20..22], [0, 3], "reverse request");
+    assert_eq!(eth[22..28], MAC, "sender hardware address");
+    assert!(peer.recv(&mut [0u8; 128]).is_err(), "one frame");
+}
