@@ -14,13 +14,14 @@
 //! returns once every vCPU still running has parked.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kvm_ioctls::VmFd;
 use serde::Serialize;
 
+use crate::dirty::DirtyLog;
 use crate::persist::{PersistError, VcpuState};
 use crate::snapshot::CaptureError;
 use crate::sys;
@@ -129,6 +130,8 @@ pub(crate) struct Control {
     pub(crate) snapshot: Mutex<Option<crate::snapshot::Source>>,
     /// Numbers capture jobs.
     save_ids: AtomicUsize,
+    /// The VM's dirty page log (live migration), set once the VM is built.
+    dirty: OnceLock<DirtyLog>,
 }
 
 /// Locks `m`; a panicking holder leaves plain data behind, so keep going with it.
@@ -156,7 +159,18 @@ impl Control {
             power_button: Mutex::new(None),
             snapshot: Mutex::new(None),
             save_ids: AtomicUsize::new(0),
+            dirty: OnceLock::new(),
         }
+    }
+
+    /// Gives the VM its dirty page log (once; a second call is ignored).
+    pub fn set_dirty_log(&self, log: DirtyLog) {
+        let _ = self.dirty.set(log);
+    }
+
+    /// The VM's dirty page log, once set.
+    pub fn dirty_log(&self) -> Option<&DirtyLog> {
+        self.dirty.get()
     }
 
     /// Gives the VM a power button: its Generic Event Device's interrupt on `vm`.

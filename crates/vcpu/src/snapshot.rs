@@ -14,8 +14,9 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use kvm_ioctls::VmFd;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmhost_config::BootSpec;
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::Plan;
 
 use crate::arch::boot::VCPU_BLOCK;

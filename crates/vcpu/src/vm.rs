@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvm_ioctls::{Kvm, VmFd};
-use vm_memory::GuestMemoryMmap;
 use vmhost_boot::LinuxBoot;
 use vmhost_config::BootSpec;
 use vmhost_memory::GuestLayout;
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::Plan;
 
 use crate::arch::{BootError, BootLayout, CpuidError};
@@ -19,6 +19,7 @@ use crate::control::{Control, StopHandle, VmHandle};
 use crate::devices::console::{ConsoleInput, ConsoleReader};
 use crate::devices::serial::SerialOut;
 use crate::devices::LinuxDevices;
+use crate::dirty::DirtyLog;
 use crate::emulator::{self, EmulatorInput, RunGuest, VcpuMeta};
 use crate::linux::{image_name, prepare_linux, KernelSpec};
 use crate::payload::bench::BenchOptions;
@@ -420,6 +421,13 @@ impl Vm {
             control.set_power_button(&fd);
         }
         *crate::control::lock(&control.snapshot) = Some(Source::new(&fd, &prepared.guest));
+        control.set_dirty_log(DirtyLog::new(
+            &plan.name,
+            &fd,
+            ram.guest_memory(),
+            ram.guest_layout(),
+            linux && vhost_vsock(plan),
+        ));
         Ok(Vm {
             fd,
             _kvm: prepared.kvm,
@@ -577,6 +585,15 @@ impl Vm {
             ),
         }
     }
+}
+
+/// Whether the plan gives the guest a vsock device on the kernel's vhost-vsock.
+fn vhost_vsock(plan: &Plan) -> bool {
+    plan.devices
+        .spec
+        .vsock
+        .as_ref()
+        .is_some_and(|v| v.backend == vmhost_config::VsockBackend::Vhost)
 }
 
 /// Lets the guest's last serial output reach the writer (bounded: a writer nobody reads does

@@ -8,8 +8,9 @@
 mod common;
 
 use common::*;
+use vm_memory::GuestAddress;
 use vm_memory::{ByteValued, Bytes, GuestMemoryBackend, GuestMemoryRegion};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_memory::{GuestLayout, GuestMemory, MMIO_HOLE_END, MMIO_HOLE_START};
 use vmhost_plan::Plan;
 use vmhost_vcpu::payload::mailbox::{status, Mailbox};
@@ -45,7 +46,7 @@ fn saved_mailbox(block: &[u8]) -> Mailbox {
 }
 
 /// Fresh guest memory for `plan` holding a copy of `from`, region by region.
-fn copy_ram(plan: &Plan, from: &vm_memory::GuestMemoryMmap) -> GuestMemory {
+fn copy_ram(plan: &Plan, from: &GuestMemoryMmap) -> GuestMemory {
     let to = memory(plan);
     for region in from.iter() {
         let len = usize::try_from(region.len()).expect("region size");

@@ -28,9 +28,10 @@ pub use vmhost_guest::FaultPayload;
 pub use vmhost_guest::PayloadKind;
 
 use serde::Serialize;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmhost_config::Payload;
 use vmhost_memory::GuestLayout;
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::Plan;
 
 use crate::arch::{BootLayout, CpuidResult};
