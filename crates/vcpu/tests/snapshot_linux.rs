@@ -1,8 +1,9 @@
 //! Snapshot and restore of a Linux guest on real `/dev/kvm`, with a tiny PVH "kernel" built
 //! here: it prints "hi" on COM1 once, then counts in guest RAM forever, while its second vCPU
-//! waits for INIT/SIPI. Paused, captured (devices and vCPUs), stopped, and restored into fresh
-//! memory with a copy of its RAM, it counts on from where it was without printing "hi" again
-//! (it did not boot again), and its second vCPU still waits.
+//! waits for INIT/SIPI; the VM has a virtio-rng device. Captured once and resumed, it runs on;
+//! captured again (devices and vCPUs), stopped, and restored into fresh memory with a copy of
+//! its RAM, it counts on from where it was without printing "hi" again (it did not boot
+//! again), and its second vCPU still waits.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -77,7 +78,7 @@ fn a_linux_guest_restored_counts_on_without_booting_again() {
     let kernel = dir.join("kernel.elf");
     std::fs::write(&kernel, pvh_elf(&program())).unwrap();
     let plan = plan_toml(&format!(
-        "name = \"snap-linux\"\n[cpu]\ncores = 2\n[memory]\nguest = \"64Mi\"\n[boot]\nkernel = \"{}\"\n",
+        "name = \"snap-linux\"\n[cpu]\ncores = 2\n[memory]\nguest = \"64Mi\"\n[devices.rng]\n[boot]\nkernel = \"{}\"\n",
         kernel.display()
     ));
     let layout = GuestLayout::from_plan(&plan, MMIO_HOLE_START..MMIO_HOLE_END).unwrap();
@@ -87,8 +88,22 @@ fn a_linux_guest_restored_counts_on_without_booting_again() {
     let handle = vm.handle();
     let runner = std::thread::spawn(move || vm.run());
     assert!(wait_for(60, || counter(&mem) > 10_000), "the guest counts");
+    // A capture the VM resumes from: its devices run again and so does the guest.
     handle.pause().unwrap();
+    let t = std::time::Instant::now();
+    let first = handle.capture().unwrap();
+    println!("first capture {:?}", t.elapsed());
+    assert_eq!(first.devices.as_ref().unwrap().virtio.len(), 1, "the rng");
+    let before = counter(&mem);
+    handle.resume().unwrap();
+    assert!(
+        wait_for(60, || counter(&mem) > before + 10_000),
+        "the guest runs on after a capture and a resume"
+    );
+    handle.pause().unwrap();
+    let t = std::time::Instant::now();
     let saved = handle.capture().unwrap();
+    println!("second capture {:?}", t.elapsed());
     let at_capture = counter(&mem);
     let devices = saved.devices.as_ref().expect("a Linux guest's devices");
     assert!(devices.serial.is_some() && devices.legacy.is_some());
