@@ -106,6 +106,12 @@ pub const KVM_VM_STATE_GETS: [u64; 3] = [
 ];
 /// `KVM_IRQ_LINE` (`struct kvm_irq_level`, 8 bytes): the ACPI power button (GED).
 pub const KVM_IRQ_LINE: u64 = ioc(IOC_WRITE, KVMIO, 0x61, 8);
+/// `KVM_GET_DIRTY_LOG` (`struct kvm_dirty_log`, 16 bytes): a memslot's dirty pages, read and
+/// cleared (live migration).
+pub const KVM_GET_DIRTY_LOG: u64 = ioc(IOC_WRITE, KVMIO, 0x42, 16);
+/// `KVM_SET_USER_MEMORY_REGION` (`struct kvm_userspace_memory_region`, 32 bytes): a RAM
+/// memslot registered again with or without `KVM_MEM_LOG_DIRTY_PAGES`.
+pub const KVM_SET_USER_MEMORY_REGION: u64 = ioc(IOC_WRITE, KVMIO, 0x46, 32);
 /// `TUNSETOFFLOAD`: a virtio-net device tells its tap which offloads the guest accepted, at
 /// DRIVER_OK and at a reset (both written by a vCPU).
 pub const TUNSETOFFLOAD: u64 = ioc(IOC_WRITE, b'T' as u64, 208, 4);
@@ -448,6 +454,13 @@ const PREFAULT_AUDIT: &[&[(i64, Rule)]] = &[
     ],
 ];
 
+/// Live migration's dirty page log: start, read and clear, stop. Named so that the filter
+/// of whichever thread runs the pre-copy rounds can include it.
+const DIRTY_LOG: &[(i64, Rule)] = &[ioctl(&[KVM_GET_DIRTY_LOG, KVM_SET_USER_MEMORY_REGION])];
+
+/// The migration sender: the dirty log, pause and resume (kicks).
+const MIGRATION: &[&[(i64, Rule)]] = &[DIRTY_LOG, KICK];
+
 /// The rules of `kind`: [`BASE`] and its own parts, sorted by call number, one entry per call.
 pub(crate) fn rules(kind: ThreadKind) -> &'static [(i64, Rule)] {
     use std::sync::OnceLock;
@@ -492,5 +505,6 @@ pub(crate) fn parts(kind: ThreadKind) -> &'static [&'static [(i64, Rule)]] {
         ThreadKind::PrefaultAudit => PREFAULT_AUDIT,
         ThreadKind::Snapshot => SNAPSHOT,
         ThreadKind::Loader => LOADER,
+        ThreadKind::Migration => MIGRATION,
     }
 }

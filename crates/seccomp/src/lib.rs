@@ -81,11 +81,15 @@ pub enum ThreadKind {
     /// A restore's guest memory loader (`load-c<cell>`): reads its cell's memory file into
     /// guest RAM.
     Loader,
+    /// A live migration's sender (`vmhost-mig`): pauses and resumes the vCPUs and reads and
+    /// clears the dirty page log (`KVM_GET_DIRTY_LOG`, memslots registered again with or
+    /// without `KVM_MEM_LOG_DIRTY_PAGES`). The stream it writes adds its own calls.
+    Migration,
 }
 
 impl ThreadKind {
     /// Every kind, in the order of the published table.
-    pub const ALL: [ThreadKind; 18] = [
+    pub const ALL: [ThreadKind; 19] = [
         ThreadKind::Vcpu,
         ThreadKind::Vmm,
         ThreadKind::Emulator,
@@ -104,6 +108,7 @@ impl ThreadKind {
         ThreadKind::PrefaultAudit,
         ThreadKind::Snapshot,
         ThreadKind::Loader,
+        ThreadKind::Migration,
     ];
 
     /// The kind's name (`VMHOST_SECCOMP_SELFTEST`, messages, docs).
@@ -127,6 +132,7 @@ impl ThreadKind {
             ThreadKind::PrefaultAudit => "prefault-audit",
             ThreadKind::Snapshot => "snapshot",
             ThreadKind::Loader => "loader",
+            ThreadKind::Migration => "migration",
         }
     }
 
@@ -418,6 +424,7 @@ fn thread_names(kind: ThreadKind) -> &'static str {
         ThreadKind::PrefaultAudit => "vmhost-prefault",
         ThreadKind::Snapshot => "vmhost-snap",
         ThreadKind::Loader => "load-c<C>",
+        ThreadKind::Migration => "vmhost-mig",
     }
 }
 

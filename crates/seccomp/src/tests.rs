@@ -43,6 +43,8 @@ fn the_ioctl_numbers_are_linux_s() {
             0x8030_ae7c, // KVM_GET_CLOCK
         ]
     );
+    assert_eq!(filters::KVM_GET_DIRTY_LOG, 0x4010_ae42);
+    assert_eq!(filters::KVM_SET_USER_MEMORY_REGION, 0x4020_ae46);
     assert_eq!(filters::TCSETS_REQ, libc::TCSETS);
     assert_eq!(filters::TCGETS_REQ, libc::TCGETS);
 }

@@ -53,6 +53,7 @@
 pub mod arch;
 mod control;
 pub mod devices;
+pub mod dirty;
 mod emulator;
 mod exits;
 mod linux;
@@ -75,6 +76,7 @@ pub use control::{
 pub use devices::console::ConsoleInput;
 pub use devices::legacy::RebootVia;
 pub use devices::serial::SerialOut;
+pub use dirty::DirtyLogError;
 pub use payload::bench::BenchOptions;
 pub use payload::{CellBench, PayloadKind, PayloadResult, TouchResult};
 pub use placement::{
@@ -86,6 +88,7 @@ pub use snapshot::CaptureError;
 pub use sys::restore_terminal;
 pub use vcpu::{UnknownAccessPolicy, VcpuError};
 pub use vm::{GuestRam, StartHook, Vm, VmError, VmOptions};
+pub use vmhost_memory::DirtyBitmap;
 
 #[doc(hidden)]
 pub use payload::FaultPayload;

@@ -16,8 +16,9 @@ use std::time::Instant;
 use kvm_bindings::{kvm_mp_state, CpuId, KVM_MP_STATE_RUNNABLE};
 use kvm_ioctls::{VcpuFd, VmFd};
 use serde::Serialize;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmhost_boot::CpuState;
+use vmhost_memory::GuestMemoryMmap;
 
 use crate::arch::{self, BootLayout};
 use crate::control::{Control, Gate};

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvm_ioctls::{Kvm, VmFd};
-use vm_memory::GuestMemoryMmap;
 use vmhost_boot::LinuxBoot;
 use vmhost_config::BootSpec;
 use vmhost_memory::GuestLayout;
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::Plan;
 
 use crate::arch::{BootError, BootLayout, CpuidError};
@@ -19,6 +19,7 @@ use crate::control::{Control, StopHandle, VmHandle};
 use crate::devices::console::{ConsoleInput, ConsoleReader};
 use crate::devices::serial::SerialOut;
 use crate::devices::LinuxDevices;
+use crate::dirty::DirtyLog;
 use crate::emulator::{self, EmulatorInput, RunGuest, VcpuMeta};
 use crate::linux::{image_name, prepare_linux, KernelSpec};
 use crate::payload::bench::BenchOptions;
@@ -268,8 +269,8 @@ pub enum VmError {
     },
     /// A saved VM does not fit the plan it is restored with: another guest topology or guest.
     #[error(
-        "VM {vm}: the saved VM has {what} {saved}, the plan {planned}: restore with the spec the \
-         snapshot was taken with"
+        "VM {vm}: {what}: the saved VM has {saved}, the plan {planned}; restore with the spec \
+         the snapshot was taken with"
     )]
     RestoreMismatch {
         /// VM name.
@@ -280,6 +281,15 @@ pub enum VmError {
         saved: String,
         /// The plan's value.
         planned: String,
+    },
+    /// A restored Linux guest's devices could not be rebuilt with their saved state.
+    #[error("VM {vm}: cannot restore the devices")]
+    RestoreDevices {
+        /// VM name.
+        vm: String,
+        /// The cause (boxed: it is large and rare).
+        #[source]
+        source: Box<crate::devices::RestoreError>,
     },
     /// This kind of guest cannot be restored yet.
     #[error("VM {vm}: cannot restore {what}")]
@@ -307,7 +317,8 @@ pub(crate) enum Guest {
     },
     /// A Linux kernel and its devices.
     Linux {
-        boot: Box<LinuxBoot>,
+        /// Where the kernel was loaded; `None` for a restored guest (no kernel was loaded).
+        boot: Option<Box<LinuxBoot>>,
         devices: Arc<LinuxDevices>,
     },
 }
@@ -420,6 +431,13 @@ impl Vm {
             control.set_power_button(&fd);
         }
         *crate::control::lock(&control.snapshot) = Some(Source::new(&fd, &prepared.guest));
+        control.set_dirty_log(DirtyLog::new(
+            &plan.name,
+            &fd,
+            ram.guest_memory(),
+            ram.guest_layout(),
+            linux && vhost_vsock(plan),
+        ));
         Ok(Vm {
             fd,
             _kvm: prepared.kvm,
@@ -458,10 +476,11 @@ impl Vm {
         }
     }
 
-    /// Where the kernel, initramfs and boot parameters were loaded (`None`: a payload).
+    /// Where the kernel, initramfs and boot parameters were loaded (`None`: a payload, or a
+    /// restored guest).
     pub fn linux_boot(&self) -> Option<&LinuxBoot> {
         match &self.guest {
-            Guest::Linux { boot, .. } => Some(boot),
+            Guest::Linux { boot, .. } => boot.as_deref(),
             Guest::Payload { .. } => None,
         }
     }
@@ -564,8 +583,10 @@ impl Vm {
             ),
             Guest::Linux { boot, devices } => (
                 RunGuest::Linux {
-                    entry: boot.mode.into(),
-                    image: image_name(boot).to_string(),
+                    entry: boot
+                        .as_ref()
+                        .map_or(crate::report::LinuxEntry::Restored, |b| b.mode.into()),
+                    image: boot.as_deref().map_or("restored", image_name).to_string(),
                     serial: devices.serial().stats(),
                     marks: Arc::clone(devices.marks()),
                 },
@@ -577,6 +598,15 @@ impl Vm {
             ),
         }
     }
+}
+
+/// Whether the plan gives the guest a vsock device on the kernel's vhost-vsock.
+fn vhost_vsock(plan: &Plan) -> bool {
+    plan.devices
+        .spec
+        .vsock
+        .as_ref()
+        .is_some_and(|v| v.backend == vmhost_config::VsockBackend::Vhost)
 }
 
 /// Lets the guest's last serial output reach the writer (bounded: a writer nobody reads does

@@ -10,7 +10,8 @@ use kvm_bindings::{
     KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_vcpu::arch::{BootLayout, USER_CS, USER_RFLAGS};
 use vmhost_vcpu::persist::{
     CompatError, PersistError, TargetCaps, VcpuState, VcpuStateLayout, VmState,

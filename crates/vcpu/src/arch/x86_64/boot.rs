@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
+use vmhost_memory::GuestMemoryMmap;
 
 /// 4 KiB.
 pub const PAGE: u64 = 4096;
