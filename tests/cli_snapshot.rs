@@ -88,11 +88,12 @@ fn ledger_names(run_dir: &Path) -> String {
     common::stdout(&o)
 }
 
-/// Starts `vmhost restore DIR` with its own API socket; waits until it runs.
-fn restore(d: &Path, snap: &Path, sock: &Path) -> Child {
+/// Starts `vmhost … <extra> restore DIR` with its own API socket; waits until it runs.
+fn restore(d: &Path, snap: &Path, sock: &Path, extra: &[&str]) -> Child {
     let child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
         .args(["--run-dir", d.join("run").to_str().unwrap()])
         .args(["--api-socket", sock.to_str().unwrap()])
+        .args(extra)
         .args(["restore", snap.to_str().unwrap()])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -178,7 +179,7 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
     refusals(&d, &s2, before);
 
     let sock2 = d.join("api2.sock");
-    let mut restored = restore(&d, &s2, &sock2);
+    let mut restored = restore(&d, &s2, &sock2, &[]);
     let (id, first) = progress(&sock2);
     assert_eq!(
         id, boot_id,
@@ -192,6 +193,18 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
     assert!(ledger_names(&d.join("run")).contains("snap-vm"));
     assert_eq!(common::ctl(&sock2, "shutdown").0, 0);
     assert_eq!(restored.wait().unwrap().code(), Some(0));
+    assert_eq!(
+        pool(PAGE_2M),
+        before,
+        "the restored VM's hugepages are back"
+    );
+
+    // The first snapshot, restored with the same spec given again: it continues too.
+    let sock3 = d.join("api3.sock");
+    let mut again = restore(&d, &s1, &sock3, &["--config", spec.to_str().unwrap()]);
+    assert_eq!(progress(&sock3).0, boot_id);
+    assert_eq!(common::ctl(&sock3, "shutdown").0, 0);
+    assert_eq!(again.wait().unwrap().code(), Some(0));
     assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
 }
 
