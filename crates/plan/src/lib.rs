@@ -100,8 +100,46 @@ impl Outcome {
     }
 }
 
+/// How a plan's note starts when its hugepages fell back to normal pages; the rest of the note
+/// is why.
+pub const HUGEPAGE_FALLBACK_NOTE: &str =
+    "hugepages fell back to normal pages (memory.hugepages.fallback)";
+
 /// Plans `spec` on `host`.
+///
+/// A spec whose hugepages may fall back (`memory.hugepages.fallback = "normal-pages"`) and
+/// that the pools or the cgroup's hugetlb limit cannot hold is planned again on normal pages,
+/// with a note naming what was short; any other reason keeps the refusal.
 pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
+    let outcome = plan_as_written(spec, host, opts);
+    let may_fall_back = spec
+        .memory
+        .hugepages
+        .as_ref()
+        .is_some_and(|h| h.fallback_to_normal_pages);
+    let only_pages_short = !outcome.reason_details.is_empty()
+        && outcome.reason_details.iter().all(|r| {
+            matches!(
+                r,
+                Reason::Hugepages { .. }
+                    | Reason::PageSizeMissing { .. }
+                    | Reason::HugetlbLimit { .. }
+            )
+        });
+    if !(may_fall_back && only_pages_short) {
+        return outcome;
+    }
+    let mut normal = spec.clone();
+    normal.memory.hugepages = None;
+    let mut fallback = plan_as_written(&normal, host, opts);
+    fallback.plan.notes.insert(
+        0,
+        format!("{HUGEPAGE_FALLBACK_NOTE}: {}", outcome.reasons.join("; ")),
+    );
+    fallback
+}
+
+fn plan_as_written(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
     let mut reasons = Vec::new();
     let mut notes = Vec::new();
     let mut vcpus = cells::guest_vcpus(spec);
