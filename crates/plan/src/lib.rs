@@ -452,6 +452,8 @@ fn sorted(it: impl Iterator<Item = u32>) -> Vec<u32> {
 }
 
 #[cfg(test)]
+mod guest_tests;
+#[cfg(test)]
 mod pod_tests;
 #[cfg(test)]
 mod tests;
