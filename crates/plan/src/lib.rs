@@ -232,13 +232,7 @@ pub(crate) fn assemble(
     mut reasons: Vec<Reason>,
     mut notes: Vec<String>,
 ) -> Outcome {
-    let backing = match &spec.memory.hugepages {
-        Some(h) => Backing::Hugetlb {
-            page_size_bytes: h.page_size_bytes,
-            hugetlbfs: h.hugetlbfs.clone(),
-        },
-        None => Backing::Anonymous,
-    };
+    let backing = backing(spec);
     let ram = spec.memory.guest_ram_bytes();
     if ram != spec.memory.guest_bytes {
         notes.push(format!(
@@ -274,16 +268,7 @@ pub(crate) fn assemble(
     });
     envelope.guest_memory_bytes = ram;
     let realtime = realtime_plan(spec, &placed.vcpus, &mut notes);
-    if matches!(spec.boot, vmhost_config::BootSpec::Payload { .. })
-        && (!spec.devices.disks.is_empty()
-            || !spec.devices.interfaces.is_empty()
-            || spec.devices.rng)
-    {
-        notes.push(
-            "virtio devices are attached to Linux guests only: the built-in payload runs without them (and without their I/O threads)"
-                .into(),
-        );
-    }
+    payload_devices_note(spec, &mut notes);
     let distances = distance::CellDistances::of(host, &placed.guest_cells);
     if opts.same_distances && !distances.diff.is_empty() {
         reasons.push(Reason::Distances {
@@ -424,6 +409,31 @@ impl Plan {
             distances: CellDistances::default(),
             notes: Vec::new(),
         }
+    }
+}
+
+/// How guest RAM is backed, from the spec.
+fn backing(spec: &VmSpec) -> Backing {
+    match &spec.memory.hugepages {
+        Some(h) => Backing::Hugetlb {
+            page_size_bytes: h.page_size_bytes,
+            hugetlbfs: h.hugetlbfs.clone(),
+        },
+        None => Backing::Anonymous,
+    }
+}
+
+/// A built-in payload gets no virtio devices: say so when the spec has some.
+fn payload_devices_note(spec: &VmSpec, notes: &mut Vec<String>) {
+    if matches!(spec.boot, vmhost_config::BootSpec::Payload { .. })
+        && (!spec.devices.disks.is_empty()
+            || !spec.devices.interfaces.is_empty()
+            || spec.devices.rng)
+    {
+        notes.push(
+            "virtio devices are attached to Linux guests only: the built-in payload runs without them (and without their I/O threads)"
+                .into(),
+        );
     }
 }
 
