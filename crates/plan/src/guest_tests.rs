@@ -237,11 +237,13 @@ fn a_one_cell_guest_keeps_one_cell_on_a_host_where_passthrough_would_split_it() 
 fn arb_target() -> impl Strategy<Value = (HostTopology, BTreeSet<u32>)> {
     (
         (1u32..=2, 1u32..=2, 1u32..=4, 1u32..=2),
-        proptest::collection::vec(0u64..48, 4),
+        proptest::collection::vec(0u64..96, 4),
         proptest::collection::vec(prop_oneof![Just(12u32), Just(16), Just(20), Just(32)], 16),
-        any::<u64>(),
+        (any::<u64>(), any::<u64>()),
     )
-        .prop_map(|((pk, nu, co, pu), pools, far, held)| {
+        .prop_map(|((pk, nu, co, pu), pools, far, (a, b))| {
+            // About one PU in four held by other VMs.
+            let held = a & b;
             let h = load_synthetic(&format!("package:{pk} numa:{nu} core:{co} pu:{pu}")).unwrap();
             let n = h.nodes.len();
             let arg: Vec<String> = h
@@ -285,22 +287,75 @@ fn arb_guest() -> impl Strategy<Value = VmSpec> {
     )
 }
 
+/// Exhaustive check: does some assignment of the saved cells to distinct-or-shared nodes fit
+/// the free PUs (the emulator's included) and pages, with equal distances when `same`?
+fn some_assignment(
+    s: &VmSpec,
+    h: &HostTopology,
+    held: &BTreeSet<u32>,
+    id: &GuestIdentity,
+    same: bool,
+) -> bool {
+    let free = |n: &vmhost_topology::NumaNode| {
+        n.cpus
+            .iter()
+            .filter(|c| h.allowed_cpus.contains(c) && !held.contains(c))
+            .count() as u32
+    };
+    let total: u32 = h.nodes.iter().map(free).sum();
+    if total < s.vcpus() + s.emulator_pus() + s.io_pus() {
+        return false;
+    }
+    let k = id.cells.len();
+    let n = h.nodes.len();
+    (0..n.pow(k as u32)).any(|mut code| {
+        let pick: Vec<usize> = (0..k)
+            .map(|_| {
+                let p = code % n;
+                code /= n;
+                p
+            })
+            .collect();
+        let mut pus = vec![0u32; n];
+        let mut pages = vec![0u64; n];
+        for (c, &p) in id.cells.iter().zip(&pick) {
+            pus[p] += c.vcpus.len() as u32;
+            pages[p] += c.memory_bytes / (2 << 20);
+        }
+        let room = h.nodes.iter().enumerate().all(|(i, nd)| {
+            pus[i] <= free(nd) && pages[i] <= h.free_hugepages(nd.os_index, 2 << 20)
+        });
+        let equal = !same
+            || id.cells.iter().enumerate().all(|(i, c)| {
+                c.distances.iter().enumerate().all(|(j, &d)| {
+                    d == h.distance(h.nodes[pick[i]].os_index, h.nodes[pick[j]].os_index)
+                })
+            });
+        room && equal
+    })
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(ProptestConfig::with_cases(1000))]
     #[test]
     fn a_guest_planned_elsewhere_keeps_its_identity(
         s in arb_guest(),
         (tgt, held) in arb_target(),
-        src_nodes in 1u32..=4,
+        src_nodes in 1u32..=6,
         same in any::<bool>(),
     ) {
         let pools: Vec<String> = (0..src_nodes).map(|n| format!("node{n}:2Mi=64")).collect();
-        let src = host(&format!("package:{src_nodes} numa:1 core:2 pu:2"), &pools.join(","));
+        // Nodes of 2 PUs: most guests get several cells.
+        let src = host(&format!("package:{src_nodes} numa:1 core:1 pu:2"), &pools.join(","));
         let source = plan(&s, &src, &PlanOptions::default());
         prop_assume!(source.fits);
         let id = source.plan.guest_identity();
         let opts = PlanOptions { held_cpus: held.clone(), same_distances: same, ..PlanOptions::default() };
         let o = plan_for_guest(&s, &tgt, &id, &opts);
+        if id.cells.len() > 1 {
+            let holds = some_assignment(&s, &tgt, &held, &id, same);
+            prop_assert_eq!(o.fits, holds, "reasons {:?}", o.reasons);
+        }
         if !o.fits {
             return Ok(());
         }
