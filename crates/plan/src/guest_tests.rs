@@ -233,6 +233,35 @@ fn a_one_cell_guest_keeps_one_cell_on_a_host_where_passthrough_would_split_it() 
     assert_eq!(o.plan.guest_identity(), id);
 }
 
+#[test]
+fn the_cgroups_memory_nodes_bound_where_cells_go() {
+    let s = passthrough_vm();
+    let all = "node0:2Mi=32,node1:2Mi=32,node2:2Mi=32,node3:2Mi=32";
+    let id = plan(&s, &four_nodes(all), &PlanOptions::default())
+        .into_result()
+        .unwrap()
+        .guest_identity();
+    let mut tgt = four_nodes(all);
+    tgt.allowed_mems = Some(vmhost_topology::AllowedMems {
+        nodes: vec![2, 3],
+        cgroup: "/pod".into(),
+        file: "cpuset.mems.effective".into(),
+    });
+    let o = plan_for_guest(&s, &tgt, &id, &PlanOptions::default());
+    assert!(o.fits, "{:?}", o.reasons);
+    assert_eq!(nodes_of(&o.plan), [Some(2), Some(3)]);
+    // Only node 3 allowed: its 4 PUs hold one cell of 3 vCPUs, not both. Refused, naming the
+    // cgroup.
+    tgt.allowed_mems.as_mut().unwrap().nodes = vec![3];
+    let o = plan_for_guest(&s, &tgt, &id, &PlanOptions::default());
+    assert!(!o.fits);
+    assert!(
+        matches!(&o.reason_details[0], Reason::CgroupMems { cgroup, allowed, .. } if cgroup == "/pod" && *allowed == [3]),
+        "{:?}",
+        o.reasons
+    );
+}
+
 /// A host of 1-4 nodes with random pools, distances and PUs other VMs hold.
 fn arb_target() -> impl Strategy<Value = (HostTopology, BTreeSet<u32>)> {
     (
