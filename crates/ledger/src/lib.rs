@@ -37,7 +37,9 @@
 //! ```
 //!
 //! `crc32` (IEEE, as zlib) covers the exact bytes of the `entry` value; see [`Entry`] for the
-//! fields. Files are written atomically: temporary file in `vms/`, `fsync`, `rename(2)` over
+//! fields. The target of a migration within the host has an entry of its own under the VM's
+//! name with `"role": "incoming"` (the field is left out for a VM's entry); see
+//! [`Ledger::admit_incoming`] and [`Ledger::hand_over`]. Files are written atomically: temporary file in `vms/`, `fsync`, `rename(2)` over
 //! the entry, `fsync` of `vms/`.
 //!
 //! # Locking protocol
