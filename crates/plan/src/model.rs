@@ -376,7 +376,7 @@ impl fmt::Display for Reason {
             }
             Reason::Distances { pairs } => write!(
                 f,
-                "the host's node distances differ from the guest's (same_distances is set): {}; plan without same_distances to accept them, or free nodes that are as far apart as the guest's cells",
+                "the host's node distances differ from the guest's (same_distances is set): {}; accept them by planning without same_distances (check-target: --allow-distance-change), or free host nodes as far apart as the guest's cells are",
                 pairs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
             ),
             Reason::NumaSplit { detail } | Reason::Other { detail } => f.write_str(detail),
