@@ -920,3 +920,24 @@ fn a_fallback_does_not_hide_other_reasons() {
         "{r}"
     );
 }
+
+#[test]
+fn a_node_set_with_too_few_free_pus_is_never_chosen() {
+    // Node 2 has the only pages but 3 free PUs (PU 8 is held) for 4 vCPUs: the planner used
+    // to choose it alone and leave vCPU 3 unpinned in a plan that "fit".
+    let h = host("package:2 numa:2 core:4 pu:1", "node2:2Mi=4");
+    let opts = PlanOptions {
+        held_cpus: BTreeSet::from([8]),
+        ..PlanOptions::default()
+    };
+    let s = spec(
+        "[cpu]\ncores = 2\nthreads = 2\ndedicated_cpu_placement = true\n\
+         [memory]\nguest = \"8Mi\"\nhugepages = { page_size = \"2Mi\" }\n",
+    );
+    let p = plan(&s, &h, &opts).into_result().unwrap();
+    assert!(
+        p.vcpus.iter().all(|v| v.host_cpu.is_some()),
+        "{:?}",
+        p.vcpus
+    );
+}
