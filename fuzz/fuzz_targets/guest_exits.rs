@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_vcpu::devices::serial::{SerialConsole, SerialOut};
 use vmhost_vcpu::devices::LinuxDevices;
 use vmhost_vcpu::payload::{self, mailbox::Mailbox, PayloadKind};

@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use libfuzzer_sys::fuzz_target;
 use virtio_bindings::virtio_config::{VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_mmio::*;
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+use vm_memory::{FileOffset, GuestAddress};
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_devices::bus::{MmioBus, SharedTransport};
 use vmhost_devices::mmio::DRIVER_INIT_SEQUENCE;
 use vmhost_devices::{

@@ -16,7 +16,8 @@ use std::sync::{Arc, OnceLock};
 use libfuzzer_sys::fuzz_target;
 use virtio_bindings::virtio_config::{VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_mmio::*;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_devices::mmio::DRIVER_INIT_SEQUENCE;
 use vmhost_devices::{
     Block, BlockConfig, CacheMode, Interrupt, MmioTransport, Net, Rng, VirtioDevice, Vsock,
@@ -121,7 +122,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((ops, image)) = rest.split_at_checked(n_ops * 6) else {
         return;
     };
-    let Ok(mem) = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM)]) else {
+    let Ok(mem) = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]) else {
         return;
     };
     let image = &image[..image.len().min(MEM)];

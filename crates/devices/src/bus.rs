@@ -50,10 +50,11 @@ pub type SharedTransport = Arc<Mutex<MmioTransport>>;
 /// use std::sync::{Arc, Mutex};
 /// use vmhost_devices::bus::MmioBus;
 /// use vmhost_devices::{Interrupt, MmioTransport, Rng};
-/// use vm_memory::{GuestAddress, GuestMemoryMmap};
+/// use vm_memory::GuestAddress;
+/// use vmhost_memory::GuestMemoryMmap;
 /// use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 ///
-/// let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+/// let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
 /// let irq = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
 /// let t = MmioTransport::new(Box::new(Rng::new()), mem, irq).unwrap();
 /// let mut bus = MmioBus::default();
@@ -162,6 +163,12 @@ impl MmioBus {
             }
             None => Access::GaveUp,
         }
+    }
+
+    /// The devices' windows and transports, by base address (the plan's slot order: the
+    /// planner gives slots rising bases).
+    pub fn transports(&self) -> impl Iterator<Item = (u64, &SharedTransport)> {
+        self.windows.iter().map(|w| (w.base, &w.transport))
     }
 
     /// Number of devices on the bus.

@@ -9,9 +9,8 @@
 use std::ops::Deref;
 
 use virtio_queue::DescriptorChain;
-use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, GuestMemoryMmap, Permissions,
-};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryError, Permissions};
+use vmhost_memory::GuestMemoryMmap;
 
 use crate::iov::{GuestDst, GuestSrc, IoVecs};
 

@@ -9,6 +9,11 @@
 //! pointers cannot outlive the mapping, and they borrow an [`IoVecs`], the device's reusable
 //! storage, so a request allocates nothing once the storage has grown.
 //!
+//! Guest bytes the kernel writes through a [`GuestDst`] are marked in guest memory's dirty
+//! bitmap when the `GuestDst` is dropped, after the transfer: the kernel's copy bypasses
+//! vm-memory, and live migration must resend those pages (marking before the copy could let a
+//! pre-copy round clear the bit before the bytes land).
+//!
 //! Raw `iovec`s, not `IoSlice`/`IoSliceMut`: those are made from `&[u8]`/`&mut [u8]`, and a
 //! Rust reference to memory the guest may change at any time is not allowed; vm-memory hands
 //! out pointers for that reason. The kernel copying bytes to or from such memory is fine: the
@@ -18,14 +23,20 @@ use std::io;
 use std::marker::PhantomData;
 use std::os::fd::{AsFd, AsRawFd};
 
-use vm_memory::{GuestAddress, GuestMemory, GuestMemoryError, GuestMemoryMmap, Permissions};
+use vm_memory::bitmap::Bitmap;
+use vm_memory::{GuestAddress, GuestMemory, GuestMemoryError, Permissions};
+use vmhost_memory::GuestMemoryMmap;
 
 /// Linux's `IOV_MAX`: most `iovec`s one call takes.
 pub const IOV_MAX: usize = 1024;
 
 /// Reusable storage for the `iovec`s of one request; empty between requests.
 #[derive(Default)]
-pub struct IoVecs(Vec<libc::iovec>);
+pub struct IoVecs {
+    iov: Vec<libc::iovec>,
+    /// The guest ranges of a [`GuestDst`], marked dirty when it drops.
+    written: Vec<(GuestAddress, usize)>,
+}
 
 // SAFETY: the storage holds pointers only while a `GuestSrc`/`GuestDst` borrows it (they clear
 // it when made and when dropped), and those borrow both the storage and the guest memory, so
@@ -35,7 +46,7 @@ unsafe impl Send for IoVecs {}
 impl std::fmt::Debug for IoVecs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IoVecs")
-            .field("capacity", &self.0.capacity())
+            .field("capacity", &self.iov.capacity())
             .finish()
     }
 }
@@ -43,20 +54,43 @@ impl std::fmt::Debug for IoVecs {
 /// The `iovec`s of one request, over guest memory borrowed for `'a`.
 struct Pieces<'a> {
     iov: &'a mut Vec<libc::iovec>,
+    written: &'a mut Vec<(GuestAddress, usize)>,
+    /// The guest memory of `written` (set by the first device-writable push).
+    mem: Option<&'a GuestMemoryMmap>,
     _mem: PhantomData<&'a GuestMemoryMmap>,
 }
 
 impl Drop for Pieces<'_> {
     fn drop(&mut self) {
         self.iov.clear();
+        if let Some(mem) = self.mem {
+            for &(addr, len) in self.written.iter() {
+                mark_dirty(mem, addr, len);
+            }
+        }
+        self.written.clear();
+    }
+}
+
+/// Marks `len` bytes at `addr` dirty in the bitmaps of the regions they lie in.
+fn mark_dirty(mem: &GuestMemoryMmap, addr: GuestAddress, len: usize) {
+    // The range was checked when it was pushed; a failure here cannot happen, and skipping
+    // marks nothing that the push did not already check.
+    if let Ok(slices) = mem.get_slices(addr, len, Permissions::Write) {
+        for slice in slices.flatten() {
+            slice.bitmap().mark_dirty(0, slice.len());
+        }
     }
 }
 
 impl<'a> Pieces<'a> {
     fn new(store: &'a mut IoVecs) -> Self {
-        store.0.clear();
+        store.iov.clear();
+        store.written.clear();
         Pieces {
-            iov: &mut store.0,
+            iov: &mut store.iov,
+            written: &mut store.written,
+            mem: None,
             _mem: PhantomData,
         }
     }
@@ -71,9 +105,10 @@ impl<'a> Pieces<'a> {
     ) -> Result<(), GuestMemoryError> {
         for slice in mem.get_slices(addr, len, access)? {
             let slice = slice?;
-            // `GuestMemoryMmap` has no dirty bitmap (its bitmap is `()`) and is not a Xen
-            // mapping, so the guards are plain pointers: nothing to mark, nothing to unmap
-            // when they drop. The pointer stays valid as long as `mem` (borrowed for 'a).
+            // `GuestMemoryMmap` is not a Xen mapping, so the guards are plain pointers:
+            // nothing to unmap when they drop, and they mark nothing dirty (a device-writable
+            // range is recorded below and marked when `self` drops). The pointer stays valid
+            // as long as `mem` (borrowed for 'a).
             let base = if access == Permissions::Write {
                 slice.ptr_guard_mut().as_ptr()
             } else {
@@ -85,6 +120,10 @@ impl<'a> Pieces<'a> {
                     iov_len: slice.len(),
                 });
             }
+        }
+        if access == Permissions::Write && len > 0 {
+            self.mem = Some(mem);
+            self.written.push((addr, len));
         }
         Ok(())
     }
@@ -260,9 +299,10 @@ impl<'a> GuestDst<'a> {
         }
     }
 
-    /// Forgets every buffer.
+    /// Forgets every buffer (the guest's are not written, so none is marked dirty).
     pub fn clear(&mut self) {
         self.0.iov.clear();
+        self.0.written.clear();
     }
 
     /// Number of `iovec`s.
@@ -360,7 +400,50 @@ mod tests {
         let mut got = vec![0u8; 300];
         mem.read_slice(&mut got, GuestAddress(SPLIT - 100)).unwrap();
         assert_eq!(got, data);
-        assert!(store.0.is_empty(), "no pointer is kept after the request");
+        assert!(store.iov.is_empty(), "no pointer is kept after the request");
+    }
+
+    /// The guest-physical addresses of the 4 KiB pages marked dirty in `mem`'s bitmaps.
+    fn dirty_pages(mem: &GuestMemoryMmap) -> Vec<u64> {
+        use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+        let mut pages = Vec::new();
+        for r in mem.iter() {
+            for off in (0..r.len()).step_by(4096) {
+                if r.bitmap().dirty_at(off as usize) {
+                    pages.push(r.start_addr().0 + off);
+                }
+            }
+        }
+        pages
+    }
+
+    #[test]
+    fn a_read_into_guest_buffers_marks_their_pages_dirty_after_the_transfer() {
+        let mem = memory_two_regions();
+        let mut store = IoVecs::default();
+        let mut dst = GuestDst::new(&mut store);
+        dst.push(&mem, GuestAddress(SPLIT - 100), 300).unwrap();
+        dst.push(&mem, GuestAddress(3 * 4096 + 10), 1).unwrap();
+        dst.read_exact_at(&file_with(&[7u8; 301]), 0).unwrap();
+        assert!(dirty_pages(&mem).is_empty(), "marked when the request ends");
+        drop(dst);
+        assert_eq!(dirty_pages(&mem), vec![3 * 4096, SPLIT - 4096, SPLIT]);
+        assert!(store.written.is_empty());
+    }
+
+    #[test]
+    fn guest_bytes_only_read_or_forgotten_are_not_marked_dirty() {
+        let mem = memory_two_regions();
+        let mut store = IoVecs::default();
+        let mut src = GuestSrc::new(&mut store);
+        src.push(&mem, GuestAddress(0), 8192).unwrap();
+        src.write_all_at(&tempfile::tempfile().unwrap(), 0).unwrap();
+        drop(src);
+        let mut dst = GuestDst::new(&mut store);
+        dst.push(&mem, GuestAddress(4096), 10).unwrap();
+        dst.clear();
+        drop(dst);
+        assert!(dirty_pages(&mem).is_empty());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! - [`iov`]: a chain's buffers as `iovec`s into guest memory, for `preadv`/`pwritev` and
 //!   `readv`/`writev` without a bounce buffer.
 //! - [`interrupt`]: interrupt status plus the eventfd (irqfd) that raises the GSI.
+//! - [`persist`]: the devices' state that moves with the VM (snapshot/restore, migration).
 //! - [`ratelimit`]: the per-source log budget for warnings a guest can cause.
 //!
 //! Queues are rust-vmm's `virtio-queue`; constants come from `virtio-bindings`.
@@ -14,10 +15,11 @@
 //! ```
 //! use std::sync::Arc;
 //! use vmhost_devices::{Interrupt, MmioTransport, Rng, MMIO_MAGIC};
-//! use vm_memory::{GuestAddress, GuestMemoryMmap};
+//! use vm_memory::GuestAddress;
+//! use vmhost_memory::GuestMemoryMmap;
 //! use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 //!
-//! let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+//! let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
 //! let irq = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
 //! let dev = MmioTransport::new(Box::new(Rng::new()), mem, irq).unwrap();
 //! let mut magic = [0u8; 4];
@@ -36,6 +38,7 @@ pub mod interrupt;
 pub mod iov;
 pub mod mmio;
 pub mod net;
+pub mod persist;
 pub mod ratelimit;
 pub mod rng;
 pub mod seed;
@@ -52,6 +55,7 @@ pub use disk::{CacheMode, DiskError};
 pub use interrupt::{Interrupt, InterruptError};
 pub use mmio::{MmioError, MmioTransport, MMIO_MAGIC, MMIO_VERSION, MMIO_WINDOW_SIZE};
 pub use net::{Net, NetError, NetStats, Tap};
+pub use persist::{DevicesState, PersistError, StateError};
 pub use ratelimit::LogBudget;
 pub use rng::Rng;
 pub use vsock::{Vsock, VsockError};

@@ -31,7 +31,8 @@ use virtio_bindings::virtio_config::{
 use virtio_bindings::virtio_mmio::*;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
+use vmhost_memory::GuestMemoryMmap;
 
 use crate::device::{DeviceError, VirtioDevice};
 use crate::interrupt::Interrupt;
@@ -601,6 +602,10 @@ pub const DRIVER_INIT_SEQUENCE: [u32; 3] = [
     VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER,
     VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK,
 ];
+
+#[path = "mmio_persist.rs"]
+mod persist;
+pub use persist::{QueueState, TransportState};
 
 #[cfg(test)]
 #[path = "mmio_tests.rs"]

@@ -6,7 +6,8 @@ use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::Queue;
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
+use vmhost_memory::GuestMemoryMmap;
 
 /// Guest RAM of the tests: 16 MiB at 0. Rings live at 0, buffers from [`DATA`] on.
 pub const MEM_SIZE: usize = 16 << 20;
@@ -14,7 +15,7 @@ pub const MEM_SIZE: usize = 16 << 20;
 pub const DATA: u64 = 0x10_0000;
 
 pub fn memory() -> GuestMemoryMmap {
-    GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
 }
 
 /// Where [`memory_two_regions`] splits guest RAM.
@@ -24,8 +25,7 @@ pub const SPLIT: u64 = 8 << 20;
 /// it is two host pieces.
 pub fn memory_two_regions() -> GuestMemoryMmap {
     let half = MEM_SIZE / 2;
-    GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), half), (GuestAddress(SPLIT), half)])
-        .unwrap()
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), half), (GuestAddress(SPLIT), half)]).unwrap()
 }
 
 /// A buffer of a chain: address, length, device-writable.

@@ -44,7 +44,7 @@ fn a_queue_event_is_served_on_the_io_thread() {
 /// A NIC on one end of a datagram pair, behind a transport: (memory, transport, backend fd,
 /// the other end playing the tap).
 fn net_rig() -> (
-    vm_memory::GuestMemoryMmap,
+    vmhost_memory::GuestMemoryMmap,
     MmioTransport,
     std::os::fd::RawFd,
     UnixDatagram,
@@ -161,7 +161,7 @@ type BlkRequest<'a> = ((u32, u64), Option<&'a [u8]>, u32);
 
 /// One virtio-blk request (header, data, status) at `base`; returns the status byte's address.
 fn post_blk(
-    mem: &vm_memory::GuestMemoryMmap,
+    mem: &vmhost_memory::GuestMemoryMmap,
     q: &mut TestQueue<'_>,
     base: u64,
     (kind, sector): (u32, u64),
@@ -287,7 +287,7 @@ impl crate::device::VirtioDevice for Stalled {
         &mut self,
         _index: usize,
         _queue: &mut virtio_queue::Queue,
-        _mem: &vm_memory::GuestMemoryMmap,
+        _mem: &vmhost_memory::GuestMemoryMmap,
     ) -> Result<bool, crate::device::DeviceError> {
         let _ = self.started.send(());
         let _ = self.release.recv();
@@ -369,4 +369,89 @@ fn a_hung_request_blocks_neither_the_bus_nor_the_stop() {
         wait_for(|| Arc::strong_count(&t) == 1),
         "the left-behind I/O thread ended once its request returned"
     );
+}
+
+/// A pause completes the request the guest notified before it (used when `pause` returns),
+/// parks the thread, and a notification while parked is served by the next drain after the
+/// resume; a parked thread stops.
+#[test]
+fn a_pause_completes_notified_requests_and_parks_until_resumed() {
+    let mem = memory();
+    let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
+    let mut t = MmioTransport::new(Box::new(Rng::new()), mem.clone(), interrupt).unwrap();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    activate(&mut t, &[(0, &q, 16)]);
+    let t = Arc::new(Mutex::new(t));
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let source = IoSource::QueueEvent {
+        transport: t.clone(),
+        queue: 0,
+        event: kick.try_clone().unwrap(),
+    };
+    let io = IoThread::spawn("vmhost-io-pause", vec![source]).unwrap();
+    q.post(&[(DATA, 32, true)]);
+    kick.write(1).unwrap();
+    io.pause(STOP_WAIT).unwrap();
+    assert!(io.is_paused());
+    assert_eq!(
+        q.used_idx(),
+        1,
+        "the notified request completed before the pause"
+    );
+    io.pause(STOP_WAIT).unwrap();
+    assert!(io.is_paused(), "pausing a parked thread leaves it parked");
+    q.post(&[(DATA + 0x1000, 32, true)]);
+    kick.write(1).unwrap();
+    // The transport is free (the thread is parked, not in a request) and nothing served it.
+    drop(t.try_lock().expect("a parked thread holds no transport"));
+    assert_eq!(q.used_idx(), 1);
+    io.resume();
+    io.pause(STOP_WAIT).unwrap();
+    assert_eq!(
+        q.used_idx(),
+        2,
+        "served after the resume, at the latest by the drain"
+    );
+    io.stop().unwrap();
+}
+
+/// A pause while the thread is stuck in a request reports `Hung` after its wait, naming the
+/// thread; the pause stays asked for, so once the request returns the thread parks.
+#[test]
+fn a_pause_during_a_hung_request_is_reported_and_takes_effect_later() {
+    use std::time::Duration;
+
+    let mem = memory();
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    let device = Stalled {
+        started: started_tx,
+        release: release_rx,
+        sizes: [16],
+    };
+    let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
+    let mut t = MmioTransport::new(Box::new(device), mem.clone(), interrupt).unwrap();
+    let q = TestQueue::new(&mem, 0, 16);
+    activate(&mut t, &[(0, &q, 16)]);
+    let t = Arc::new(Mutex::new(t));
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let source = IoSource::QueueEvent {
+        transport: t.clone(),
+        queue: 0,
+        event: kick.try_clone().unwrap(),
+    };
+    let io = IoThread::spawn("vmhost-io-slow", vec![source]).unwrap();
+    kick.write(1).unwrap();
+    started
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the I/O thread entered the request");
+    let result = io.pause(Duration::from_millis(50));
+    release.send(()).unwrap();
+    match result {
+        Err(WorkerError::Hung { ref name, .. }) => assert_eq!(name, "vmhost-io-slow"),
+        other => panic!("pausing a thread in a hung request gave {other:?}"),
+    }
+    io.pause(Duration::from_secs(10)).unwrap();
+    assert!(io.is_paused());
+    io.stop().unwrap();
 }

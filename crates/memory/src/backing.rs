@@ -25,8 +25,11 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use vm_memory::bitmap::NewBitmap;
 use vm_memory::mmap::{MmapRegionBuilder, MmapRegionError};
-use vm_memory::{FileOffset, GuestAddress, GuestRegionMmap};
+use vm_memory::{FileOffset, GuestAddress};
+
+use crate::{AtomicBitmap, GuestRegionMmap};
 use vmhost_config::format_bytes;
 use vmhost_plan::Backing;
 
@@ -313,7 +316,8 @@ pub fn map_region(
         });
     }
     let hugetlb = matches!(backing, Backing::Hugetlb { .. });
-    let mmap = MmapRegionBuilder::new(size)
+    // `MmapRegionBuilder::new` would give an empty bitmap that tracks nothing.
+    let mmap = MmapRegionBuilder::new_with_bitmap(size, AtomicBitmap::with_len(size))
         .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
         .with_mmap_flags(libc::MAP_SHARED)
         .with_file_offset(FileOffset::from_arc(Arc::clone(file), layout.file_offset))

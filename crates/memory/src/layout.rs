@@ -11,9 +11,10 @@
 
 use std::ops::Range;
 
+use crate::GuestMemoryMmap;
 use serde::Serialize;
 use vm_memory::mmap::FromRangesError;
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 use vmhost_plan::Plan;
 
 /// Start of the MMIO hole: guest RAM below 4 GiB ends here (3 GiB).

@@ -62,6 +62,7 @@
 pub mod audit;
 pub mod background;
 pub mod backing;
+pub mod dirty;
 pub mod host;
 pub mod layout;
 pub mod policy;
@@ -76,12 +77,13 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
-use vm_memory::{GuestMemoryMmap, GuestRegionCollectionError};
+use vm_memory::GuestRegionCollectionError;
 use vmhost_plan::{Backing, Plan};
 
 pub use audit::{Audit, AuditError, RegionAudit, Violation};
 pub use background::{BackgroundDone, OnDone, PrefaultTiming};
 pub use backing::{BackingError, MappedRegion};
+pub use dirty::{DirtyBitmap, DirtyRuns, DIRTY_PAGE_BYTES};
 pub use host::{Admission, AdmissionError, HostState};
 pub use layout::{GuestLayout, LayoutError, LayoutRegion, MMIO_HOLE_END, MMIO_HOLE_START};
 pub use policy::PolicyOverride;
@@ -89,6 +91,15 @@ pub use prefault::{
     PrefaultError, PrefaultMethod, PrefaultOptions, PrefaultStats, Progress, ProgressHook,
 };
 pub use report::{run_report, MemoryReport, Step, StepTime};
+
+/// Guest RAM as vmhost maps it: vm-memory's mapping with a dirty bitmap per region
+/// ([`AtomicBitmap`], one bit per host page). Every write the VMM makes through vm-memory (a
+/// device filling a buffer, a used-ring update) sets its pages' bits, so live migration can
+/// resend them: KVM's dirty log sees only the guest's own writes.
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<AtomicBitmap>;
+/// One region of [`GuestMemoryMmap`].
+pub type GuestRegionMmap = vm_memory::GuestRegionMmap<AtomicBitmap>;
+pub use vm_memory::bitmap::AtomicBitmap;
 
 /// Why guest memory could not be set up; each variant names the step that failed.
 #[derive(Debug, thiserror::Error)]

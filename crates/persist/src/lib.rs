@@ -5,7 +5,9 @@
 //!   that snapshot files and the migration stream share, and its reader's bounds and errors;
 //! - [`auth`]: the pre-shared key, the mutual handshake, and the per-record MAC of a stream;
 //! - [`pages`]: guest memory as runs of pages, zero and untouched pages left out;
-//! - [`dir`]: the snapshot directory, created safely and checked whole before a restore.
+//! - [`dir`]: the snapshot directory, created safely and checked whole before a restore;
+//! - [`precopy`]: when live migration's pre-copy rounds stop (estimated downtime against
+//!   `--max-downtime`, giving up after `--timeout`).
 //!
 //! `docs/migration.md` describes the formats byte by byte.
 //!
@@ -28,8 +30,10 @@ pub mod auth;
 pub mod container;
 pub mod dir;
 pub mod pages;
+pub mod precopy;
 
 pub use auth::{handshake, AuthError, AuthKey, Role, Session};
 pub use container::{ContainerError, Reader, Record, RecordKind, Writer, FORMAT_VERSION};
 pub use dir::{DirError, FileName, Snapshot, SnapshotWriter};
 pub use pages::{CellGeometry, PageError, PageRun};
+pub use precopy::{Convergence, Decision, PrecopyLimits, RoundStats};

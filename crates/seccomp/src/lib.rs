@@ -74,11 +74,15 @@ pub enum ThreadKind {
     /// The background prefault's coordinator (`vmhost-prefault`, `--prefault background`)
     /// once its workers are done: the residency audit, its report and the cpuset narrowing.
     PrefaultAudit,
+    /// A live migration's sender (`vmhost-mig`): pauses and resumes the vCPUs and reads and
+    /// clears the dirty page log (`KVM_GET_DIRTY_LOG`, memslots registered again with or
+    /// without `KVM_MEM_LOG_DIRTY_PAGES`). The stream it writes adds its own calls.
+    Migration,
 }
 
 impl ThreadKind {
     /// Every kind, in the order of the published table.
-    pub const ALL: [ThreadKind; 16] = [
+    pub const ALL: [ThreadKind; 17] = [
         ThreadKind::Vcpu,
         ThreadKind::Vmm,
         ThreadKind::Emulator,
@@ -95,6 +99,7 @@ impl ThreadKind {
         ThreadKind::Output,
         ThreadKind::Supervisor,
         ThreadKind::PrefaultAudit,
+        ThreadKind::Migration,
     ];
 
     /// The kind's name (`VMHOST_SECCOMP_SELFTEST`, messages, docs).
@@ -116,6 +121,7 @@ impl ThreadKind {
             ThreadKind::DeviceIo => "device-io",
             ThreadKind::Supervisor => "supervisor",
             ThreadKind::PrefaultAudit => "prefault-audit",
+            ThreadKind::Migration => "migration",
         }
     }
 
@@ -405,6 +411,7 @@ fn thread_names(kind: ThreadKind) -> &'static str {
         ThreadKind::DeviceIo => "vmhost-io-<N>",
         ThreadKind::Supervisor => "vmhost (supervisor)",
         ThreadKind::PrefaultAudit => "vmhost-prefault",
+        ThreadKind::Migration => "vmhost-mig",
     }
 }
 

@@ -18,8 +18,9 @@ use std::time::Instant;
 
 use kvm_bindings::KVM_INTERNAL_ERROR_EMULATION;
 use kvm_ioctls::{VcpuExit, VcpuFd};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmhost_devices::bus::Access;
+use vmhost_memory::GuestMemoryMmap;
 
 use crate::devices::legacy::{PortAction, RebootVia};
 use crate::devices::LinuxDevices;

@@ -10,8 +10,9 @@ use kvm_bindings::{
     KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmhost_memory::GuestLayout;
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::{Plan, VcpuPlacement};
 
 use crate::arch::boot::CODE_BYTES;

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvm_ioctls::{Kvm, VmFd};
-use vm_memory::GuestMemoryMmap;
 use vmhost_boot::LinuxBoot;
 use vmhost_config::BootSpec;
 use vmhost_memory::GuestLayout;
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::Plan;
 
 use crate::arch::{BootError, BootLayout, CpuidError};
@@ -19,12 +19,15 @@ use crate::control::{Control, StopHandle, VmHandle};
 use crate::devices::console::{ConsoleInput, ConsoleReader};
 use crate::devices::serial::SerialOut;
 use crate::devices::LinuxDevices;
+use crate::dirty::DirtyLog;
 use crate::emulator::{self, EmulatorInput, RunGuest, VcpuMeta};
 use crate::linux::{image_name, prepare_linux, KernelSpec};
 use crate::payload::bench::BenchOptions;
 use crate::payload::{PayloadError, PayloadKind};
+use crate::persist::{PersistError, VcpuStateLayout};
 use crate::report::RunReport;
 use crate::setup::prepare_payload;
+use crate::snapshot::Source;
 use crate::vcpu::{GuestCtx, UnknownAccessPolicy, VcpuConfig, VcpuContext, VcpuError};
 
 /// Guest RAM a VM runs on: the mapping and its guest-physical layout.
@@ -255,6 +258,47 @@ pub enum VmError {
     /// The emulator thread panicked (a bug).
     #[error("the emulator thread panicked")]
     EmulatorPanicked,
+    /// Probing, reading or loading saved KVM state failed.
+    #[error("{}the saved state cannot be loaded", .vcpu.map(|v| format!("vCPU {v}: ")).unwrap_or_default())]
+    State {
+        /// The vCPU, when one is concerned.
+        vcpu: Option<usize>,
+        /// The cause.
+        #[source]
+        source: PersistError,
+    },
+    /// A saved VM does not fit the plan it is restored with: another guest topology or guest.
+    #[error(
+        "VM {vm}: {what}: the saved VM has {saved}, the plan {planned}; restore with the spec \
+         the snapshot was taken with"
+    )]
+    RestoreMismatch {
+        /// VM name.
+        vm: String,
+        /// What differs (e.g. "vCPUs", "vCPU 1 APIC ID", "guest").
+        what: String,
+        /// The saved value.
+        saved: String,
+        /// The plan's value.
+        planned: String,
+    },
+    /// A restored Linux guest's devices could not be rebuilt with their saved state.
+    #[error("VM {vm}: cannot restore the devices")]
+    RestoreDevices {
+        /// VM name.
+        vm: String,
+        /// The cause (boxed: it is large and rare).
+        #[source]
+        source: Box<crate::devices::RestoreError>,
+    },
+    /// This kind of guest cannot be restored yet.
+    #[error("VM {vm}: cannot restore {what}")]
+    RestoreUnsupported {
+        /// VM name.
+        vm: String,
+        /// What and why.
+        what: String,
+    },
 }
 
 pub(crate) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -273,7 +317,8 @@ pub(crate) enum Guest {
     },
     /// A Linux kernel and its devices.
     Linux {
-        boot: Box<LinuxBoot>,
+        /// Where the kernel was loaded; `None` for a restored guest (no kernel was loaded).
+        boot: Option<Box<LinuxBoot>>,
         devices: Arc<LinuxDevices>,
     },
 }
@@ -297,6 +342,7 @@ pub struct Vm {
     meta: Vec<VcpuMeta>,
     emulator_cpus: Vec<u32>,
     control: Arc<Control>,
+    layout: Arc<VcpuStateLayout>,
     policy: UnknownAccessPolicy,
     on_start: Option<StartHook>,
     filter_calling_thread: bool,
@@ -350,6 +396,18 @@ impl Vm {
                 prepare_payload(plan, &ram, &options, crate::payload::kind_of(*payload))?
             }
         };
+        Vm::from_prepared(plan, prepared, ram, &options, t0)
+    }
+
+    /// Wraps a prepared VM (from [`Vm::new`] or [`Vm::restore`]): probes what its vCPUs save,
+    /// records what a capture reads, and keeps `ram` alive as long as the VM.
+    pub(crate) fn from_prepared(
+        plan: &Plan,
+        prepared: Prepared,
+        ram: impl GuestRam,
+        options: &VmOptions,
+        t0: Instant,
+    ) -> Result<Vm, VmError> {
         let linux = matches!(prepared.guest, Guest::Linux { .. });
         let meta = plan
             .vcpus
@@ -365,11 +423,21 @@ impl Vm {
             Some(_) => ConsoleInput::None,
             None => options.console_input,
         };
+        let layout = VcpuStateLayout::probe(&prepared.kvm, &prepared.fd)
+            .map_err(|source| VmError::State { vcpu: None, source })?;
         let fd = Arc::new(prepared.fd);
         let control = Arc::new(Control::new(plan.vcpus.len()));
         if linux {
             control.set_power_button(&fd);
         }
+        *crate::control::lock(&control.snapshot) = Some(Source::new(&fd, &prepared.guest));
+        control.set_dirty_log(DirtyLog::new(
+            &plan.name,
+            &fd,
+            ram.guest_memory(),
+            ram.guest_layout(),
+            linux && vhost_vsock(plan),
+        ));
         Ok(Vm {
             fd,
             _kvm: prepared.kvm,
@@ -379,6 +447,7 @@ impl Vm {
             meta,
             emulator_cpus: plan.emulator.host_cpus.clone(),
             control,
+            layout: Arc::new(layout),
             policy: options.unknown_access.resolve(linux),
             on_start: options.on_start.clone(),
             filter_calling_thread: options.filter_calling_thread,
@@ -407,10 +476,11 @@ impl Vm {
         }
     }
 
-    /// Where the kernel, initramfs and boot parameters were loaded (`None`: a payload).
+    /// Where the kernel, initramfs and boot parameters were loaded (`None`: a payload, or a
+    /// restored guest).
     pub fn linux_boot(&self) -> Option<&LinuxBoot> {
         match &self.guest {
-            Guest::Linux { boot, .. } => Some(boot),
+            Guest::Linux { boot, .. } => boot.as_deref(),
             Guest::Payload { .. } => None,
         }
     }
@@ -457,6 +527,7 @@ impl Vm {
                 gate,
                 events,
                 policy: self.policy,
+                layout: Arc::clone(&self.layout),
             },
             run_start,
             vm_setup_seconds: self.setup_seconds,
@@ -512,8 +583,10 @@ impl Vm {
             ),
             Guest::Linux { boot, devices } => (
                 RunGuest::Linux {
-                    entry: boot.mode.into(),
-                    image: image_name(boot).to_string(),
+                    entry: boot
+                        .as_ref()
+                        .map_or(crate::report::LinuxEntry::Restored, |b| b.mode.into()),
+                    image: boot.as_deref().map_or("restored", image_name).to_string(),
                     serial: devices.serial().stats(),
                     marks: Arc::clone(devices.marks()),
                 },
@@ -525,6 +598,15 @@ impl Vm {
             ),
         }
     }
+}
+
+/// Whether the plan gives the guest a vsock device on the kernel's vhost-vsock.
+fn vhost_vsock(plan: &Plan) -> bool {
+    plan.devices
+        .spec
+        .vsock
+        .as_ref()
+        .is_some_and(|v| v.backend == vmhost_config::VsockBackend::Vhost)
 }
 
 /// Lets the guest's last serial output reach the writer (bounded: a writer nobody reads does

@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::*;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_memory::{GuestLayout, MMIO_HOLE_END, MMIO_HOLE_START};
 use vmhost_vcpu::payload::touch;
 use vmhost_vcpu::{

@@ -10,7 +10,8 @@ use kvm_bindings::{
     KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_vcpu::arch::{BootLayout, USER_CS, USER_RFLAGS};
 use vmhost_vcpu::persist::{
     CompatError, PersistError, TargetCaps, VcpuState, VcpuStateLayout, VmState,
@@ -207,7 +208,9 @@ fn long_mode_source(kvm: &Kvm) -> Guest {
     let boot = BootLayout::new(BOOT_BASE, 1 << 30, 1, std::slice::from_ref(&ram_range))
         .expect("boot layout");
     let hlt = boot.code + LOOP64.len() as u64 - 1;
-    let area = boot.build(&[hlt; 32]).expect("boot area");
+    let area = boot
+        .build(&[hlt; vmhost_guest::abi::IDT_VECTORS])
+        .expect("boot area");
     area.write_slice(&LOOP64, GuestAddress(boot.code))
         .expect("code");
     let g = guest(kvm, vec![ram, area]);

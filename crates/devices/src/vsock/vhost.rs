@@ -18,13 +18,15 @@ use tracing::warn;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vmhost_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::vhost_sys::{self as sys, MemRegion};
 use super::{EVENT, RX, TX, VSOCK_QUEUE_SIZE};
 use crate::device::{DeviceError, VirtioDevice};
+use crate::persist::{DeviceState, StateError};
 
 /// The kernel's vhost-vsock device node.
 pub const VHOST_VSOCK_PATH: &str = "/dev/vhost-vsock";
@@ -276,6 +278,14 @@ impl VirtioDevice for VhostVsock {
 
     fn reset(&mut self) {
         self.stop();
+    }
+
+    /// Not yet: the kernel holds the rings' positions (VHOST_GET_VRING_BASE stops them) and
+    /// its writes to guest memory need VHOST_F_LOG_ALL for a live migration.
+    fn save_state(&mut self, _queues: &mut [Queue]) -> Result<DeviceState, StateError> {
+        Err(StateError::Unsupported {
+            device: "vsock with backend vhost (use backend unix to snapshot or migrate)",
+        })
     }
 }
 

@@ -9,8 +9,9 @@
 
 use std::path::Path;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmhost_memory::GuestLayout;
+use vmhost_memory::GuestMemoryMmap;
 
 use vmhost_guest::mailbox::{BenchSlot, MAX_BENCH_CELLS};
 

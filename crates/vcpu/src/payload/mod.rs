@@ -11,7 +11,7 @@
 //! | `touch` | [`touch`] | Done |
 //! | `numa-bench` | [`bench`](mod@bench) | Done |
 //! | `halt` | none | Ready, then HLT (exits: no in-kernel irqchip) |
-//! | `idle` | none | Ready, then HLT, waiting in the kernel until stopped (in-kernel irqchip) |
+//! | `idle` | none | Ready, then HLT with interrupts on, waiting in the kernel until stopped (in-kernel irqchip); counts its 10 ms LAPIC timer ticks in the mailbox |
 //!
 //! Hidden test payloads ([`FaultPayload`]) fault on purpose.
 //!
@@ -28,9 +28,10 @@ pub use vmhost_guest::FaultPayload;
 pub use vmhost_guest::PayloadKind;
 
 use serde::Serialize;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmhost_config::Payload;
 use vmhost_memory::GuestLayout;
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::Plan;
 
 use crate::arch::{BootLayout, CpuidResult};

@@ -1,7 +1,8 @@
 //! `touch`, host side: checking that the guest wrote every page (see [`vmhost_guest::touch`]
 //! for what the guest does).
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
+use vmhost_memory::GuestMemoryMmap;
 
 pub use vmhost_guest::touch::{pattern, TOUCH_PAGE, TOUCH_TAG};
 

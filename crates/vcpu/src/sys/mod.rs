@@ -1,6 +1,6 @@
 //! Thin wrappers over the raw calls this crate makes outside kvm-ioctls (CPU affinity is
 //! `vmhost_topology::affinity`, re-exported here): thread ids, the real-time signal that kicks a vCPU thread out of `KVM_RUN`, and the terminal calls
-//! of the serial console's input (`poll`, `read`, termios).
+//! of the serial console's input (`poll`, `read`, termios), and a RAM memslot's dirty-log flag.
 //!
 //! Everything `unsafe` in the crate that is not a KVM call lives here (the memslot registration
 //! in `vm.rs` and the `kvm_run` pointer in `vcpu.rs` are the exceptions, next to their data).
@@ -315,6 +315,32 @@ pub fn set_xsave2(
     // SAFETY: the buffer holds at least the `xsave_bytes` KVM copies in for this VM (checked
     // above), so the kernel reads only inside it.
     unsafe { fd.set_xsave2(&xsave) }
+}
+
+/// Registers RAM memslot `slot` again over `region`, with `flags` (`KVM_MEM_LOG_DIRTY_PAGES`
+/// or 0): dirty logging on or off. Only for a slot `setup::register_memslots` registered over
+/// this same region, so KVM sees an unchanged slot, guest range and host range and changes
+/// only the flags (`KVM_MR_FLAGS_ONLY`).
+pub(crate) fn set_memslot_flags(
+    fd: &kvm_ioctls::VmFd,
+    slot: u32,
+    region: &vmhost_memory::GuestRegionMmap,
+    flags: u32,
+) -> Result<(), kvm_ioctls::Error> {
+    use vm_memory::GuestMemoryRegion;
+    let mem = kvm_bindings::kvm_userspace_memory_region {
+        slot,
+        flags,
+        guest_phys_addr: region.start_addr().0,
+        memory_size: region.len(),
+        userspace_addr: region.as_ptr() as u64,
+    };
+    // SAFETY: the slot, guest range and host range are those `register_memslots` registered
+    // (the caller passes the same region of the VM's RAM), so the kernel takes no new
+    // reference to any memory: it only changes the slot's flags. The invariant of that first
+    // registration still holds: the mapping (owned by the `Vm`'s RAM, and here borrowed)
+    // outlives the VM fd, which the `Vm` closes first.
+    unsafe { fd.set_user_memory_region(mem) }
 }
 
 #[cfg(test)]

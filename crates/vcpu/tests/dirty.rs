@@ -1,0 +1,217 @@
+//! Dirty page tracking on real KVM: the `touch` payload writes guest RAM in order while the
+//! dirty log is on; `take_dirty` reports exactly the pages it wrote (read back from
+//! `KVM_GET_DIRTY_LOG`), nothing while paused, the VMM's own writes through vm-memory, and the
+//! guest keeps running after `stop_dirty_log` (after which KVM has no log for the slots).
+
+mod common;
+
+use std::ops::Range;
+
+use common::*;
+use vm_memory::{Bytes, GuestAddress};
+use vmhost_memory::{DirtyBitmap, GuestLayout, GuestMemoryMmap, DIRTY_PAGE_BYTES};
+use vmhost_memory::{MMIO_HOLE_END, MMIO_HOLE_START};
+use vmhost_seccomp::{SeccompMode, ThreadKind};
+use vmhost_vcpu::payload::touch;
+use vmhost_vcpu::{DirtyLogError, PayloadResult, RunStatus, Vm, VmHandle, VmOptions};
+
+/// Guest RAM that is not prefaulted: `touch` pays a first-touch exit per page and runs long
+/// enough to be paused midway.
+fn cold_memory(plan: &vmhost_plan::Plan) -> (GuestMemoryMmap, GuestLayout) {
+    let layout = GuestLayout::from_plan(plan, MMIO_HOLE_START..MMIO_HOLE_END).expect("layout");
+    (
+        layout.anonymous_memory().expect("anonymous guest RAM"),
+        layout,
+    )
+}
+
+/// How far `touch` (which writes its range in order, each page's words in order) has got: the
+/// first page whose first word is not yet the pattern.
+fn written_up_to(mem: &GuestMemoryMmap, gpa: u64, len: u64) -> u64 {
+    let written = |page: u64| {
+        mem.read_obj::<u64>(GuestAddress(page))
+            .is_ok_and(|w| w == touch::pattern(page))
+    };
+    let (mut lo, mut hi) = (0, len / touch::TOUCH_PAGE);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if written(gpa + mid * touch::TOUCH_PAGE) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    gpa + lo * touch::TOUCH_PAGE
+}
+
+/// The dirty pages as byte ranges of the cell.
+fn runs(d: &DirtyBitmap) -> Vec<Range<u64>> {
+    d.runs().collect()
+}
+
+fn pause_or_panic(handle: &VmHandle) {
+    handle.pause().expect("pause mid-run");
+}
+
+/// Asserts that `d` (cell 0, starting at guest-physical `cell.start`) holds exactly the pages
+/// from `cell.end` up to `upto`, which the guest wrote, plus at most the page at `upto`: KVM
+/// logs a page when it maps it writable for a faulting write, and the pause can kick the vCPU
+/// out between that fault and the write itself (seen here: the page after the last written
+/// one is in the log, its first word still unwritten).
+fn written_exactly(d: &DirtyBitmap, cell: Range<u64>, upto: u64) {
+    let (from, to) = (cell.end - cell.start, upto - cell.start);
+    let got = runs(d);
+    let (exact, in_flight) = (from..to, from..to + DIRTY_PAGE_BYTES);
+    assert!(
+        got == [exact] || got == [in_flight],
+        "written {from:#x}..{to:#x}, dirty {got:x?}"
+    );
+}
+
+#[test]
+fn dirty_log_reports_exactly_the_pages_written_by_the_guest_and_the_vmm() {
+    if !kvm_available("dirty_log_reports_exactly_the_pages_written_by_the_guest_and_the_vmm") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let plan = plan_toml(
+        "name = \"dirty-touch\"\n[cpu]\ncores = 1\n[memory]\nguest = \"768Mi\"\n[boot]\npayload = \"touch\"\n",
+    );
+    let (mem, layout) = cold_memory(&plan);
+    let probe = mem.clone();
+    assert_eq!(layout.regions.len(), 1, "one region below the hole");
+    let region = layout.regions[0];
+    let (start, size) = (region.gpa, region.size_bytes);
+    let progress = {
+        let probe = probe.clone();
+        move || written_up_to(&probe, start, size)
+    };
+    let mut vm = Vm::new(&plan, (mem, layout), VmOptions::default()).expect("VM");
+    let handle = vm.handle();
+    assert!(matches!(
+        handle.take_dirty(0),
+        Err(DirtyLogError::Off { slot: 0, .. })
+    ));
+    handle.start_dirty_log().expect("start the dirty log");
+    assert!(handle.dirty_logging());
+    assert!(matches!(
+        handle.start_dirty_log(),
+        Err(DirtyLogError::AlreadyOn { .. })
+    ));
+    assert!(matches!(
+        handle.take_dirty(1),
+        Err(DirtyLogError::NoCell { cell: 1, .. })
+    ));
+    let runner = std::thread::spawn(move || {
+        let report = vm.run();
+        (report, vm)
+    });
+
+    // Round 1: paused midway, the log holds exactly the pages written so far.
+    assert!(
+        wait_for(60, || progress() > start + (16 << 20)),
+        "the guest starts writing"
+    );
+    pause_or_panic(&handle);
+    let first = progress();
+    assert!(
+        first < start + size,
+        "paused before the end (too fast to test)"
+    );
+    let d = handle.take_dirty(0).expect("take_dirty");
+    assert_eq!((d.cell(), d.size_bytes()), (0, size));
+    println!(
+        "paused at {} MiB: {} dirty pages",
+        (first - start) >> 20,
+        d.dirty_pages()
+    );
+    written_exactly(&d, start..start, first);
+
+    // Paused, nothing written: the next read is empty.
+    assert!(handle.take_dirty(0).expect("take_dirty").is_empty());
+
+    // A VMM write through vm-memory (as a device's) far ahead of the guest, and one into a
+    // page the guest already wrote: both reported, alone.
+    let ahead = start + size - 3 * DIRTY_PAGE_BYTES;
+    probe
+        .write_obj(0x5a5a_u32, GuestAddress(ahead + 100))
+        .expect("write");
+    // Two words straddling pages 3 and 4, rewritten with the values the guest put there.
+    let mut words = [0u8; 16];
+    words[..8].copy_from_slice(&touch::pattern(start + 3 * DIRTY_PAGE_BYTES).to_le_bytes());
+    words[8..].copy_from_slice(&touch::pattern(start + 4 * DIRTY_PAGE_BYTES).to_le_bytes());
+    probe
+        .write_slice(&words, GuestAddress(start + 4 * DIRTY_PAGE_BYTES - 8))
+        .expect("write");
+    let d = handle.take_dirty(0).expect("take_dirty");
+    let p = DIRTY_PAGE_BYTES;
+    assert_eq!(
+        runs(&d),
+        vec![3 * p..5 * p, ahead - start..ahead - start + p],
+        "the VMM's writes"
+    );
+    assert!(handle.take_dirty(0).expect("take_dirty").is_empty());
+
+    // Round 2: the guest goes on; the log holds what it wrote since round 1.
+    handle.resume().expect("resume");
+    assert!(
+        wait_for(60, || progress() > first + (16 << 20)),
+        "the guest goes on writing"
+    );
+    // The pause, the read and the stop on a thread under the migration sender's filter: the
+    // ioctls they make are in its list (a call outside it would kill the test with SIGSYS).
+    let mig = {
+        let handle = handle.clone();
+        std::thread::Builder::new()
+            .name("vmhost-mig".into())
+            .spawn(move || {
+                vmhost_seccomp::install(ThreadKind::Migration, SeccompMode::On)
+                    .expect("the migration filter");
+                handle.pause().expect("pause mid-run");
+                let second = progress();
+                let d = handle.take_dirty(0).expect("take_dirty");
+                handle.stop_dirty_log().expect("stop the dirty log");
+                let off = handle.take_dirty(0);
+                (second, d, off)
+            })
+            .expect("spawn")
+    };
+    let (second, d, off) = mig.join().expect("the migration thread");
+    println!(
+        "round 2: {} to {} MiB: {:x?}",
+        (first - start) >> 20,
+        (second - start) >> 20,
+        runs(&d)
+    );
+    written_exactly(&d, start..first, second);
+
+    // Stopped: KVM has no log for the slot any more, and the guest finishes normally.
+    assert!(!handle.dirty_logging());
+    assert!(
+        matches!(off, Err(DirtyLogError::Off { slot: 0, .. })),
+        "{off:?}"
+    );
+    handle.resume().expect("resume");
+    let (report, vm) = runner.join().expect("runner");
+    let report = report.expect("run");
+    assert_eq!(
+        report.status,
+        RunStatus::Completed,
+        "{}",
+        report.render_text()
+    );
+    let PayloadResult::Touch(t) = &report.vcpus[0].result else {
+        panic!("{:?}", report.vcpus[0].result)
+    };
+    assert_eq!(t.bytes, size);
+    // The VMM's writes above were overwritten by the guest's pattern, like every page.
+    assert_eq!(
+        touch::first_untouched(vm.ram().guest_memory(), start, size),
+        None
+    );
+    drop(vm);
+    assert!(matches!(
+        handle.start_dirty_log(),
+        Err(DirtyLogError::VmGone { .. })
+    ));
+}
