@@ -311,3 +311,32 @@ impl VmHandle {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use vmhost_memory::layout::CellSpan;
+    use vmhost_memory::{MMIO_HOLE_END, MMIO_HOLE_START};
+
+    use super::*;
+
+    #[test]
+    fn a_vm_with_vhost_vsock_refuses_to_start_the_dirty_log() {
+        if !vmhost_testsupport::need_kvm("a_vm_with_vhost_vsock_refuses_to_start_the_dirty_log") {
+            return;
+        }
+        let kvm = kvm_ioctls::Kvm::new().expect("/dev/kvm");
+        let vm = Arc::new(kvm.create_vm().expect("KVM_CREATE_VM"));
+        let cells = [CellSpan {
+            cell: 0,
+            host_node: None,
+            size_bytes: 4 << 20,
+        }];
+        let layout = GuestLayout::new(&cells, MMIO_HOLE_START..MMIO_HOLE_END, 4096).unwrap();
+        let ram = layout.anonymous_memory().unwrap();
+        let log = DirtyLog::new("vsock-vm", &vm, &ram, &layout, true);
+        let err = log.start().unwrap_err();
+        assert!(matches!(err, DirtyLogError::VhostVsock { .. }), "{err}");
+        assert!(err.to_string().contains("devices.vsock.backend = \"unix\""));
+        assert!(!*lock(&log.on));
+    }
+}
