@@ -45,6 +45,9 @@ pub enum DirtyLogError {
         /// VM name.
         vm: String,
     },
+    /// The VM was built without a dirty log (every `Vm` constructor gives it one: a bug).
+    #[error("this VM has no dirty log (it was built without one)")]
+    NoLog,
     /// `start_dirty_log` was called while the log is already on.
     #[error("VM {vm}: dirty logging is already on")]
     AlreadyOn {
@@ -306,9 +309,7 @@ impl VmHandle {
     }
 
     fn dirty_log(&self) -> Result<&DirtyLog, DirtyLogError> {
-        self.0.dirty_log().ok_or_else(|| DirtyLogError::VmGone {
-            vm: String::from("(unknown)"),
-        })
+        self.0.dirty_log().ok_or(DirtyLogError::NoLog)
     }
 }
 
