@@ -33,12 +33,9 @@ use crate::sys;
 /// Why dirty logging could not be started, read or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DirtyLogError {
-    /// The VM has been dropped (its KVM VM is closed).
-    #[error("VM {vm}: the VM is gone; there is no dirty log to read")]
-    VmGone {
-        /// VM name.
-        vm: String,
-    },
+    /// The VM has been dropped (its KVM VM is closed, its RAM released).
+    #[error("the VM is gone; there is no dirty log to read")]
+    VmGone,
     /// The VM has a vhost-vsock device, whose kernel writes to guest memory are not logged.
     #[error("VM {vm}: its vsock device runs on the kernel's vhost-vsock, whose writes to guest memory are not tracked; live migration needs devices.vsock.backend = \"unix\"")]
     VhostVsock {
@@ -115,7 +112,8 @@ pub(crate) struct RamSlot {
     pub cell_offset: u64,
 }
 
-/// What a VM needs to log its dirty pages; held by its [`crate::control::Control`].
+/// What a VM needs to log its dirty pages. The `Vm` owns it (its RAM clone must not outlive
+/// the VM); [`crate::control::Control`] holds it weakly for the handles.
 pub(crate) struct DirtyLog {
     vm_name: String,
     vm: Weak<VmFd>,
@@ -169,9 +167,7 @@ impl DirtyLog {
     }
 
     fn vm(&self) -> Result<Arc<VmFd>, DirtyLogError> {
-        self.vm.upgrade().ok_or_else(|| DirtyLogError::VmGone {
-            vm: self.vm_name.clone(),
-        })
+        self.vm.upgrade().ok_or(DirtyLogError::VmGone)
     }
 
     fn start(&self) -> Result<(), DirtyLogError> {
@@ -305,11 +301,16 @@ impl VmHandle {
 
     /// Whether dirty logging is on.
     pub fn dirty_logging(&self) -> bool {
-        self.0.dirty_log().is_some_and(|d| *lock(&d.on))
+        self.dirty_log().is_ok_and(|d| *lock(&d.on))
     }
 
-    fn dirty_log(&self) -> Result<&DirtyLog, DirtyLogError> {
-        self.0.dirty_log().ok_or(DirtyLogError::NoLog)
+    /// The VM's dirty log, held for one call (the `Vm` owns it).
+    fn dirty_log(&self) -> Result<Arc<DirtyLog>, DirtyLogError> {
+        self.0
+            .dirty_log()
+            .ok_or(DirtyLogError::NoLog)?
+            .upgrade()
+            .ok_or(DirtyLogError::VmGone)
     }
 }
 

@@ -292,6 +292,8 @@ pub struct Vm {
     // Field order is drop order: the VM fd closes before the memory it maps goes away.
     fd: Arc<VmFd>,
     _kvm: Kvm,
+    /// The dirty page log; it holds a clone of the RAM, so the `Vm` owns it.
+    _dirty: Arc<DirtyLog>,
     name: String,
     guest: Guest,
     configs: Option<Vec<VcpuConfig>>,
@@ -371,16 +373,18 @@ impl Vm {
         if linux {
             control.set_power_button(&fd);
         }
-        control.set_dirty_log(DirtyLog::new(
+        let dirty = Arc::new(DirtyLog::new(
             &plan.name,
             &fd,
             ram.guest_memory(),
             ram.guest_layout(),
             linux && vhost_vsock(plan),
         ));
+        control.set_dirty_log(&dirty);
         Ok(Vm {
             fd,
             _kvm: prepared.kvm,
+            _dirty: dirty,
             name: plan.name.clone(),
             guest: prepared.guest,
             configs: Some(prepared.configs),
