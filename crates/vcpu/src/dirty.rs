@@ -127,6 +127,33 @@ pub(crate) struct DirtyLog {
     on: Mutex<bool>,
 }
 
+/// Builds the dirty log of a VM just created for `plan` on `ram` (memslots registered) and
+/// gives `control` weak access to it; the `Vm` keeps the returned `Arc`. Every `Vm`
+/// constructor calls this (`Vm::new`; a restored VM the same way).
+pub(crate) fn attach(
+    plan: &vmhost_plan::Plan,
+    fd: &Arc<VmFd>,
+    ram: &dyn crate::vm::GuestRam,
+    linux: bool,
+    control: &crate::control::Control,
+) -> Arc<DirtyLog> {
+    let vhost = plan
+        .devices
+        .spec
+        .vsock
+        .as_ref()
+        .is_some_and(|v| v.backend == vmhost_config::VsockBackend::Vhost);
+    let log = Arc::new(DirtyLog::new(
+        &plan.name,
+        fd,
+        ram.guest_memory(),
+        ram.guest_layout(),
+        linux && vhost,
+    ));
+    control.set_dirty_log(&log);
+    log
+}
+
 impl DirtyLog {
     /// The dirty log of a VM whose RAM memslots are `ram`'s regions numbered from 0 in order
     /// (as `setup::register_memslots` numbers them), placed in cells by `layout`.

@@ -373,14 +373,7 @@ impl Vm {
         if linux {
             control.set_power_button(&fd);
         }
-        let dirty = Arc::new(DirtyLog::new(
-            &plan.name,
-            &fd,
-            ram.guest_memory(),
-            ram.guest_layout(),
-            linux && vhost_vsock(plan),
-        ));
-        control.set_dirty_log(&dirty);
+        let dirty = crate::dirty::attach(plan, &fd, &ram, linux, &control);
         Ok(Vm {
             fd,
             _kvm: prepared.kvm,
@@ -537,15 +530,6 @@ impl Vm {
             ),
         }
     }
-}
-
-/// Whether the plan gives the guest a vsock device on the kernel's vhost-vsock.
-fn vhost_vsock(plan: &Plan) -> bool {
-    plan.devices
-        .spec
-        .vsock
-        .as_ref()
-        .is_some_and(|v| v.backend == vmhost_config::VsockBackend::Vhost)
 }
 
 /// Lets the guest's last serial output reach the writer (bounded: a writer nobody reads does
