@@ -22,6 +22,7 @@ use crate::chain::{Chain, ChainError, ChainLimits};
 use crate::device::{serve_single_queue, DeviceError, VirtioDevice};
 use crate::disk::{CacheMode, DiskError, DiskImage, SECTOR_SIZE};
 use crate::iov::IoVecs;
+use crate::persist::{DeviceState, StateError};
 use crate::sys::AlignedBuf;
 
 /// Size of the request queue.
@@ -84,6 +85,9 @@ pub struct BlockStats {
 /// A virtio-blk device.
 pub struct Block {
     image: DiskImage,
+    path: PathBuf,
+    /// The image was made by vmhost for this run (an empty disk, a cloud-init seed).
+    run_scratch: bool,
     read_only: bool,
     serial: [u8; ID_BYTES],
     capacity: u64,
@@ -127,6 +131,8 @@ impl Block {
         Ok(Block {
             capacity: image.size() / SECTOR_SIZE,
             image,
+            path: config.path.clone(),
+            run_scratch: false,
             read_only: config.read_only,
             serial,
             buffer: AlignedBuf::new(64 * 1024).map_err(BlockError::Buffer)?,
@@ -135,6 +141,13 @@ impl Block {
             io_error_logged: false,
             queue_sizes: [BLOCK_QUEUE_SIZE],
         })
+    }
+
+    /// Marks the image as made by vmhost for this run (an empty disk, a cloud-init seed): a
+    /// restore on another host makes its own and does not look for this path
+    /// ([`crate::persist::check_restorable`]).
+    pub fn set_run_scratch(&mut self, scratch: bool) {
+        self.run_scratch = scratch;
     }
 
     /// Capacity in 512-byte sectors.
@@ -353,7 +366,21 @@ impl VirtioDevice for Block {
     ) -> Result<bool, DeviceError> {
         serve_single_queue(index, queue, mem, &LIMITS, |c, m| self.serve(c, m))
     }
+
+    /// Requests are served whole under the transport's lock, so a quiesced disk has none in
+    /// flight: its state is its identity, checked again on restore.
+    fn save_state(&mut self, _queues: &mut [Queue]) -> Result<DeviceState, StateError> {
+        Ok(DeviceState::Block(self.state()))
+    }
+
+    fn restore_state(&mut self, state: &DeviceState) -> Result<(), StateError> {
+        self.check_restore(state)
+    }
 }
+
+#[path = "block_persist.rs"]
+mod persist;
+pub use persist::BlockState;
 
 #[cfg(test)]
 #[path = "block_tests.rs"]

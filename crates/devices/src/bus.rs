@@ -165,6 +165,12 @@ impl MmioBus {
         }
     }
 
+    /// The devices' windows and transports, by base address (the plan's slot order: the
+    /// planner gives slots rising bases).
+    pub fn transports(&self) -> impl Iterator<Item = (u64, &SharedTransport)> {
+        self.windows.iter().map(|w| (w.base, &w.transport))
+    }
+
     /// Number of devices on the bus.
     pub fn len(&self) -> usize {
         self.windows.len()

@@ -12,6 +12,7 @@ use vm_memory::{Address, Bytes, GuestAddress};
 use vmhost_memory::GuestMemoryMmap;
 
 use crate::chain::{Chain, ChainError, ChainLimits};
+use crate::persist::{DeviceState, StateError};
 
 /// A device failure caused by the guest (malformed queues or requests). The transport puts
 /// the device into NEEDS_RESET and logs it once.
@@ -178,4 +179,38 @@ pub trait VirtioDevice: Send {
 
     /// The driver reset the device: forget negotiated state.
     fn reset(&mut self) {}
+
+    /// The device's own state for a snapshot or a migration ([`crate::persist`]), taken
+    /// while the device is quiesced (its transport locked, its I/O thread paused). A device
+    /// that took chains from `queues` without using them (chains held for later) gives them
+    /// back first, so the saved `next_avail` is where the restored device starts. The
+    /// default: the device cannot be saved.
+    fn save_state(&mut self, queues: &mut [Queue]) -> Result<DeviceState, StateError> {
+        let _ = queues;
+        Err(StateError::Unsupported {
+            device: "this virtio device",
+        })
+    }
+
+    /// Checks the saved `state` against this device, built from the plan on this host, and
+    /// takes it over; nothing is changed when it is refused. Called before the transport's
+    /// state is applied.
+    fn restore_state(&mut self, state: &DeviceState) -> Result<(), StateError> {
+        Err(StateError::Kind {
+            saved: state.kind().to_string(),
+            built: format!("device of type {}", self.device_type()),
+        })
+    }
+
+    /// The transport's and the device's state are restored (and the device activated if the
+    /// driver had): what the device does once, before the guest runs again (vsock posts its
+    /// transport-reset event). Returns whether it used buffers (an interrupt is due).
+    fn restored(
+        &mut self,
+        queues: &mut [Queue],
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        let _ = (queues, mem);
+        Ok(false)
+    }
 }

@@ -165,10 +165,11 @@ impl HostDevices {
                 },
                 serial: disk.serial.clone(),
             };
-            let block = Block::new(&config).map_err(|source| HostError::Block {
+            let mut block = Block::new(&config).map_err(|source| HostError::Block {
                 disk: disk.name.clone(),
                 source,
             })?;
+            block.set_run_scratch(self.scratch.contains(&path));
             let describe = format!(
                 "disk {}: {} ({}, cache {})",
                 disk.name,

@@ -90,6 +90,18 @@ impl Interrupt {
         self.status.store(0, Ordering::SeqCst);
     }
 
+    /// Sets the status bits a restored device had (without raising the line: see
+    /// [`Interrupt::raise_pending`]).
+    pub fn restore_status(&self, bits: u32) {
+        self.status.store(bits, Ordering::SeqCst);
+    }
+
+    /// Raises the line for the bits already set (a restored device whose interrupt was
+    /// pending when it was saved).
+    pub fn raise_pending(&self) -> Result<(), InterruptError> {
+        self.irqfd.write(1).map_err(InterruptError::Signal)
+    }
+
     /// The device used buffers of a queue.
     pub fn signal_used_queue(&self) -> Result<(), InterruptError> {
         self.raise(VIRTIO_MMIO_INT_VRING)

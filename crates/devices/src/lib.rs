@@ -7,6 +7,7 @@
 //! - [`iov`]: a chain's buffers as `iovec`s into guest memory, for `preadv`/`pwritev` and
 //!   `readv`/`writev` without a bounce buffer.
 //! - [`interrupt`]: interrupt status plus the eventfd (irqfd) that raises the GSI.
+//! - [`persist`]: the devices' state that moves with the VM (snapshot/restore, migration).
 //! - [`ratelimit`]: the per-source log budget for warnings a guest can cause.
 //!
 //! Queues are rust-vmm's `virtio-queue`; constants come from `virtio-bindings`.
@@ -37,6 +38,7 @@ pub mod interrupt;
 pub mod iov;
 pub mod mmio;
 pub mod net;
+pub mod persist;
 pub mod ratelimit;
 pub mod rng;
 pub mod seed;
@@ -53,6 +55,7 @@ pub use disk::{CacheMode, DiskError};
 pub use interrupt::{Interrupt, InterruptError};
 pub use mmio::{MmioError, MmioTransport, MMIO_MAGIC, MMIO_VERSION, MMIO_WINDOW_SIZE};
 pub use net::{Net, NetError, NetStats, Tap};
+pub use persist::{DevicesState, PersistError, StateError};
 pub use ratelimit::LogBudget;
 pub use rng::Rng;
 pub use vsock::{Vsock, VsockError};

@@ -603,6 +603,10 @@ pub const DRIVER_INIT_SEQUENCE: [u32; 3] = [
     VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK,
 ];
 
+#[path = "mmio_persist.rs"]
+mod persist;
+pub use persist::{QueueState, TransportState};
+
 #[cfg(test)]
 #[path = "mmio_tests.rs"]
 mod tests;

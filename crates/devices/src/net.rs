@@ -50,6 +50,7 @@ use vmhost_memory::GuestMemoryMmap;
 use crate::chain::{Chain, ChainError, ChainLimits};
 use crate::device::{add_used_together, serve_queue, DeviceError, VirtioDevice};
 use crate::iov::{GuestDst, IoVecs, IOV_MAX};
+use crate::persist::{DeviceState, StateError};
 use crate::sys::{
     tun_set_iff, tun_set_offload, tun_set_vnet_hdr_size, IFF_NO_PI, IFF_TAP, IFF_VNET_HDR,
     TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, TUN_F_TSO_ECN,
@@ -600,6 +601,25 @@ impl VirtioDevice for Net {
         self.rx_needed = MAX_FRAME;
         self.forget_held();
     }
+
+    fn save_state(&mut self, queues: &mut [Queue]) -> Result<DeviceState, StateError> {
+        self.give_back_held(queues);
+        Ok(DeviceState::Net(self.state()))
+    }
+
+    fn restore_state(&mut self, state: &DeviceState) -> Result<(), StateError> {
+        self.check_restore(state)
+    }
+
+    /// Announces the guest's MAC on the new tap (see `net_persist.rs`).
+    fn restored(
+        &mut self,
+        _queues: &mut [Queue],
+        _mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        self.announce();
+        Ok(false)
+    }
 }
 
 /// Receive chains: device-writable buffers only, up to a queue's worth of segments.
@@ -626,6 +646,10 @@ fn check_merge_buffer(chain: &Chain) -> Result<(), ChainError> {
     }
     Ok(())
 }
+
+#[path = "net_persist.rs"]
+mod persist;
+pub use persist::NetState;
 
 #[cfg(test)]
 #[path = "net_tests.rs"]

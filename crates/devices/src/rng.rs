@@ -7,6 +7,7 @@ use vmhost_memory::GuestMemoryMmap;
 
 use crate::chain::{Chain, ChainError, ChainLimits};
 use crate::device::{serve_single_queue, DeviceError, VirtioDevice};
+use crate::persist::{DeviceState, StateError};
 use crate::sys::getrandom;
 
 /// Size of the request queue.
@@ -112,7 +113,27 @@ impl VirtioDevice for Rng {
     ) -> Result<bool, DeviceError> {
         serve_single_queue(index, queue, mem, &LIMITS, |c, m| self.serve(c, m))
     }
+
+    /// Each request is served whole: the entropy device keeps nothing between them.
+    fn save_state(&mut self, _queues: &mut [Queue]) -> Result<DeviceState, StateError> {
+        Ok(DeviceState::Rng(RngState {}))
+    }
+
+    fn restore_state(&mut self, state: &DeviceState) -> Result<(), StateError> {
+        match state {
+            DeviceState::Rng(RngState {}) => Ok(()),
+            other => Err(StateError::Kind {
+                saved: other.kind().to_string(),
+                built: "rng".to_string(),
+            }),
+        }
+    }
 }
+
+/// virtio-rng's own state: none (what the driver set up is in the transport's state).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RngState {}
 
 #[cfg(test)]
 #[path = "rng_tests.rs"]

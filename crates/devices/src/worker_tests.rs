@@ -370,3 +370,88 @@ fn a_hung_request_blocks_neither_the_bus_nor_the_stop() {
         "the left-behind I/O thread ended once its request returned"
     );
 }
+
+/// A pause completes the request the guest notified before it (used when `pause` returns),
+/// parks the thread, and a notification while parked is served by the next drain after the
+/// resume; a parked thread stops.
+#[test]
+fn a_pause_completes_notified_requests_and_parks_until_resumed() {
+    let mem = memory();
+    let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
+    let mut t = MmioTransport::new(Box::new(Rng::new()), mem.clone(), interrupt).unwrap();
+    let mut q = TestQueue::new(&mem, 0, 16);
+    activate(&mut t, &[(0, &q, 16)]);
+    let t = Arc::new(Mutex::new(t));
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let source = IoSource::QueueEvent {
+        transport: t.clone(),
+        queue: 0,
+        event: kick.try_clone().unwrap(),
+    };
+    let io = IoThread::spawn("vmhost-io-pause", vec![source]).unwrap();
+    q.post(&[(DATA, 32, true)]);
+    kick.write(1).unwrap();
+    io.pause(STOP_WAIT).unwrap();
+    assert!(io.is_paused());
+    assert_eq!(
+        q.used_idx(),
+        1,
+        "the notified request completed before the pause"
+    );
+    io.pause(STOP_WAIT).unwrap();
+    assert!(io.is_paused(), "pausing a parked thread leaves it parked");
+    q.post(&[(DATA + 0x1000, 32, true)]);
+    kick.write(1).unwrap();
+    // The transport is free (the thread is parked, not in a request) and nothing served it.
+    drop(t.try_lock().expect("a parked thread holds no transport"));
+    assert_eq!(q.used_idx(), 1);
+    io.resume();
+    io.pause(STOP_WAIT).unwrap();
+    assert_eq!(
+        q.used_idx(),
+        2,
+        "served after the resume, at the latest by the drain"
+    );
+    io.stop().unwrap();
+}
+
+/// A pause while the thread is stuck in a request reports `Hung` after its wait, naming the
+/// thread; the pause stays asked for, so once the request returns the thread parks.
+#[test]
+fn a_pause_during_a_hung_request_is_reported_and_takes_effect_later() {
+    use std::time::Duration;
+
+    let mem = memory();
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    let device = Stalled {
+        started: started_tx,
+        release: release_rx,
+        sizes: [16],
+    };
+    let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
+    let mut t = MmioTransport::new(Box::new(device), mem.clone(), interrupt).unwrap();
+    let q = TestQueue::new(&mem, 0, 16);
+    activate(&mut t, &[(0, &q, 16)]);
+    let t = Arc::new(Mutex::new(t));
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let source = IoSource::QueueEvent {
+        transport: t.clone(),
+        queue: 0,
+        event: kick.try_clone().unwrap(),
+    };
+    let io = IoThread::spawn("vmhost-io-slow", vec![source]).unwrap();
+    kick.write(1).unwrap();
+    started
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the I/O thread entered the request");
+    let result = io.pause(Duration::from_millis(50));
+    release.send(()).unwrap();
+    match result {
+        Err(WorkerError::Hung { ref name, .. }) => assert_eq!(name, "vmhost-io-slow"),
+        other => panic!("pausing a thread in a hung request gave {other:?}"),
+    }
+    io.pause(Duration::from_secs(10)).unwrap();
+    assert!(io.is_paused());
+    io.stop().unwrap();
+}

@@ -18,3 +18,14 @@ pub const UNMAPPED_GPA: u64 = 0xD000_0000;
 pub const UNMAPPED_VA: u64 = 1 << 46;
 /// The port the unknown-port test payload writes.
 pub const UNKNOWN_PORT: u16 = 0x5a5a;
+
+/// IDT vectors the boot area describes: the 32 exceptions, then [`TICK_VECTOR`] and
+/// [`SPURIOUS_VECTOR`].
+pub const IDT_VECTORS: usize = 34;
+/// The `idle` payload's LAPIC timer interrupt: each one increments the mailbox's `ticks`.
+pub const TICK_VECTOR: u32 = 32;
+/// The LAPIC's spurious-interrupt vector (its handler just returns).
+pub const SPURIOUS_VECTOR: u32 = 33;
+/// The `idle` payload's LAPIC timer period in timer counts (divide by 1): 10 ms at KVM's
+/// 1 GHz APIC bus clock.
+pub const TICK_COUNT: u32 = 10_000_000;

@@ -1,5 +1,7 @@
 //! A generated program, ready to be copied into guest memory.
 
+use crate::abi::IDT_VECTORS;
+
 /// Alignment of the address a program is placed at: its loop heads are aligned to this
 /// boundary relative to its start.
 pub const CODE_ALIGN: u64 = 64;
@@ -12,8 +14,9 @@ pub struct EntryPoints {
     pub entry: u64,
     /// Ring-3 entry point.
     pub user_entry: u64,
-    /// Exception handler of each vector 0..31.
-    pub handlers: [u64; 32],
+    /// The IDT's handler of each vector: exceptions 0..31, then the timer tick
+    /// ([`crate::abi::TICK_VECTOR`]) and the spurious interrupt ([`crate::abi::SPURIOUS_VECTOR`]).
+    pub handlers: [u64; IDT_VECTORS],
 }
 
 /// A program's position-independent machine code and its entry points as offsets.
@@ -33,7 +36,7 @@ impl ProgramImage {
     /// use vmhost_guest::{EntryPoints, ProgramImage};
     /// let image = ProgramImage {
     ///     code: &[0xf4],
-    ///     offsets: EntryPoints { entry: 0, user_entry: 0, handlers: [0; 32] },
+    ///     offsets: EntryPoints { entry: 0, user_entry: 0, handlers: [0; 34] },
     /// };
     /// assert_eq!(image.entry_points_at(0x1000).unwrap().entry, 0x1000);
     /// assert!(image.entry_points_at(0x1001).is_none());
@@ -42,7 +45,7 @@ impl ProgramImage {
         if base % CODE_ALIGN != 0 {
             return None;
         }
-        let mut handlers = [0u64; 32];
+        let mut handlers = [0u64; IDT_VECTORS];
         for (h, off) in handlers.iter_mut().zip(self.offsets.handlers) {
             *h = base.checked_add(off)?;
         }

@@ -162,6 +162,10 @@ pub struct Mailbox {
     pub bench_count: u64,
     /// In/out: per-cell benchmark.
     pub bench: [BenchSlot; MAX_BENCH_CELLS],
+    /// Out (`idle`): LAPIC timer ticks taken while idling, one per
+    /// [`crate::abi::TICK_COUNT`] timer counts. `idle` also writes `tsc_start` once, at its
+    /// start: with `ticks` it shows that a restored guest continued rather than started again.
+    pub ticks: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<Mailbox>() <= 4096);
@@ -194,6 +198,7 @@ impl Mailbox {
             cpuid: [CpuidSlot::default(); MAX_CPUID],
             bench_count: 0,
             bench: [BenchSlot::default(); MAX_BENCH_CELLS],
+            ticks: 0,
         }
     }
 }
@@ -232,6 +237,7 @@ pub mod off {
         CPUID = cpuid;
         BENCH_COUNT = bench_count;
         BENCH = bench;
+        TICKS = ticks;
     }
 
     /// Size of one [`CpuidSlot`].

@@ -80,6 +80,30 @@ pub const KVM_GET_REGS: u64 = ioc(IOC_READ, KVMIO, 0x81, 144);
 pub const KVM_TRANSLATE: u64 = ioc(IOC_READ | IOC_WRITE, KVMIO, 0x85, 24);
 /// `KVM_GET_VCPU_EVENTS` (`struct kvm_vcpu_events`, 64 bytes): a triple fault's exception.
 pub const KVM_GET_VCPU_EVENTS: u64 = ioc(IOC_READ, KVMIO, 0x9f, 64);
+/// A vCPU's state saved by its own thread while parked for a capture (`VcpuState::save`):
+/// `KVM_GET_MP_STATE` (`struct kvm_mp_state`, 4 bytes), `KVM_GET_SREGS` (312),
+/// `KVM_GET_XSAVE` and `KVM_GET_XSAVE2` (`struct kvm_xsave`, 4096), `KVM_GET_XCRS` (392),
+/// `KVM_GET_DEBUGREGS` (128), `KVM_GET_LAPIC` (1024), `KVM_GET_TSC_KHZ`, `KVM_GET_MSRS`
+/// (`struct kvm_msrs` header, 8); with [`KVM_GET_REGS`] and [`KVM_GET_VCPU_EVENTS`].
+pub const KVM_VCPU_STATE_GETS: [u64; 9] = [
+    ioc(IOC_READ, KVMIO, 0x98, 4),
+    ioc(IOC_READ, KVMIO, 0x83, 312),
+    ioc(IOC_READ, KVMIO, 0xa4, 4096),
+    ioc(IOC_READ, KVMIO, 0xcf, 4096),
+    ioc(IOC_READ, KVMIO, 0xa6, 392),
+    ioc(IOC_READ, KVMIO, 0xa1, 128),
+    ioc(IOC_READ, KVMIO, 0x8e, 1024),
+    ioc(0, KVMIO, 0xa3, 0),
+    ioc(IOC_READ | IOC_WRITE, KVMIO, 0x88, 8),
+];
+/// The VM's state saved by the thread that captures it (`VmState::save`): `KVM_GET_IRQCHIP`
+/// (`struct kvm_irqchip`, 520 bytes), `KVM_GET_PIT2` (`struct kvm_pit_state2`, 112),
+/// `KVM_GET_CLOCK` (`struct kvm_clock_data`, 48).
+pub const KVM_VM_STATE_GETS: [u64; 3] = [
+    ioc(IOC_READ | IOC_WRITE, KVMIO, 0x62, 520),
+    ioc(IOC_READ, KVMIO, 0x9f, 112),
+    ioc(IOC_READ, KVMIO, 0x7c, 48),
+];
 /// `KVM_IRQ_LINE` (`struct kvm_irq_level`, 8 bytes): the ACPI power button (GED).
 pub const KVM_IRQ_LINE: u64 = ioc(IOC_WRITE, KVMIO, 0x61, 8);
 /// `KVM_GET_DIRTY_LOG` (`struct kvm_dirty_log`, 16 bytes): a memslot's dirty pages, read and
@@ -198,6 +222,16 @@ const VCPU: &[&[(i64, Rule)]] = &[
             KVM_GET_REGS,
             KVM_TRANSLATE,
             KVM_GET_VCPU_EVENTS,
+            // A capture: the vCPU thread saves its own state while parked.
+            KVM_VCPU_STATE_GETS[0],
+            KVM_VCPU_STATE_GETS[1],
+            KVM_VCPU_STATE_GETS[2],
+            KVM_VCPU_STATE_GETS[3],
+            KVM_VCPU_STATE_GETS[4],
+            KVM_VCPU_STATE_GETS[5],
+            KVM_VCPU_STATE_GETS[6],
+            KVM_VCPU_STATE_GETS[7],
+            KVM_VCPU_STATE_GETS[8],
             // Device status writes: a virtio-net tap's offloads, the vhost-vsock start/stop.
             TUNSETOFFLOAD,
             VHOST_SET_FEATURES,
@@ -227,8 +261,14 @@ const VMM: &[&[(i64, Rule)]] = &[
     SPAWN,
     &[
         (SYS_exit_group, Rule::Any),
-        // A running vhost-vsock device stopped when the devices are dropped.
-        ioctl(&[VHOST_VSOCK_SET_RUNNING]),
+        // A running vhost-vsock device stopped when the devices are dropped; a capture (the
+        // VM's irqchip, PIT and clock) made from this thread.
+        ioctl(&[
+            VHOST_VSOCK_SET_RUNNING,
+            KVM_VM_STATE_GETS[0],
+            KVM_VM_STATE_GETS[1],
+            KVM_VM_STATE_GETS[2],
+        ]),
     ],
 ];
 
@@ -242,7 +282,13 @@ const API: &[&[(i64, Rule)]] = &[
         (SYS_shutdown, Rule::Any),
         // The socket file, removed when the server stops.
         (SYS_unlink, Rule::Any),
-        ioctl(&[KVM_IRQ_LINE]),
+        // The power button; a capture (the VM's irqchip, PIT and clock) started by a request.
+        ioctl(&[
+            KVM_IRQ_LINE,
+            KVM_VM_STATE_GETS[0],
+            KVM_VM_STATE_GETS[1],
+            KVM_VM_STATE_GETS[2],
+        ]),
     ],
     // `GET /vm/placement` and `/vm/resources` read `/proc` and the cgroup.
     READ_FILES,

@@ -21,6 +21,28 @@ fn the_ioctl_numbers_are_linux_s() {
     assert_eq!(filters::KVM_TRANSLATE, 0xc018_ae85);
     assert_eq!(filters::KVM_GET_VCPU_EVENTS, 0x8040_ae9f);
     assert_eq!(filters::KVM_IRQ_LINE, 0x4008_ae61);
+    assert_eq!(
+        filters::KVM_VCPU_STATE_GETS,
+        [
+            0x8004_ae98, // KVM_GET_MP_STATE
+            0x8138_ae83, // KVM_GET_SREGS
+            0x9000_aea4, // KVM_GET_XSAVE
+            0x9000_aecf, // KVM_GET_XSAVE2
+            0x8188_aea6, // KVM_GET_XCRS
+            0x8080_aea1, // KVM_GET_DEBUGREGS
+            0x8400_ae8e, // KVM_GET_LAPIC
+            0xaea3,      // KVM_GET_TSC_KHZ
+            0xc008_ae88, // KVM_GET_MSRS
+        ]
+    );
+    assert_eq!(
+        filters::KVM_VM_STATE_GETS,
+        [
+            0xc208_ae62, // KVM_GET_IRQCHIP
+            0x8070_ae9f, // KVM_GET_PIT2
+            0x8030_ae7c, // KVM_GET_CLOCK
+        ]
+    );
     assert_eq!(filters::KVM_GET_DIRTY_LOG, 0x4010_ae42);
     assert_eq!(filters::KVM_SET_USER_MEMORY_REGION, 0x4020_ae46);
     assert_eq!(filters::TCSETS_REQ, libc::TCSETS);

@@ -22,6 +22,8 @@ use kvm_ioctls::VmFd;
 use serde::Serialize;
 
 use crate::dirty::DirtyLog;
+use crate::persist::{PersistError, VcpuState};
+use crate::snapshot::CaptureError;
 use crate::sys;
 
 /// How long [`VmHandle::pause`] waits for every vCPU to park.
@@ -103,6 +105,15 @@ struct Lifecycle {
     /// Of those, parked.
     parked: usize,
     tids: Vec<Option<i32>>,
+    /// A capture in progress: parked vCPUs save their state into it.
+    save: Option<SaveJob>,
+}
+
+/// One capture: each parked vCPU thread saves its own state into its slot.
+struct SaveJob {
+    /// Tells this capture's results from a later one's.
+    id: u64,
+    results: Vec<Option<Result<VcpuState, PersistError>>>,
 }
 
 /// State shared by the VM, its vCPU threads, the emulator thread and the handles.
@@ -115,6 +126,10 @@ pub(crate) struct Control {
     changed: Condvar,
     /// A Linux guest's VM, to raise the power button's interrupt (weak: the `Vm` owns it).
     power_button: Mutex<Option<Weak<VmFd>>>,
+    /// What a capture reads besides the vCPUs (set when the VM is built).
+    pub(crate) snapshot: Mutex<Option<crate::snapshot::Source>>,
+    /// Numbers capture jobs.
+    save_ids: AtomicUsize,
     /// The VM's dirty page log (live migration), set once the VM is built (weak: the `Vm`
     /// owns it, and with it a reference to the guest RAM).
     dirty: OnceLock<Weak<DirtyLog>>,
@@ -139,9 +154,12 @@ impl Control {
                 active: 0,
                 parked: 0,
                 tids: vec![None; vcpus],
+                save: None,
             }),
             changed: Condvar::new(),
             power_button: Mutex::new(None),
+            snapshot: Mutex::new(None),
+            save_ids: AtomicUsize::new(0),
             dirty: OnceLock::new(),
         }
     }
@@ -270,9 +288,14 @@ impl Control {
         self.state_of(&lock(&self.life))
     }
 
-    /// Called by a vCPU thread at the top of its run loop: while a pause is requested (and no
-    /// stop), waits parked. Returns true when it parked.
-    pub fn park_if_paused(&self) -> bool {
+    /// Called by vCPU thread `vcpu` at the top of its run loop: while a pause is requested
+    /// (and no stop), waits parked; while parked it answers a capture ([`Control::save_vcpus`])
+    /// by calling `save` on its own thread. Returns true when it parked.
+    pub fn park_if_paused(
+        &self,
+        vcpu: usize,
+        save: &mut dyn FnMut() -> Result<VcpuState, PersistError>,
+    ) -> bool {
         let mut l = lock(&self.life);
         if !l.pause_requested || self.stop_requested() {
             return false;
@@ -280,10 +303,85 @@ impl Control {
         l.parked += 1;
         self.changed.notify_all();
         while l.pause_requested && !self.stop_requested() {
+            let job = l
+                .save
+                .as_ref()
+                .filter(|j| j.results.get(vcpu).is_some_and(Option::is_none))
+                .map(|j| j.id);
+            if let Some(id) = job {
+                drop(l);
+                let result = save();
+                l = lock(&self.life);
+                if let Some(j) = l.save.as_mut().filter(|j| j.id == id) {
+                    j.results[vcpu] = Some(result);
+                }
+                self.changed.notify_all();
+                continue;
+            }
             l = self.changed.wait(l).unwrap_or_else(PoisonError::into_inner);
         }
         l.parked -= 1;
         true
+    }
+
+    /// Has every vCPU thread, parked by a pause, save its own state, and returns the states by
+    /// vCPU index. Refused unless the VM is paused with every vCPU still in its run loop; gives
+    /// up after `timeout` or when the VM stops meanwhile.
+    pub fn save_vcpus(&self, timeout: Duration) -> Result<Vec<VcpuState>, CaptureError> {
+        let mut l = lock(&self.life);
+        let state = self.state_of(&l);
+        if state != VmState::Paused {
+            return Err(CaptureError::NotPaused { state });
+        }
+        if let Some(vcpu) = l.tids.iter().position(Option::is_none) {
+            return Err(CaptureError::VcpuGone { vcpu });
+        }
+        if l.active != self.kicks.len() {
+            return Err(CaptureError::VcpuGone { vcpu: l.active });
+        }
+        if l.save.is_some() {
+            return Err(CaptureError::InProgress);
+        }
+        let id = self.save_ids.fetch_add(1, Ordering::SeqCst) as u64;
+        l.save = Some(SaveJob {
+            id,
+            results: (0..self.kicks.len()).map(|_| None).collect(),
+        });
+        self.changed.notify_all();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let done = l
+                .save
+                .as_ref()
+                .is_some_and(|j| j.id == id && j.results.iter().all(Option::is_some));
+            if done {
+                let job = l.save.take().map_or_else(Vec::new, |j| j.results);
+                return job
+                    .into_iter()
+                    .enumerate()
+                    .map(|(vcpu, r)| match r {
+                        Some(Ok(s)) => Ok(s),
+                        Some(Err(source)) => Err(CaptureError::Vcpu { vcpu, source }),
+                        None => Err(CaptureError::VcpuGone { vcpu }),
+                    })
+                    .collect();
+            }
+            let now = Instant::now();
+            let state = self.state_of(&l);
+            if state != VmState::Paused || now >= deadline {
+                l.save = None;
+                return Err(if now >= deadline {
+                    CaptureError::Timeout { timeout }
+                } else {
+                    CaptureError::NotPaused { state }
+                });
+            }
+            l = self
+                .changed
+                .wait_timeout(l, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 
     /// Requests a pause, kicks every vCPU and waits up to `timeout` for all running ones to
@@ -571,8 +669,88 @@ mod tests {
         assert!(lock(&c.kicks[0]).is_none());
     }
 
+    /// A vCPU state that says which vCPU saved it (`mp_state`) and on which thread
+    /// (`tsc_khz` = the saving thread's id).
+    fn fake_state(vcpu: usize) -> VcpuState {
+        VcpuState {
+            cpuid: Vec::new(),
+            regs: Vec::new(),
+            sregs: Vec::new(),
+            xsave: Vec::new(),
+            xcrs: Vec::new(),
+            debug_regs: Vec::new(),
+            lapic: Vec::new(),
+            msrs: Vec::new(),
+            events: Vec::new(),
+            mp_state: u32::try_from(vcpu).unwrap(),
+            tsc_khz: u32::try_from(sys::gettid()).unwrap(),
+        }
+    }
+
+    #[test]
+    fn each_parked_vcpu_saves_its_own_state_on_its_own_thread() {
+        let c = Arc::new(Control::new(2));
+        c.mark_started();
+        let (_, threads) = fake_vcpus(&c, 2);
+        let err = c.save_vcpus(Duration::from_secs(5)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CaptureError::NotPaused {
+                    state: VmState::Running
+                }
+            ),
+            "{err}"
+        );
+        c.pause(Duration::from_secs(5)).unwrap();
+        let tids = c.vcpu_threads();
+        for _ in 0..2 {
+            let states = c.save_vcpus(Duration::from_secs(5)).unwrap();
+            assert_eq!(states.len(), 2);
+            for (i, s) in states.iter().enumerate() {
+                assert_eq!(s.mp_state as usize, i, "vCPU {i}'s slot");
+                assert_eq!(
+                    i64::from(s.tsc_khz),
+                    i64::from(tids[i].1),
+                    "saved on vcpu{i}'s thread"
+                );
+            }
+        }
+        assert_eq!(c.state(), VmState::Paused, "still paused");
+        c.request_stop(StopReason::Requested);
+        for t in threads {
+            t.join().unwrap();
+        }
+        let err = c.save_vcpus(Duration::from_secs(5)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CaptureError::NotPaused {
+                    state: VmState::Stopped
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_capture_with_a_vcpu_that_has_ended_names_it() {
+        let c = Arc::new(Control::new(2));
+        c.mark_started();
+        // vCPU 1's thread has ended (or never started); vCPU 0 runs and parks.
+        let (_, threads) = fake_vcpus(&c, 1);
+        c.pause(Duration::from_secs(5)).unwrap();
+        let err = c.save_vcpus(Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(err, CaptureError::VcpuGone { vcpu: 1 }), "{err}");
+        assert_eq!(c.state(), VmState::Paused);
+        c.request_stop(StopReason::Requested);
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
     /// `n` fake vCPU threads that register and loop on `park_if_paused` until a stop, counting
-    /// their iterations.
+    /// their iterations; parked, they answer a capture with [`fake_state`].
     fn fake_vcpus(
         c: &Arc<Control>,
         n: usize,
@@ -591,7 +769,7 @@ mod tests {
                     let reg = c.register(i);
                     tx.send(()).unwrap();
                     while !c.stop_requested() {
-                        c.park_if_paused();
+                        c.park_if_paused(i, &mut || Ok(fake_state(i)));
                         count.fetch_add(1, Ordering::SeqCst);
                         std::thread::sleep(Duration::from_micros(200));
                     }

@@ -11,7 +11,8 @@
 //!
 //! Flow: spec → plan → guest memory → [`Vm::new`] → [`Vm::run`] → [`RunReport`]. Stopping
 //! early: [`Vm::stop_handle`] (or [`stop_on_signals`] for SIGINT/SIGTERM); pausing, resuming
-//! and the VM's state: [`Vm::handle`]. Placement audit: [`thread_placements`]; the binary's
+//! and the VM's state: [`Vm::handle`]. Snapshot and restore: [`VmHandle::capture`] (of a paused
+//! VM) gives a [`persist::SavedVm`], [`Vm::restore`] builds a VM that continues from one. Placement audit: [`thread_placements`]; the binary's
 //! main thread: [`pin_current_thread_to_emulator`].
 //!
 //! A Linux guest's VM ends when the guest powers off (ACPI S5 through the FADT's sleep control
@@ -61,6 +62,7 @@ pub mod persist;
 pub mod placement;
 pub mod report;
 mod setup;
+mod snapshot;
 mod sys;
 pub mod unknown;
 pub mod vcpu;
@@ -82,6 +84,7 @@ pub use placement::{
     PlacementError, ThreadPlacement,
 };
 pub use report::{BootReport, LinuxEntry, RunReport, RunStatus, VcpuOutcome, VcpuReport};
+pub use snapshot::CaptureError;
 pub use sys::restore_terminal;
 pub use vcpu::{UnknownAccessPolicy, VcpuError};
 pub use vm::{GuestRam, StartHook, Vm, VmError, VmOptions};

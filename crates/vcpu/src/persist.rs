@@ -14,16 +14,22 @@
 //! - Before creating the target VM, [`VcpuState::check_compatible`] with the target's
 //!   [`TargetCaps`]: a different TSC frequency or a CPUID feature the target KVM cannot give
 //!   is refused there.
-//! - On the target: create the VM, its irqchip and PIT, the memslots and the vCPUs, restore
-//!   [`VmState`], then each [`VcpuState`], then run. A restore that fails leaves the target
+//! - On the target: create the VM, its irqchip and PIT and the memslots, restore [`VmState`]
+//!   (it needs no vCPU: `Vm::restore` loads it before the vCPU threads create their vCPUs),
+//!   then each [`VcpuState`] on a fresh vCPU, then run. A restore that fails leaves the target
 //!   partly loaded: discard that VM, never run it.
+//!
+//! [`SavedVm`] gathers a whole VM's state; `VmHandle::capture` and `Vm::restore` move it out
+//! of and into a running VM, [`check_target`] checks a host first.
 
 mod compat;
 mod raw;
+mod saved;
 mod vcpu;
 mod vm;
 
 pub use compat::{CompatError, TargetCaps};
+pub use saved::{check_target, DevicesState, PendingDevicesState, SavedPayload, SavedVm};
 pub use vcpu::{
     CpuidEntry, MsrEntry, VcpuState, VcpuStateLayout, MSR_IA32_TSC, MSR_IA32_TSC_DEADLINE,
 };

@@ -25,6 +25,7 @@ use crate::control::{Control, Gate};
 use crate::devices::LinuxDevices;
 use crate::exits::{handle_exit, next_exit, Exit, Step};
 use crate::payload::mailbox::Mailbox;
+use crate::persist::{PersistError, VcpuState, VcpuStateLayout};
 use crate::report::VcpuOutcome;
 use crate::sys;
 use crate::unknown::UnknownLog;
@@ -118,6 +119,15 @@ pub enum VcpuError {
         #[source]
         source: arch::CpuidError,
     },
+    /// The saved state could not be loaded into the vCPU.
+    #[error("vCPU {vcpu}: cannot load its saved state")]
+    Restore {
+        /// vCPU index.
+        vcpu: u32,
+        /// The cause.
+        #[source]
+        source: PersistError,
+    },
     /// The mailbox could not be read or written.
     #[error("vCPU {vcpu}: cannot access its mailbox at GPA {gpa:#x}")]
     Mailbox {
@@ -141,6 +151,8 @@ pub(crate) enum VcpuStart {
     LinuxBoot(Box<CpuState>),
     /// A Linux guest's application processor: left waiting for INIT/SIPI.
     LinuxWaitForSipi,
+    /// A restored vCPU: its saved state is loaded instead (CPUID included).
+    Restore(Box<VcpuState>),
 }
 
 /// Everything one vCPU thread needs, prepared by the VM.
@@ -184,6 +196,8 @@ pub(crate) struct VcpuContext {
     pub events: Sender<Event>,
     /// The resolved policy (never `Auto`).
     pub policy: UnknownAccessPolicy,
+    /// What each vCPU saves (MSR list, XSAVE size), probed once for the VM.
+    pub layout: Arc<VcpuStateLayout>,
 }
 
 /// What vCPU threads tell the emulator thread.
@@ -220,7 +234,7 @@ pub(crate) fn thread_main(cfg: VcpuConfig, ctx: VcpuContext) {
         })?;
         Ok(v)
     });
-    let (mut fd, tsc_khz) = match filtered {
+    let (mut fd, tsc_khz, cpuid) = match filtered {
         Ok(v) => v,
         Err(e) => {
             ctx.control.set_tid(vcpu, None);
@@ -247,7 +261,7 @@ pub(crate) fn thread_main(cfg: VcpuConfig, ctx: VcpuContext) {
         // `fd`; the guard is dropped on this thread, before `fd`.
         let _target = unsafe { sys::KickTarget::set(ie) };
         let _kick = ctx.control.register(vcpu);
-        run_loop(&mut fd, vcpu, &ctx, ie, &mut stats)
+        run_loop(&mut fd, vcpu, &ctx, ie, &cpuid, &mut stats)
     } else {
         VcpuOutcome::NotStarted
     };
@@ -261,7 +275,9 @@ pub(crate) fn thread_main(cfg: VcpuConfig, ctx: VcpuContext) {
     });
 }
 
-fn setup(cfg: &VcpuConfig, ctx: &VcpuContext) -> Result<(VcpuFd, u32), VcpuError> {
+/// Pins the thread, creates the vCPU and gives it its start state; returns it with its TSC
+/// rate and the CPUID it was given (which a capture saves).
+fn setup(cfg: &VcpuConfig, ctx: &VcpuContext) -> Result<(VcpuFd, u32, CpuId), VcpuError> {
     let vcpu = u32::try_from(cfg.index).unwrap_or(u32::MAX);
     if !cfg.cpus.is_empty() {
         sys::pin_current_thread(&cfg.cpus).map_err(|source| VcpuError::Pin {
@@ -284,12 +300,33 @@ fn setup(cfg: &VcpuConfig, ctx: &VcpuContext) -> Result<(VcpuFd, u32), VcpuError
         .create_vcpu(u64::from(cfg.kvm_id))
         .map_err(kvm("KVM_CREATE_VCPU"))?;
     let tsc_khz = fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?;
+    if let VcpuStart::Restore(state) = &cfg.start {
+        // The saved state carries the CPUID and the payload's mailbox its TSC rate.
+        let restore = |source| VcpuError::Restore { vcpu, source };
+        state.restore(&fd, &ctx.layout).map_err(restore)?;
+        let cpuid = state.kvm_cpuid().map_err(restore)?;
+        return Ok((fd, tsc_khz, cpuid));
+    }
     let cpuid = arch::cpuid::with_tsc_khz(vcpu, &cfg.cpuid, tsc_khz)
         .map_err(|source| VcpuError::Cpuid { vcpu, source })?;
     fd.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
     if matches!(ctx.guest, GuestCtx::Linux { .. }) {
         arch::pv::prime_xsave(&fd, &cpuid, vcpu);
     }
+    set_start_state(cfg, ctx, &fd)?;
+    if let GuestCtx::Payload { boot, boot_mem } = &ctx.guest {
+        let gpa = boot.mailbox(cfg.index) + std::mem::offset_of!(Mailbox, tsc_khz) as u64;
+        boot_mem
+            .write_obj(u64::from(tsc_khz), GuestAddress(gpa))
+            .map_err(|source| VcpuError::Mailbox { vcpu, gpa, source })?;
+    }
+    Ok((fd, tsc_khz, cpuid))
+}
+
+/// Registers and MP state of a vCPU that boots (not of a restored one).
+fn set_start_state(cfg: &VcpuConfig, ctx: &VcpuContext, fd: &VcpuFd) -> Result<(), VcpuError> {
+    let vcpu = u32::try_from(cfg.index).unwrap_or(u32::MAX);
+    let kvm = |op: &'static str| move |source| VcpuError::Kvm { vcpu, op, source };
     let ioctl = |(op, source): arch::linux::IoctlError| VcpuError::Kvm { vcpu, op, source };
     match (&cfg.start, &ctx.guest) {
         (
@@ -312,22 +349,16 @@ fn setup(cfg: &VcpuConfig, ctx: &VcpuContext) -> Result<(VcpuFd, u32), VcpuError
             }
         }
         (VcpuStart::LinuxBoot(state), _) => {
-            arch::linux::set_lint(&fd).map_err(ioctl)?;
-            arch::msrs::set_boot_msrs(&fd).map_err(ioctl)?;
-            arch::linux::set_boot_state(&fd, state).map_err(ioctl)?;
+            arch::linux::set_lint(fd).map_err(ioctl)?;
+            arch::msrs::set_boot_msrs(fd).map_err(ioctl)?;
+            arch::linux::set_boot_state(fd, state).map_err(ioctl)?;
         }
         _ => {
-            arch::linux::set_lint(&fd).map_err(ioctl)?;
-            arch::msrs::set_boot_msrs(&fd).map_err(ioctl)?;
+            arch::linux::set_lint(fd).map_err(ioctl)?;
+            arch::msrs::set_boot_msrs(fd).map_err(ioctl)?;
         }
     }
-    if let GuestCtx::Payload { boot, boot_mem } = &ctx.guest {
-        let gpa = boot.mailbox(cfg.index) + std::mem::offset_of!(Mailbox, tsc_khz) as u64;
-        boot_mem
-            .write_obj(u64::from(tsc_khz), GuestAddress(gpa))
-            .map_err(|source| VcpuError::Mailbox { vcpu, gpa, source })?;
-    }
-    Ok((fd, tsc_khz))
+    Ok(())
 }
 
 /// Exits counted for the report.
@@ -342,6 +373,7 @@ fn run_loop(
     vcpu: usize,
     ctx: &VcpuContext,
     ie: *const AtomicU8,
+    cpuid: &CpuId,
     stats: &mut Stats,
 ) -> VcpuOutcome {
     let devices = match &ctx.guest {
@@ -350,7 +382,8 @@ fn run_loop(
     };
     let mut unknown = UnknownLog::default();
     loop {
-        if ctx.control.park_if_paused() {
+        let mut save = || VcpuState::save(fd, &ctx.layout, cpuid);
+        if ctx.control.park_if_paused(vcpu, &mut save) {
             // A pause kick may have left `immediate_exit` set; a stop arriving after this
             // store sets it again, and is seen below or makes KVM_RUN return at once.
             // SAFETY: `ie` points into this vCPU's kvm_run mapping, live while `fd` is.

@@ -13,16 +13,17 @@
 //! `virtio_mmio.device=` on its command line; see `vmhost_plan::Plan::virtio_cmdline`).
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
-use vmhost_devices::bus::{Access, BusError, MmioBus};
-use vmhost_devices::host::{HostDevices, HostError};
+use vmhost_devices::bus::{Access, BusError, MmioBus, SharedTransport};
+use vmhost_devices::host::{HostDevices, HostError, PreparedDevice};
 use vmhost_devices::mmio::{INTERRUPT_ACK_OFFSET, QUEUE_NOTIFY_OFFSET};
-use vmhost_devices::worker::{IoSource, IoThread, WorkerError};
-use vmhost_devices::{Interrupt, MmioError, MmioTransport};
+use vmhost_devices::persist::{restore_slot, save_transports, VirtioSlotState};
+use vmhost_devices::worker::{IoSource, IoThread, WorkerError, STOP_WAIT};
+use vmhost_devices::{Interrupt, MmioError, MmioTransport, PersistError};
 use vmhost_memory::GuestMemoryMmap;
-use vmhost_plan::devices::DevicePlan;
+use vmhost_plan::devices::{DevicePlan, VirtioSlot};
 use vmhost_plan::iothreads::IO_THREAD_PREFIX;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -97,6 +98,9 @@ pub enum VirtioError {
     /// An I/O thread ended before it reported that it was pinned.
     #[error("I/O thread {0} ended before it started serving")]
     NoStart(String),
+    /// The saved device state does not fit the devices built here.
+    #[error("restoring the virtio devices")]
+    Restore(#[source] PersistError),
     /// The plan gives a device no I/O thread (a bug in the plan).
     #[error("the plan gives the virtio device at {base:#x} no I/O thread")]
     Unserved {
@@ -174,6 +178,45 @@ impl VirtioAttachment {
     pub fn describe(&self) -> Vec<String> {
         self.describe.clone()
     }
+
+    /// Quiesces the devices: every I/O thread completes the requests it was handed or
+    /// notified of and parks ([`IoThread::pause`]); waits at most [`STOP_WAIT`] per thread
+    /// (storage that does not answer fails the pause, naming the thread). All threads are
+    /// asked first, then waited for.
+    pub fn pause_io(&self) -> Result<(), WorkerError> {
+        for t in &self._io {
+            t.ask_pause();
+        }
+        for t in &self._io {
+            t.wait_paused(STOP_WAIT)?;
+        }
+        Ok(())
+    }
+
+    /// Lets paused I/O threads serve their devices again (the VM runs on here: a snapshot
+    /// without `--stop`, a failed migration).
+    pub fn resume_io(&self) {
+        for t in &self._io {
+            t.resume();
+        }
+    }
+
+    /// The state of every device, in slot order. Quiesces the I/O threads first
+    /// ([`VirtioAttachment::pause_io`]) and leaves them paused: guest RAM and the devices must
+    /// not change until the VM resumes ([`VirtioAttachment::resume_io`]) or ends.
+    pub fn save(&self) -> Result<Vec<VirtioSlotState>, PersistError> {
+        self.pause_io().map_err(PersistError::Quiesce)?;
+        save_transports(self.bus.transports())
+    }
+
+    /// After [`attach_restored`], once the VM's interrupt controller is restored and before
+    /// the vCPUs run: each device raises an interrupt that was pending when it was saved and
+    /// serves what its queues hold ([`MmioTransport::resume`]).
+    pub fn resume_restored(&self) {
+        for (_, t) in self.bus.transports() {
+            t.lock().unwrap_or_else(PoisonError::into_inner).resume();
+        }
+    }
 }
 
 /// Attaches `plan`'s devices of VM `vm` to `fd` over guest memory `mem`; scratch images go to
@@ -186,6 +229,40 @@ pub fn attach(
     vm: &str,
     mem: &GuestMemoryMmap,
     run_dir: &Path,
+) -> Result<VirtioAttachment, VirtioError> {
+    attach_with(fd, plan, vm, mem, run_dir, None)
+}
+
+/// As [`attach`] for a restored VM (snapshot restore, migration target): the devices are
+/// built from the plan as on a fresh start, then each slot's saved transport, queue and device
+/// state (`saved`, in slot order) is applied before its I/O thread starts. A state that does
+/// not fit the devices built here is refused ([`VirtioError::Restore`]) and nothing runs.
+/// Call [`VirtioAttachment::resume_restored`] once the VM's irqchip state is restored, before
+/// the vCPUs run.
+pub fn attach_restored(
+    fd: &VmFd,
+    plan: &DevicePlan,
+    vm: &str,
+    mem: &GuestMemoryMmap,
+    run_dir: &Path,
+    saved: &[VirtioSlotState],
+) -> Result<VirtioAttachment, VirtioError> {
+    if saved.len() != plan.slots.len() {
+        return Err(VirtioError::Restore(PersistError::SlotCount {
+            saved: saved.len(),
+            built: plan.slots.len(),
+        }));
+    }
+    attach_with(fd, plan, vm, mem, run_dir, Some(saved))
+}
+
+fn attach_with(
+    fd: &VmFd,
+    plan: &DevicePlan,
+    vm: &str,
+    mem: &GuestMemoryMmap,
+    run_dir: &Path,
+    saved: Option<&[VirtioSlotState]>,
 ) -> Result<VirtioAttachment, VirtioError> {
     let mut host =
         HostDevices::prepare(&plan.spec, vm, run_dir).map_err(|source| VirtioError::Host {
@@ -204,53 +281,12 @@ pub fn attach(
     let mut bus = MmioBus::default();
     let mut per_slot = Vec::new();
     let mut acks = Vec::new();
-    for (slot, prepared) in plan.slots.iter().zip(prepared) {
-        let base = slot.base;
-        let evt =
-            || EventFd::new(EFD_NONBLOCK).map_err(|source| VirtioError::EventFd { base, source });
-        let kvm = |op| move |source| VirtioError::Kvm { op, base, source };
-        let irq = evt()?;
-        fd.register_irqfd(&irq, slot.gsi)
-            .map_err(kvm("KVM_IRQFD"))?;
-        // The driver's InterruptACK writes end in KVM (an ioeventfd nobody reads: its counter
-        // only grows, saturating); reads of InterruptStatus acknowledge instead.
-        let ack = evt()?;
-        fd.register_ioevent(
-            &ack,
-            &IoEventAddress::Mmio(base + INTERRUPT_ACK_OFFSET),
-            NoDatamatch,
-        )
-        .map_err(kvm("KVM_IOEVENTFD"))?;
+    for (index, (slot, prepared)) in plan.slots.iter().zip(prepared).enumerate() {
+        let restore = saved.and_then(|s| s.get(index)).map(|s| (index, s));
+        let (transport, sources, ack) = attach_slot(fd, slot, prepared, mem, restore)?;
         acks.push(ack);
-        let interrupt = Arc::new(Interrupt::new(irq));
-        interrupt.set_ack_on_read(true);
-        let device = prepared.device;
-        let queues = device.queue_max_sizes().len();
-        let transport = MmioTransport::new(device, mem.clone(), interrupt)
-            .map_err(|source| VirtioError::Transport { base, source })?;
-        let transport = Arc::new(Mutex::new(transport));
-        let notify = IoEventAddress::Mmio(base + QUEUE_NOTIFY_OFFSET);
-        let mut sources = Vec::new();
-        for queue in 0..queues {
-            let event = evt()?;
-            let index = u32::try_from(queue).unwrap_or(u32::MAX);
-            fd.register_ioevent(&event, &notify, index)
-                .map_err(kvm("KVM_IOEVENTFD"))?;
-            sources.push(IoSource::QueueEvent {
-                transport: transport.clone(),
-                queue,
-                event,
-            });
-        }
-        if let Some((fd, queue)) = prepared.backend {
-            sources.push(IoSource::Backend {
-                transport: transport.clone(),
-                queue,
-                fd,
-            });
-        }
         per_slot.push(sources);
-        bus.insert(base, transport).map_err(VirtioError::Bus)?;
+        bus.insert(slot.base, transport).map_err(VirtioError::Bus)?;
     }
     let (io, io_info) = spawn_io_threads(plan, per_slot)?;
     Ok(VirtioAttachment {
@@ -261,6 +297,64 @@ pub fn attach(
         describe,
         _host: Mutex::new(host),
     })
+}
+
+/// One slot's transport (its saved state applied when `restore` is given), wired to KVM:
+/// the irqfd, the InterruptACK ioeventfd (returned) and the queues' ioeventfds (the sources of
+/// its I/O thread).
+fn attach_slot(
+    fd: &VmFd,
+    slot: &VirtioSlot,
+    prepared: PreparedDevice,
+    mem: &GuestMemoryMmap,
+    restore: Option<(usize, &VirtioSlotState)>,
+) -> Result<(SharedTransport, Vec<IoSource>, EventFd), VirtioError> {
+    let base = slot.base;
+    let evt = || EventFd::new(EFD_NONBLOCK).map_err(|source| VirtioError::EventFd { base, source });
+    let kvm = |op| move |source| VirtioError::Kvm { op, base, source };
+    let irq = evt()?;
+    fd.register_irqfd(&irq, slot.gsi)
+        .map_err(kvm("KVM_IRQFD"))?;
+    // The driver's InterruptACK writes end in KVM (an ioeventfd nobody reads: its counter
+    // only grows, saturating); reads of InterruptStatus acknowledge instead.
+    let ack = evt()?;
+    fd.register_ioevent(
+        &ack,
+        &IoEventAddress::Mmio(base + INTERRUPT_ACK_OFFSET),
+        NoDatamatch,
+    )
+    .map_err(kvm("KVM_IOEVENTFD"))?;
+    let interrupt = Arc::new(Interrupt::new(irq));
+    interrupt.set_ack_on_read(true);
+    let device = prepared.device;
+    let queues = device.queue_max_sizes().len();
+    let mut transport = MmioTransport::new(device, mem.clone(), interrupt)
+        .map_err(|source| VirtioError::Transport { base, source })?;
+    if let Some((index, saved)) = restore {
+        restore_slot(index, base, &mut transport, saved).map_err(VirtioError::Restore)?;
+    }
+    let transport = Arc::new(Mutex::new(transport));
+    let notify = IoEventAddress::Mmio(base + QUEUE_NOTIFY_OFFSET);
+    let mut sources = Vec::new();
+    for queue in 0..queues {
+        let event = evt()?;
+        let index = u32::try_from(queue).unwrap_or(u32::MAX);
+        fd.register_ioevent(&event, &notify, index)
+            .map_err(kvm("KVM_IOEVENTFD"))?;
+        sources.push(IoSource::QueueEvent {
+            transport: transport.clone(),
+            queue,
+            event,
+        });
+    }
+    if let Some((fd, queue)) = prepared.backend {
+        sources.push(IoSource::Backend {
+            transport: transport.clone(),
+            queue,
+            fd,
+        });
+    }
+    Ok((transport, sources, ack))
 }
 
 /// The planned I/O threads (or one unpinned thread for a hand-made plan), each with the

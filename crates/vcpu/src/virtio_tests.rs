@@ -150,6 +150,103 @@ fn a_guest_queue_notify_reaches_the_device_through_the_ioeventfd() {
     );
 }
 
+/// Writes descriptor `index` (a device-writable buffer of `len` bytes at `addr`) and makes
+/// it available as ring entry `slot`.
+fn post_writable(mem: &GuestMemoryMmap, index: u16, addr: u64, len: u32, slot: u16) {
+    let mut d = [0u8; 16];
+    d[..8].copy_from_slice(&addr.to_le_bytes());
+    d[8..12].copy_from_slice(&len.to_le_bytes());
+    d[12..14].copy_from_slice(&2u16.to_le_bytes()); // VRING_DESC_F_WRITE
+    mem.write_slice(&d, GuestAddress(DESC + 16 * u64::from(index)))
+        .unwrap();
+    mem.write_obj(index, GuestAddress(AVAIL + 4 + 2 * u64::from(slot)))
+        .unwrap();
+    mem.write_obj(slot + 1, GuestAddress(AVAIL + 2)).unwrap();
+}
+
+/// A VM with an in-kernel irqchip and `mem` as its RAM.
+fn vm_with(kvm: &Kvm, mem: &GuestMemoryMmap) -> VmFd {
+    let vm = kvm.create_vm().unwrap();
+    vm.create_irq_chip().unwrap();
+    register_memslots(&vm, mem, None).unwrap();
+    vm
+}
+
+/// The devices of one KVM VM are saved (I/O threads quiesced) with one buffer used and one
+/// waiting, carried as JSON, and attached to a second KVM VM over a copy of its RAM: the
+/// restored device has the saved registers and serves the waiting buffer on resume, in the
+/// second VM's RAM only. A state for another set of devices is refused.
+#[test]
+fn devices_saved_from_one_vm_are_restored_into_another() {
+    if !vmhost_testsupport::need_kvm("devices_saved_from_one_vm_are_restored_into_another") {
+        return;
+    }
+    let kvm = Kvm::new().unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let vm = vm_with(&kvm, &mem);
+    let dir = tempfile::tempdir().unwrap();
+    let plan = DevicePlan::new(DeviceSpec {
+        rng: true,
+        ..DeviceSpec::default()
+    });
+    let att = attach(&vm, &plan, "t", &mem, dir.path()).unwrap();
+    handshake(&att);
+    post_writable(&mem, 0, BUF, 64, 0);
+    reg(&att, 0x50, 0); // QueueNotify, served on this thread
+    let used = |m: &GuestMemoryMmap| m.read_obj::<u16>(GuestAddress(USED + 2)).unwrap();
+    assert_eq!(used(&mem), 1);
+    post_writable(&mem, 1, BUF + 0x1000, 32, 1);
+
+    let saved = att.save().unwrap();
+    assert_eq!(saved.len(), 1);
+    let q = saved[0].transport.queues[0];
+    assert_eq!((q.next_avail, q.next_used, q.size), (1, 1, 16));
+    assert_eq!(
+        saved[0].transport.interrupt_status, 1,
+        "not read by the driver yet"
+    );
+    let json = serde_json::to_string(&saved).unwrap();
+    let saved: Vec<VirtioSlotState> = serde_json::from_str(&json).unwrap();
+
+    let mut bytes = vec![0u8; 2 << 20];
+    mem.read_slice(&mut bytes, GuestAddress(0)).unwrap();
+    let target_mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    target_mem.write_slice(&bytes, GuestAddress(0)).unwrap();
+    let target_vm = vm_with(&kvm, &target_mem);
+    let restored =
+        attach_restored(&target_vm, &plan, "t2", &target_mem, dir.path(), &saved).unwrap();
+    let mut status = [0u8; 4];
+    assert!(restored.mmio_read(BASE + 0x70, &mut status));
+    assert_eq!(u32::from_le_bytes(status), 15, "DRIVER_OK restored");
+    restored.resume_restored();
+    assert_eq!(
+        used(&target_mem),
+        2,
+        "the waiting buffer was served on the target"
+    );
+    assert_eq!(
+        target_mem
+            .read_obj::<[u32; 2]>(GuestAddress(USED + 4 + 8))
+            .unwrap(),
+        [1, 32]
+    );
+    let mut isr = [0u8; 4];
+    assert!(restored.mmio_read(BASE + 0x60, &mut isr));
+    assert_eq!(
+        u32::from_le_bytes(isr),
+        1,
+        "the interrupt status carried over"
+    );
+    assert_eq!(used(&mem), 1, "the source did nothing after the save");
+    att.resume_io();
+
+    let none = DevicePlan::new(DeviceSpec::default());
+    let other_vm = vm_with(&kvm, &target_mem);
+    let err = attach_restored(&other_vm, &none, "t3", &target_mem, dir.path(), &saved).unwrap_err();
+    let chain = format!("{:?}", err);
+    assert!(chain.contains("SlotCount"), "{chain}");
+}
+
 #[test]
 fn a_missing_image_fails_attach_with_the_disk_named() {
     if !vmhost_testsupport::need_kvm("a_missing_image_fails_attach_with_the_disk_named") {
@@ -326,4 +423,64 @@ fn overhead_constants_match_the_devices() {
         vmhost_devices::rng::RNG_MAX_REQUEST as u64
     );
     assert_eq!(DIRECT_ALIGN, vmhost_config::devices::DIRECT_BLOCK);
+}
+
+/// A Linux guest's devices — two disks, rng, COM1, the legacy ports — saved as one
+/// `DevicesState` from one KVM VM and restored into another by `LinuxDevices::restore`: the
+/// registers the guest wrote (UART scratch, CMOS index, the disk's DRIVER_OK) read back
+/// there, and the per-run disks are not looked for by `check_restorable`.
+#[test]
+fn linux_devices_are_saved_and_restored_as_one_state() {
+    use crate::devices::serial::{SerialConsole, SerialOut};
+    use crate::devices::LinuxDevices;
+    use vmhost_devices::persist::{check_restorable, DevicesState};
+
+    if !vmhost_testsupport::need_kvm("linux_devices_are_saved_and_restored_as_one_state") {
+        return;
+    }
+    let mut plan = plan_here(TWO_DISKS_RNG);
+    let mine = crate::sys::current_affinity().unwrap();
+    for (i, t) in plan.devices.io_threads.iter_mut().enumerate() {
+        t.host_cpus = vec![mine[i % mine.len()]];
+    }
+    let kvm = Kvm::new().unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+    let vm = vm_with(&kvm, &mem);
+    let (dir, target_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let sink = || {
+        Some(SerialOut(std::sync::Arc::new(std::sync::Mutex::new(
+            std::io::sink(),
+        ))))
+    };
+    let att = attach(&vm, &plan.devices, "t", &mem, dir.path()).unwrap();
+    handshake(&att);
+    let source = LinuxDevices::new(SerialConsole::new(sink()).unwrap()).with_virtio(att);
+    source.pio_write(0x3ff, &[0x77]); // UART scratch
+    source.pio_write(0x70, &[0x0b]); // CMOS index: status B
+
+    let state = source.save().unwrap();
+    assert_eq!(state.virtio.len(), 3);
+    assert_eq!(state.serial.as_ref().map(|s| s.scratch), Some(0x77));
+    assert_eq!(state.legacy.map(|l| l.cmos_index), Some(0x0b));
+    let state: DevicesState =
+        serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+    check_restorable(&state).unwrap();
+
+    let target_vm = vm_with(&kvm, &mem);
+    let target =
+        LinuxDevices::restore(&target_vm, &plan, &mem, sink(), target_dir.path(), &state).unwrap();
+    target.resume_restored();
+    let mut b = [0u8; 1];
+    assert!(target.pio_read(0x3ff, &mut b));
+    assert_eq!(b[0], 0x77, "UART scratch");
+    assert!(target.pio_read(0x71, &mut b));
+    assert_eq!(b[0], 0x02, "CMOS status B through the restored index");
+    let mut status = [0u8; 4];
+    let give_up = || false;
+    assert_eq!(
+        target.mmio_read(BASE + 0x70, &mut status, &give_up),
+        vmhost_devices::bus::Access::Done
+    );
+    assert_eq!(u32::from_le_bytes(status), 15, "the first disk's DRIVER_OK");
+    source.resume_io();
 }

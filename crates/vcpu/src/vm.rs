@@ -24,8 +24,10 @@ use crate::emulator::{self, EmulatorInput, RunGuest, VcpuMeta};
 use crate::linux::{image_name, prepare_linux, KernelSpec};
 use crate::payload::bench::BenchOptions;
 use crate::payload::{PayloadError, PayloadKind};
+use crate::persist::{PersistError, VcpuStateLayout};
 use crate::report::RunReport;
 use crate::setup::prepare_payload;
+use crate::snapshot::Source;
 use crate::vcpu::{GuestCtx, UnknownAccessPolicy, VcpuConfig, VcpuContext, VcpuError};
 
 /// Guest RAM a VM runs on: the mapping and its guest-physical layout.
@@ -256,6 +258,38 @@ pub enum VmError {
     /// The emulator thread panicked (a bug).
     #[error("the emulator thread panicked")]
     EmulatorPanicked,
+    /// Probing, reading or loading saved KVM state failed.
+    #[error("{}the saved state cannot be loaded", .vcpu.map(|v| format!("vCPU {v}: ")).unwrap_or_default())]
+    State {
+        /// The vCPU, when one is concerned.
+        vcpu: Option<usize>,
+        /// The cause.
+        #[source]
+        source: PersistError,
+    },
+    /// A saved VM does not fit the plan it is restored with: another guest topology or guest.
+    #[error(
+        "VM {vm}: {what}: the saved VM has {saved}, the plan {planned}; restore with the spec \
+         the snapshot was taken with"
+    )]
+    RestoreMismatch {
+        /// VM name.
+        vm: String,
+        /// What differs (e.g. "vCPUs", "vCPU 1 APIC ID", "guest").
+        what: String,
+        /// The saved value.
+        saved: String,
+        /// The plan's value.
+        planned: String,
+    },
+    /// This kind of guest cannot be restored yet.
+    #[error("VM {vm}: cannot restore {what}")]
+    RestoreUnsupported {
+        /// VM name.
+        vm: String,
+        /// What and why.
+        what: String,
+    },
 }
 
 pub(crate) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -300,6 +334,7 @@ pub struct Vm {
     meta: Vec<VcpuMeta>,
     emulator_cpus: Vec<u32>,
     control: Arc<Control>,
+    layout: Arc<VcpuStateLayout>,
     policy: UnknownAccessPolicy,
     on_start: Option<StartHook>,
     filter_calling_thread: bool,
@@ -353,6 +388,18 @@ impl Vm {
                 prepare_payload(plan, &ram, &options, crate::payload::kind_of(*payload))?
             }
         };
+        Vm::from_prepared(plan, prepared, ram, &options, t0)
+    }
+
+    /// Wraps a prepared VM (from [`Vm::new`] or [`Vm::restore`]): probes what its vCPUs save,
+    /// records what a capture reads, and keeps `ram` alive as long as the VM.
+    pub(crate) fn from_prepared(
+        plan: &Plan,
+        prepared: Prepared,
+        ram: impl GuestRam,
+        options: &VmOptions,
+        t0: Instant,
+    ) -> Result<Vm, VmError> {
         let linux = matches!(prepared.guest, Guest::Linux { .. });
         let meta = plan
             .vcpus
@@ -368,11 +415,14 @@ impl Vm {
             Some(_) => ConsoleInput::None,
             None => options.console_input,
         };
+        let layout = VcpuStateLayout::probe(&prepared.kvm, &prepared.fd)
+            .map_err(|source| VmError::State { vcpu: None, source })?;
         let fd = Arc::new(prepared.fd);
         let control = Arc::new(Control::new(plan.vcpus.len()));
         if linux {
             control.set_power_button(&fd);
         }
+        *crate::control::lock(&control.snapshot) = Some(Source::new(&fd, &prepared.guest));
         let dirty = crate::dirty::attach(plan, &fd, &ram, linux, &control);
         Ok(Vm {
             fd,
@@ -384,6 +434,7 @@ impl Vm {
             meta,
             emulator_cpus: plan.emulator.host_cpus.clone(),
             control,
+            layout: Arc::new(layout),
             policy: options.unknown_access.resolve(linux),
             on_start: options.on_start.clone(),
             filter_calling_thread: options.filter_calling_thread,
@@ -462,6 +513,7 @@ impl Vm {
                 gate,
                 events,
                 policy: self.policy,
+                layout: Arc::clone(&self.layout),
             },
             run_start,
             vm_setup_seconds: self.setup_seconds,

@@ -208,7 +208,9 @@ fn long_mode_source(kvm: &Kvm) -> Guest {
     let boot = BootLayout::new(BOOT_BASE, 1 << 30, 1, std::slice::from_ref(&ram_range))
         .expect("boot layout");
     let hlt = boot.code + LOOP64.len() as u64 - 1;
-    let area = boot.build(&[hlt; 32]).expect("boot area");
+    let area = boot
+        .build(&[hlt; vmhost_guest::abi::IDT_VECTORS])
+        .expect("boot area");
     area.write_slice(&LOOP64, GuestAddress(boot.code))
         .expect("code");
     let g = guest(kvm, vec![ram, area]);

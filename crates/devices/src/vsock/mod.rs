@@ -33,6 +33,7 @@ use vmhost_memory::GuestMemoryMmap;
 
 use crate::chain::{Chain, ChainError, ChainLimits};
 use crate::device::{serve_queue, DeviceError, VirtioDevice};
+use crate::persist::{DeviceState, StateError};
 use backend::{Backend, BackendError};
 use packet::{Header, HDR_LEN, MAX_PAYLOAD};
 
@@ -237,6 +238,50 @@ impl VirtioDevice for Vsock {
     fn reset(&mut self) {
         self.backend.reset();
     }
+
+    /// The connections' host ends stay on this host: a restored device starts with none and
+    /// tells the guest so (see [`Vsock::restored`]).
+    fn save_state(&mut self, _queues: &mut [Queue]) -> Result<DeviceState, StateError> {
+        Ok(DeviceState::Vsock(VsockState { cid: self.cid }))
+    }
+
+    fn restore_state(&mut self, state: &DeviceState) -> Result<(), StateError> {
+        match state {
+            DeviceState::Vsock(saved) if saved.cid == self.cid => Ok(()),
+            DeviceState::Vsock(saved) => Err(StateError::Mismatch {
+                field: "vsock guest CID",
+                saved: saved.cid.to_string(),
+                built: self.cid.to_string(),
+            }),
+            other => Err(StateError::Kind {
+                saved: other.kind().to_string(),
+                built: "vsock".to_string(),
+            }),
+        }
+    }
+
+    /// The guest's connections ended with the old host: VIRTIO_VSOCK_EVENT_TRANSPORT_RESET
+    /// in its event queue (it then drops them and reads its CID again), as Firecracker does.
+    fn restored(
+        &mut self,
+        queues: &mut [Queue],
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        self.backend.reset();
+        match queues.get_mut(EVENT) {
+            Some(q) if q.ready() => event::post_transport_reset(q, mem),
+            _ => Ok(false),
+        }
+    }
+}
+
+/// virtio-vsock's own state: the guest's CID (checked on restore). Connections do not move:
+/// the restored device resets them with a transport-reset event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VsockState {
+    /// The guest's CID.
+    pub cid: u64,
 }
 
 #[cfg(test)]

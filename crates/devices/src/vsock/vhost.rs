@@ -26,6 +26,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::vhost_sys::{self as sys, MemRegion};
 use super::{EVENT, RX, TX, VSOCK_QUEUE_SIZE};
 use crate::device::{DeviceError, VirtioDevice};
+use crate::persist::{DeviceState, StateError};
 
 /// The kernel's vhost-vsock device node.
 pub const VHOST_VSOCK_PATH: &str = "/dev/vhost-vsock";
@@ -277,6 +278,14 @@ impl VirtioDevice for VhostVsock {
 
     fn reset(&mut self) {
         self.stop();
+    }
+
+    /// Not yet: the kernel holds the rings' positions (VHOST_GET_VRING_BASE stops them) and
+    /// its writes to guest memory need VHOST_F_LOG_ALL for a live migration.
+    fn save_state(&mut self, _queues: &mut [Queue]) -> Result<DeviceState, StateError> {
+        Err(StateError::Unsupported {
+            device: "vsock with backend vhost (use backend unix to snapshot or migrate)",
+        })
     }
 }
 

@@ -3,12 +3,16 @@
 //! ```text
 //! entry (ring 0, emulated on nested hosts: kept short)
 //!     read the CPUID leaves listed in the mailbox, write the results next to them
-//!     halt / idle:  doorbell Ready, then HLT forever
+//!     halt:         doorbell Ready, then HLT forever (interrupts off)
+//!     idle:         note the TSC, start the LAPIC timer, doorbell Ready, then HLT forever with
+//!                   interrupts on: each timer tick counts in the mailbox
 //!     others:       iretq to ring 3 (CS 0x1b, SS 0x23, IOPL 3, IF 0)
 //! user_entry (ring 3, native)
 //!     the payload body (touch, numa-bench, a test fault), then doorbell Done
 //! exception stubs 0..31 (ring 0)
 //!     record vector, error code, RIP, CS, RFLAGS, RSP, CR2 in the mailbox; doorbell Fault; HLT
+//! timer tick (vector 32) and spurious interrupt (33) handlers (ring 0)
+//!     tick: count in the mailbox, EOI; spurious: return
 //! ```
 //!
 //! RSI holds the vCPU's mailbox address throughout (set by the VMM, preserved by iretq); the
@@ -36,7 +40,10 @@ use iced_x86::IcedError;
 pub use asm::AsmError;
 use asm::{assemble_aligned, Asm};
 
-use crate::abi::{UNKNOWN_PORT, UNMAPPED_GPA, UNMAPPED_VA, USER_CS, USER_DS, USER_RFLAGS};
+use crate::abi::{
+    IDT_VECTORS, SPURIOUS_VECTOR, TICK_COUNT, TICK_VECTOR, UNKNOWN_PORT, UNMAPPED_GPA, UNMAPPED_VA,
+    USER_CS, USER_DS, USER_RFLAGS,
+};
 use crate::mailbox::{off, status, Doorbell, DOORBELL_PORT};
 use crate::{EntryPoints, FaultPayload, PayloadKind, CODE_ALIGN};
 
@@ -81,14 +88,15 @@ pub fn assemble(kind: PayloadKind, ip: u64) -> Result<Program, AsmError> {
         emit_ring0_tail(a, kind, user_entry)?;
         a.set_label(&mut user_entry)?;
         emit_ring3(a, kind)?;
-        let handlers = emit_exception_stubs(a)?;
+        let mut handlers = emit_exception_stubs(a)?;
+        handlers.extend(emit_interrupt_handlers(a)?);
         Ok(Labels {
             entry,
             user_entry,
             handlers,
         })
     })?;
-    let mut handlers = [0u64; 32];
+    let mut handlers = [0u64; IDT_VECTORS];
     for (h, l) in handlers.iter_mut().zip(&out.labels.handlers) {
         *h = out.ip_of(l)?;
     }
@@ -157,11 +165,12 @@ fn emit_cpuid_prologue(a: &mut Asm) -> Result<(), IcedError> {
 }
 
 fn emit_ring0_tail(a: &mut Asm, kind: PayloadKind, user_entry: CodeLabel) -> Result<(), IcedError> {
-    if matches!(kind, PayloadKind::Halt | PayloadKind::Idle) {
+    if kind == PayloadKind::Idle {
+        return emit_idle(a);
+    }
+    if kind == PayloadKind::Halt {
         emit_doorbell(a, Doorbell::Ready)?;
-        // Halt: no in-kernel irqchip, so HLT exits to the VMM, which ends the vCPU.
-        // Idle: with the in-kernel irqchip HLT waits in the kernel (IF=0: nothing wakes it)
-        // until the VMM kicks the vCPU thread to stop it.
+        // No in-kernel irqchip, so HLT exits to the VMM, which ends the vCPU.
         let mut halt = a.create_label();
         a.set_label(&mut halt)?;
         a.hlt()?;
@@ -179,6 +188,59 @@ fn emit_ring0_tail(a: &mut Asm, kind: PayloadKind, user_entry: CodeLabel) -> Res
     a.lea(rax, ptr(user_entry))?;
     a.push(rax)?;
     a.iretq()
+}
+
+/// `wrmsr(msr, value)` for a 32-bit value; clobbers RAX, RCX, RDX.
+fn emit_wrmsr(a: &mut Asm, msr: u32, value: u32) -> Result<(), IcedError> {
+    a.mov(ecx, msr)?;
+    a.mov(eax, value)?;
+    a.xor(edx, edx)?;
+    a.wrmsr()
+}
+
+/// `idle`: the TSC at start in `tsc_start` (written once: a restored guest keeps it), the
+/// LAPIC in x2APIC mode with a periodic timer on [`TICK_VECTOR`], doorbell Ready, then HLT
+/// with interrupts on. The in-kernel irqchip keeps the vCPU in the kernel while halted; each
+/// tick wakes it for a few instructions ([`emit_interrupt_handlers`]), until the VMM kicks the
+/// vCPU thread to stop or pause it.
+fn emit_idle(a: &mut Asm) -> Result<(), IcedError> {
+    emit_rdtsc(a)?;
+    a.mov(qword_ptr(rsi + off::TSC_START), rax)?;
+    // IA32_APIC_BASE: global enable (bit 11) and x2APIC mode (bit 10).
+    a.mov(ecx, 0x1bu32)?;
+    a.rdmsr()?;
+    a.or(eax, 0xc00)?;
+    a.wrmsr()?;
+    emit_wrmsr(a, 0x80f, 0x100 | SPURIOUS_VECTOR)?; // SVR: APIC software enable
+    emit_wrmsr(a, 0x83e, 0xb)?; // timer divide by 1
+    emit_wrmsr(a, 0x832, (1 << 17) | TICK_VECTOR)?; // LVT timer: periodic
+    emit_wrmsr(a, 0x838, TICK_COUNT)?; // initial count: starts the timer
+    emit_doorbell(a, Doorbell::Ready)?;
+    a.sti()?;
+    let mut halt = a.create_label();
+    a.set_label(&mut halt)?;
+    a.hlt()?;
+    a.jmp(halt)
+}
+
+/// The timer tick handler (counts in the mailbox through GS, then EOI) and the spurious
+/// interrupt handler (returns, no EOI); returns their labels in vector order.
+fn emit_interrupt_handlers(a: &mut Asm) -> Result<Vec<CodeLabel>, IcedError> {
+    let mut tick = a.create_label();
+    a.set_label(&mut tick)?;
+    a.push(rax)?;
+    a.push(rcx)?;
+    a.push(rdx)?;
+    a.inc(qword_ptr(off::TICKS).gs())?;
+    emit_wrmsr(a, 0x80b, 0)?; // x2APIC EOI
+    a.pop(rdx)?;
+    a.pop(rcx)?;
+    a.pop(rax)?;
+    a.iretq()?;
+    let mut spurious = a.create_label();
+    a.set_label(&mut spurious)?;
+    a.iretq()?;
+    Ok(vec![tick, spurious])
 }
 
 fn emit_ring3(a: &mut Asm, kind: PayloadKind) -> Result<(), IcedError> {

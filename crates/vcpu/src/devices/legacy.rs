@@ -139,6 +139,19 @@ impl Legacy {
             || COM_PORTS.iter().any(|&b| in_range(port, b, 8))
     }
 
+    /// The state that moves with the VM: the CMOS index (the power-off, reset and pvpanic
+    /// ports keep nothing between writes).
+    pub fn save(&self) -> vmhost_devices::persist::LegacyState {
+        vmhost_devices::persist::LegacyState {
+            cmos_index: self.cmos.index,
+        }
+    }
+
+    /// Takes over a saved state.
+    pub fn restore(&mut self, saved: &vmhost_devices::persist::LegacyState) {
+        self.cmos.index = saved.cmos_index;
+    }
+
     /// A read of `data.len()` bytes from `port`; false when the port is not ours.
     pub fn read(&mut self, port: u16, data: &mut [u8]) -> bool {
         if !Self::claims(port) {
@@ -244,6 +257,19 @@ mod tests {
         assert!(l.read(0x64, &mut b));
         assert_eq!(b, [0]);
         assert!(!l.read(0x3f8, &mut b), "COM1 is the serial device's");
+    }
+
+    #[test]
+    fn legacy_state_round_trips() {
+        let mut l = Legacy::default();
+        assert_eq!(l.write(0x70, &[0x0b]), PortAction::Handled);
+        let saved: vmhost_devices::persist::LegacyState =
+            serde_json::from_str(&serde_json::to_string(&l.save()).unwrap()).unwrap();
+        let mut r = Legacy::default();
+        r.restore(&saved);
+        let mut b = [0u8; 1];
+        assert!(r.read(0x71, &mut b));
+        assert_eq!(b[0], 0x02, "status B read through the restored index");
     }
 
     #[test]

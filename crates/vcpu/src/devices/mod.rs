@@ -10,7 +10,10 @@ pub mod console;
 pub mod debugport;
 pub mod legacy;
 pub mod output;
+mod persist;
 pub mod serial;
+
+pub use persist::RestoreError;
 
 use std::sync::{Arc, Mutex};
 

@@ -220,6 +220,10 @@ impl SerialConsole {
     }
 }
 
+#[path = "serial_persist.rs"]
+mod persist;
+pub use persist::SAVE_FLUSH_WAIT;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +258,58 @@ mod tests {
         let mut lsr = [0u8; 1];
         s.read(COM1_BASE + 5, &mut lsr);
         assert_ne!(lsr[0] & 0x20, 0, "THR empty");
+    }
+
+    /// LSR, IER, LCR, the scratch register, the divisor and buffered input survive a save
+    /// and a restore into a fresh console; the restored one raises its pending interrupt.
+    #[test]
+    fn serial_state_round_trips_through_serde() {
+        let sink = || Some(SerialOut(Arc::new(Mutex::new(io::sink()))));
+        let a = SerialConsole::new(sink()).unwrap();
+        a.write(COM1_BASE + 3, &[0x83]); // LCR: DLAB, 8 bits
+        a.write(COM1_BASE, &[0x0c]); // divisor low: 9600 baud
+        a.write(COM1_BASE + 3, &[0x03]); // DLAB off
+        a.write(COM1_BASE + 7, &[0x5a]); // scratch
+        a.write(COM1_BASE + 1, &[0x01]); // IER: data ready interrupt
+        assert_eq!(a.enqueue(b"abc"), 3); // unread: the data-ready interrupt is pending
+        let saved = a.save();
+        let json = serde_json::to_string(&saved).unwrap();
+        let back: vmhost_devices::persist::UartState = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, saved);
+
+        let r = SerialConsole::new(sink()).unwrap();
+        while r.irq_fd().read().is_ok() {}
+        r.restore(&back).unwrap();
+        assert!(
+            r.irq_fd().read().unwrap() >= 1,
+            "data-ready interrupt raised again"
+        );
+        let reg = |port: u16| {
+            let mut b = [0u8; 1];
+            r.read(COM1_BASE + port, &mut b);
+            b[0]
+        };
+        assert_eq!(reg(7), 0x5a, "scratch");
+        assert_eq!(reg(1), 0x01, "IER");
+        assert_eq!(reg(3), 0x03, "LCR");
+        assert_ne!(reg(5) & 1, 0, "LSR: data ready");
+        assert_eq!(
+            [reg(0), reg(0), reg(0)],
+            *b"abc",
+            "the unread input, in order"
+        );
+        assert_eq!(reg(5) & 1, 0, "LSR: drained");
+        r.write(COM1_BASE + 3, &[0x83]);
+        assert_eq!(reg(0), 0x0c, "divisor low");
+    }
+
+    #[test]
+    fn an_oversized_input_buffer_is_refused() {
+        let s = SerialConsole::new(Some(SerialOut(Arc::new(Mutex::new(io::sink()))))).unwrap();
+        let mut bad = s.save();
+        bad.in_buffer = vec![b'x'; 65];
+        let err = s.restore(&bad).unwrap_err();
+        assert!(err.to_string().contains("65 buffered input bytes"), "{err}");
     }
 
     #[test]

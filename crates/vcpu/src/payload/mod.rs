@@ -11,7 +11,7 @@
 //! | `touch` | [`touch`] | Done |
 //! | `numa-bench` | [`bench`](mod@bench) | Done |
 //! | `halt` | none | Ready, then HLT (exits: no in-kernel irqchip) |
-//! | `idle` | none | Ready, then HLT, waiting in the kernel until stopped (in-kernel irqchip) |
+//! | `idle` | none | Ready, then HLT with interrupts on, waiting in the kernel until stopped (in-kernel irqchip); counts its 10 ms LAPIC timer ticks in the mailbox |
 //!
 //! Hidden test payloads ([`FaultPayload`]) fault on purpose.
 //!

@@ -76,6 +76,9 @@ const FEATURE_REGS: [(u32, u32, usize, &str); 9] = [
 /// without listing them as supported.
 const LEAF1_ECX_TSC_DEADLINE: u32 = 1 << 24;
 const LEAF1_ECX_HYPERVISOR: u32 = 1 << 31;
+/// Leaf 1 EDX bit 28 (HTT): a topology bit the VMM sets for a package of several logical
+/// CPUs (`arch::cpuid`), not a feature KVM supplies; `KVM_GET_SUPPORTED_CPUID` may leave it out.
+const LEAF1_EDX_HTT: u32 = 1 << 28;
 
 impl TargetCaps {
     /// Probes this host's KVM. Creates a throwaway VM and vCPU for `KVM_GET_TSC_KHZ`; the
@@ -114,6 +117,9 @@ impl VcpuState {
                     .map_or(0, |e| e.regs[reg])
             };
             let mut allowed = find(&target.supported);
+            if (leaf, reg) == (0x1, 3) {
+                allowed |= LEAF1_EDX_HTT;
+            }
             if (leaf, reg) == (0x1, 2) {
                 allowed |= LEAF1_ECX_HYPERVISOR;
                 if target.tsc_deadline {

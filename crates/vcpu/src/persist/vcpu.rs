@@ -215,7 +215,7 @@ impl VcpuState {
         from_bytes("LAPIC", &self.lapic)
     }
 
-    fn kvm_cpuid(&self) -> Result<CpuId, PersistError> {
+    pub(crate) fn kvm_cpuid(&self) -> Result<CpuId, PersistError> {
         let entries: Vec<kvm_cpuid_entry2> = self.cpuid.iter().map(|e| e.to_kvm()).collect();
         CpuId::from_entries(&entries).map_err(|_| PersistError::TooLong {
             piece: "CPUID",

@@ -1,5 +1,6 @@
 //! The VMM-owned boot area: identity-mapped page tables with 2 MiB pages, a GDT with ring-0
-//! and ring-3 segments and one TSS per vCPU, an IDT for the 32 exception vectors, the guest code
+//! and ring-3 segments and one TSS per vCPU, an IDT for the 32 exception vectors and the
+//! idle payload's timer and spurious interrupts, the guest code
 //! and, per vCPU, a mailbox page and two small stacks; and the special registers that enter
 //! 64-bit mode on it directly.
 //!
@@ -44,8 +45,9 @@ const _: () = assert!(
 );
 /// TSS and bitmap, rounded to pages.
 const TSS_STRIDE: u64 = 3 * PAGE;
-const IDT_VECTORS: usize = 32;
-const IDT_LIMIT: u16 = 32 * 16 - 1;
+use vmhost_guest::abi::IDT_VECTORS;
+#[allow(clippy::cast_possible_truncation)]
+const IDT_LIMIT: u16 = (IDT_VECTORS * 16 - 1) as u16;
 const _: () = assert!(IDT_LIMIT as usize == IDT_VECTORS * 16 - 1);
 
 const PTE_PRESENT: u64 = 1;
@@ -503,7 +505,7 @@ mod tests {
     #[test]
     fn the_area_is_built_with_tables_and_gdt_in_place() {
         let l = BootLayout::new(BASE, LIMIT, 2, &[0..(2 << 20), 0..0]).unwrap();
-        let mem = l.build(&[l.code; 32]).unwrap();
+        let mem = l.build(&[l.code; IDT_VECTORS]).unwrap();
         let pml4: u64 = mem.read_obj(GuestAddress(l.pml4())).unwrap();
         assert_eq!(pml4, l.tables[0][0]);
         let user_cs: u64 = mem

@@ -1,0 +1,408 @@
+//! Taking a running VM's state out ([`VmHandle::capture`]) and building a VM that continues
+//! from it ([`Vm::restore`]): the orchestration around the state types of [`crate::persist`].
+//!
+//! Capture, while the VM is paused (every vCPU parked at the top of its run loop after leaving
+//! `KVM_RUN` through `immediate_exit`): each parked vCPU thread saves its own vCPU's state
+//! ([`VcpuState::save`] with the CPUID the VMM set), then the calling thread saves the VM's
+//! irqchip, PIT and kvmclock ([`VmState::save`], the clock last), then a payload's per-vCPU
+//! boot-area blocks. Restore: the VM is built for the plan as [`Vm::new`] builds it (irqchip,
+//! PIT, memslots, boot area), the saved blocks are written over the fresh ones, the VM state
+//! is loaded, and each vCPU thread creates its vCPU and loads its state ([`VcpuState::restore`])
+//! before the start gate opens; [`Vm::run`] then continues the guest.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::VmFd;
+use vm_memory::{Bytes, GuestAddress};
+use vmhost_config::BootSpec;
+use vmhost_memory::GuestMemoryMmap;
+use vmhost_plan::Plan;
+
+use crate::arch::boot::VCPU_BLOCK;
+use crate::arch::BootLayout;
+use crate::control::{lock, VmHandle, VmState as RunState, PAUSE_TIMEOUT};
+use crate::devices::LinuxDevices;
+use crate::payload::mailbox::Mailbox;
+use crate::payload::PayloadKind;
+use crate::persist::{PersistError, SavedPayload, SavedVm, VmState};
+use crate::setup::prepare_payload;
+use crate::vcpu::VcpuStart;
+use crate::vm::{Guest, GuestRam, Vm, VmError, VmOptions};
+
+/// A vCPU block's size as a buffer length (16 KiB, asserted below: no truncation).
+#[allow(clippy::cast_possible_truncation)]
+const BLOCK_BYTES: usize = VCPU_BLOCK as usize;
+const _: () = assert!(BLOCK_BYTES as u64 == VCPU_BLOCK);
+
+/// Why a VM's state could not be captured. The VM is left as it was (paused).
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// Capture needs a paused VM ([`VmHandle::pause`] first).
+    #[error("cannot capture a VM that is {state:?}: pause it first")]
+    NotPaused {
+        /// The state it was in.
+        state: RunState,
+    },
+    /// A vCPU has ended (its payload finished or failed) or never started: its state is gone.
+    #[error("vCPU {vcpu} has ended or never started: a VM is captured only with every vCPU live")]
+    VcpuGone {
+        /// The vCPU index.
+        vcpu: usize,
+    },
+    /// A vCPU thread could not save its vCPU's state.
+    #[error("vCPU {vcpu}: cannot save its state")]
+    Vcpu {
+        /// The vCPU index.
+        vcpu: usize,
+        /// The cause.
+        #[source]
+        source: PersistError,
+    },
+    /// Another capture of this VM is running.
+    #[error("another capture of this VM is in progress")]
+    InProgress,
+    /// The parked vCPU threads did not all answer in time.
+    #[error("the vCPUs did not save their state within {timeout:?}")]
+    Timeout {
+        /// How long it waited.
+        timeout: Duration,
+    },
+    /// The VM's irqchip, PIT or clock could not be saved.
+    #[error("cannot save the VM's irqchip, PIT or clock")]
+    Vm(#[source] PersistError),
+    /// A Linux guest's devices cannot be saved yet (their state comes with `vmhost-devices`'
+    /// `DevicesState`).
+    #[error("capturing a Linux guest needs its devices' state, which is not saved yet")]
+    DevicesNotSupported,
+    /// A payload that runs without the in-kernel irqchip and PIT (`halt`, `numa-bench`) has
+    /// no VM state to capture.
+    #[error(
+        "the {kind:?} payload runs without the in-kernel irqchip, so it cannot be captured \
+         (the idle and touch payloads can)"
+    )]
+    NoIrqchip {
+        /// The payload.
+        kind: PayloadKind,
+    },
+    /// A payload's boot-area block could not be read.
+    #[error("vCPU {vcpu}: cannot read its boot-area block at GPA {gpa:#x}")]
+    BootArea {
+        /// The vCPU index.
+        vcpu: usize,
+        /// The block's GPA.
+        gpa: u64,
+        /// The cause.
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+}
+
+/// What a capture reads besides the vCPUs: the VM fd, a payload's boot area or a Linux
+/// guest's devices (weak: the `Vm` owns them).
+#[derive(Clone)]
+pub(crate) struct Source {
+    vm: Weak<VmFd>,
+    payload: Option<PayloadSource>,
+    /// Where a Linux guest's `DevicesState` will come from (see [`VmHandle::capture`]).
+    #[allow(dead_code)]
+    linux: Option<Weak<LinuxDevices>>,
+}
+
+#[derive(Clone)]
+struct PayloadSource {
+    kind: PayloadKind,
+    boot: Arc<BootLayout>,
+    boot_mem: GuestMemoryMmap,
+}
+
+impl Source {
+    pub(crate) fn new(fd: &Arc<VmFd>, guest: &Guest) -> Self {
+        let payload = match guest {
+            Guest::Payload {
+                kind,
+                boot,
+                boot_mem,
+                ..
+            } => Some(PayloadSource {
+                kind: *kind,
+                boot: Arc::clone(boot),
+                boot_mem: boot_mem.clone(),
+            }),
+            Guest::Linux { .. } => None,
+        };
+        let linux = match guest {
+            Guest::Linux { devices, .. } => Some(Arc::downgrade(devices)),
+            Guest::Payload { .. } => None,
+        };
+        Source {
+            vm: Arc::downgrade(fd),
+            payload,
+            linux,
+        }
+    }
+}
+
+impl PayloadSource {
+    fn save(&self) -> Result<SavedPayload, CaptureError> {
+        let vcpu_blocks = (0..self.boot.vcpus)
+            .map(|vcpu| {
+                let gpa = self.boot.mailbox(vcpu);
+                let mut block = vec![0u8; BLOCK_BYTES];
+                self.boot_mem
+                    .read_slice(&mut block, GuestAddress(gpa))
+                    .map_err(|source| CaptureError::BootArea { vcpu, gpa, source })?;
+                Ok(block)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(SavedPayload {
+            kind: self.kind,
+            vcpu_blocks,
+        })
+    }
+}
+
+impl VmHandle {
+    /// Captures the paused VM's state: every vCPU's (each saved on its own parked thread),
+    /// then the VM's irqchip, PIT and kvmclock, then a payload's boot-area blocks. Guest RAM
+    /// is not included. Refused unless the VM is paused with every vCPU live; the VM stays
+    /// paused (resume or stop it afterwards). Do not resume it while a capture runs: a capture
+    /// that sees the VM leave the paused state fails.
+    pub fn capture(&self) -> Result<SavedVm, CaptureError> {
+        let source = lock(&self.0.snapshot).clone();
+        let state = self.state();
+        let Some(source) = source.filter(|_| state == RunState::Paused) else {
+            return Err(CaptureError::NotPaused { state });
+        };
+        match &source.payload {
+            // TODO(mig-devices): `source.linux` upgraded is the guest's `LinuxDevices`, whose
+            // `save()` (workers quiesced) fills `SavedVm::devices` after the vCPUs are saved.
+            None => return Err(CaptureError::DevicesNotSupported),
+            Some(p) if !p.kind.needs_irqchip() => {
+                return Err(CaptureError::NoIrqchip { kind: p.kind })
+            }
+            Some(_) => {}
+        }
+        let vcpus = self.0.save_vcpus(PAUSE_TIMEOUT)?;
+        let fd = source.vm.upgrade().ok_or(CaptureError::NotPaused {
+            state: RunState::Stopped,
+        })?;
+        let vm = VmState::save(&fd).map_err(CaptureError::Vm)?;
+        let payload = source
+            .payload
+            .as_ref()
+            .map(PayloadSource::save)
+            .transpose()?;
+        let state = self.state();
+        if state != RunState::Paused {
+            return Err(CaptureError::NotPaused { state });
+        }
+        Ok(SavedVm {
+            vm,
+            vcpus,
+            payload,
+            devices: None,
+        })
+    }
+}
+
+impl VmHandle {
+    /// vCPU `vcpu`'s payload mailbox as it is now: a payload's progress (`idle`'s `ticks`,
+    /// `touch`'s status), read without stopping the guest. `None` for a Linux guest or an index
+    /// past the last vCPU.
+    pub fn payload_mailbox(&self, vcpu: usize) -> Option<Mailbox> {
+        let source = lock(&self.0.snapshot).clone()?;
+        let p = source.payload?;
+        if vcpu >= p.boot.vcpus {
+            return None;
+        }
+        crate::payload::read_mailbox(&p.boot_mem, p.boot.mailbox(vcpu)).ok()
+    }
+}
+
+impl Vm {
+    /// Builds the VM of `plan` on `ram` (which holds the saved guest RAM) to continue from
+    /// `saved` instead of booting: the same VM-level setup as [`Vm::new`] (irqchip, PIT,
+    /// memslots, boot area), the payload's saved boot-area blocks written back, the VM state
+    /// loaded; each vCPU thread then creates its vCPU and loads its state before the guest
+    /// starts. [`Vm::run`] continues the guest.
+    ///
+    /// The plan must have the saved guest topology: as many vCPUs, with the same APIC IDs, and
+    /// the same payload; a mismatch is [`VmError::RestoreMismatch`] naming both. Run
+    /// [`crate::persist::check_target`] first. Linux guests are not restorable yet
+    /// ([`VmError::RestoreUnsupported`]).
+    ///
+    /// ```
+    /// use vmhost_memory::{GuestMemory, MemoryOptions};
+    /// use vmhost_plan::{plan, PlanOptions};
+    /// use vmhost_vcpu::{persist, RunStatus, Vm, VmOptions};
+    ///
+    /// if std::env::var("VMHOST_SKIP_KVM_TESTS").as_deref() == Ok("1") {
+    ///     println!("SKIP doc example: VMHOST_SKIP_KVM_TESTS=1");
+    ///     return;
+    /// }
+    /// let spec = vmhost_config::from_toml_str(
+    ///     "name = \"moved\"\n[cpu]\ncores = 1\n[memory]\nguest = \"16Mi\"\n[boot]\npayload = \"idle\"\n",
+    ///     "moved.toml",
+    /// )
+    /// .unwrap()
+    /// .spec;
+    /// let host = vmhost_topology::discover().unwrap();
+    /// let plan = plan(&spec, &host, &PlanOptions::default()).into_result().unwrap();
+    /// let memory = || GuestMemory::new(&plan, &MemoryOptions::default()).unwrap();
+    ///
+    /// let mut vm = Vm::new(&plan, memory(), VmOptions::default()).unwrap();
+    /// let (handle, stop) = (vm.handle(), vm.stop_handle());
+    /// let running = std::thread::spawn(move || vm.run());
+    /// while stop.ready_vcpus() < 1 {
+    ///     std::thread::yield_now();
+    /// }
+    /// handle.pause().unwrap();
+    /// let saved = handle.capture().unwrap();
+    /// handle.stop();
+    /// running.join().unwrap().unwrap();
+    ///
+    /// // (The idle payload keeps nothing in RAM; a real restore loads the saved RAM first.)
+    /// persist::check_target(&saved).unwrap();
+    /// let mut vm = Vm::restore(&plan, memory(), VmOptions::default(), saved).unwrap();
+    /// vm.stop_handle().stop(); // ends the run as soon as its vCPUs are loaded
+    /// assert_eq!(vm.run().unwrap().status, RunStatus::Stopped);
+    /// ```
+    pub fn restore(
+        plan: &Plan,
+        ram: impl GuestRam,
+        options: VmOptions,
+        saved: SavedVm,
+    ) -> Result<Vm, VmError> {
+        let t0 = Instant::now();
+        check_topology(plan, &saved)?;
+        let payload = check_guest(plan, &options, &saved)?;
+        let mut prepared = prepare_payload(plan, &ram, &options, payload.kind)?;
+        if let Guest::Payload { boot, boot_mem, .. } = &prepared.guest {
+            write_blocks(plan, boot, boot_mem, payload)?;
+        }
+        saved
+            .vm
+            .restore(&prepared.fd)
+            .map_err(|source| VmError::State { vcpu: None, source })?;
+        for (cfg, state) in prepared.configs.iter_mut().zip(saved.vcpus) {
+            cfg.start = VcpuStart::Restore(Box::new(state));
+        }
+        Vm::from_prepared(plan, prepared, ram, &options, t0)
+    }
+}
+
+fn mismatch(
+    plan: &Plan,
+    what: impl Into<String>,
+    saved: impl ToString,
+    planned: impl ToString,
+) -> VmError {
+    VmError::RestoreMismatch {
+        vm: plan.name.clone(),
+        what: what.into(),
+        saved: saved.to_string(),
+        planned: planned.to_string(),
+    }
+}
+
+/// The saved vCPUs against the plan's: their number and each one's APIC ID.
+fn check_topology(plan: &Plan, saved: &SavedVm) -> Result<(), VmError> {
+    if saved.vcpus.len() != plan.vcpus.len() || plan.vcpus.is_empty() {
+        return Err(mismatch(plan, "vCPUs", saved.vcpus.len(), plan.vcpus.len()));
+    }
+    let ids = saved
+        .apic_ids()
+        .map_err(|source| VmError::State { vcpu: None, source })?;
+    for (v, id) in plan.vcpus.iter().zip(ids) {
+        if v.apic_id != id {
+            return Err(mismatch(
+                plan,
+                format!("vCPU {} APIC ID", v.vcpu),
+                id,
+                v.apic_id,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The saved guest against the plan's; returns the saved payload when it can be restored.
+fn check_guest<'a>(
+    plan: &Plan,
+    options: &VmOptions,
+    saved: &'a SavedVm,
+) -> Result<&'a SavedPayload, VmError> {
+    let planned = match (&options.payload_override, &plan.boot) {
+        (Some(kind), _) => Some(*kind),
+        (None, BootSpec::Payload { payload }) => Some(crate::payload::kind_of(*payload)),
+        (None, BootSpec::Kernel { .. }) => None,
+    };
+    let name = |k: Option<PayloadKind>| {
+        k.map_or("a Linux kernel".to_owned(), |k| {
+            format!("the {k:?} payload")
+        })
+    };
+    let Some(payload) = &saved.payload else {
+        if planned.is_some() {
+            return Err(mismatch(plan, "guest", name(None), name(planned)));
+        }
+        return Err(VmError::RestoreUnsupported {
+            vm: plan.name.clone(),
+            what: "a Linux guest: its devices' state is not saved yet".into(),
+        });
+    };
+    if planned != Some(payload.kind) {
+        return Err(mismatch(
+            plan,
+            "guest",
+            name(Some(payload.kind)),
+            name(planned),
+        ));
+    }
+    if !payload.kind.needs_irqchip() {
+        return Err(VmError::RestoreUnsupported {
+            vm: plan.name.clone(),
+            what: format!(
+                "the {:?} payload: it runs without the in-kernel irqchip",
+                payload.kind
+            ),
+        });
+    }
+    if payload.vcpu_blocks.len() != plan.vcpus.len() {
+        return Err(mismatch(
+            plan,
+            "payload vCPU blocks",
+            payload.vcpu_blocks.len(),
+            plan.vcpus.len(),
+        ));
+    }
+    Ok(payload)
+}
+
+/// Writes the saved per-vCPU blocks (mailbox, stacks) over the freshly built ones.
+fn write_blocks(
+    plan: &Plan,
+    boot: &BootLayout,
+    boot_mem: &GuestMemoryMmap,
+    payload: &SavedPayload,
+) -> Result<(), VmError> {
+    for (i, block) in payload.vcpu_blocks.iter().enumerate() {
+        if block.len() as u64 != VCPU_BLOCK {
+            return Err(mismatch(
+                plan,
+                format!("vCPU {i} boot-area block bytes"),
+                block.len(),
+                VCPU_BLOCK,
+            ));
+        }
+        let gpa = boot.mailbox(i);
+        boot_mem
+            .write_slice(block, GuestAddress(gpa))
+            .map_err(|source| VmError::Payload {
+                vcpu: Some(i),
+                source: crate::payload::PayloadError::Write { gpa, source },
+            })?;
+    }
+    Ok(())
+}
