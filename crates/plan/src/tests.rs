@@ -858,3 +858,24 @@ fn passthrough_spreads_cores_when_filling_in_order_overflows_a_nodes_pages() {
     cells.sort_unstable();
     assert_eq!(cells, vec![(1, 1), (1, 1), (2, 1), (2, 1)]);
 }
+
+#[test]
+fn a_node_set_with_too_few_free_pus_is_never_chosen() {
+    // Node 2 has the only pages but 3 free PUs (PU 8 is held) for 4 vCPUs: the planner used
+    // to choose it alone and leave vCPU 3 unpinned in a plan that "fit".
+    let h = host("package:2 numa:2 core:4 pu:1", "node2:2Mi=4");
+    let opts = PlanOptions {
+        held_cpus: BTreeSet::from([8]),
+        ..PlanOptions::default()
+    };
+    let s = spec(
+        "[cpu]\ncores = 2\nthreads = 2\ndedicated_cpu_placement = true\n\
+         [memory]\nguest = \"8Mi\"\nhugepages = { page_size = \"2Mi\" }\n",
+    );
+    let p = plan(&s, &h, &opts).into_result().unwrap();
+    assert!(
+        p.vcpus.iter().all(|v| v.host_cpu.is_some()),
+        "{:?}",
+        p.vcpus
+    );
+}
