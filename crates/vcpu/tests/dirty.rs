@@ -217,9 +217,9 @@ fn dirty_log_reports_exactly_the_pages_written_by_the_guest_and_the_vmm() {
 }
 
 /// Plans `toml` against a synthetic two-node host, then remaps it onto this one: vCPU `i` on
-/// CPU `i % 2`, both cells on node 0, in anonymous shared memory (no hugepages needed). The
-/// guest still has two cells, each its own memslot and backing file.
-fn two_cell_plan(toml: &str) -> vmhost_plan::Plan {
+/// CPU `i % 2`, both cells on node 0, in 2 MiB hugepages (`hugepages`) or anonymous shared
+/// memory. The guest still has two cells, each its own memslot and backing file.
+fn two_cell_plan(toml: &str, hugepages: bool) -> vmhost_plan::Plan {
     let spec = vmhost_config::from_toml_str(toml, "dirty.toml")
         .expect("spec")
         .spec;
@@ -240,8 +240,17 @@ fn two_cell_plan(toml: &str) -> vmhost_plan::Plan {
     }
     plan.emulator.host_cpus = vec![0, 1];
     plan.floating_cpus.clear();
-    plan.backing = vmhost_plan::Backing::Anonymous;
+    let pages: u64 = plan.envelope.hugepages.iter().map(|d| d.count).sum();
     plan.envelope.hugepages.clear();
+    if hugepages {
+        plan.envelope.hugepages.push(vmhost_plan::HugepageDemand {
+            node: Some(0),
+            page_size_bytes: 2 << 20,
+            count: pages,
+        });
+    } else {
+        plan.backing = vmhost_plan::Backing::Anonymous;
+    }
     plan
 }
 
@@ -252,12 +261,31 @@ fn take_dirty_maps_each_cells_memslot_and_sees_vmm_writes_while_the_guest_runs()
         return;
     }
     let _cpus = lock_cpus();
-    let plan = two_cell_plan(
-        "name = \"dirty-cells\"\n[cpu]\ncores = 2\ndedicated_cpu_placement = true\n\
-         numa = { guest_mapping_passthrough = true }\n\
-         [memory]\nguest = \"64Mi\"\nhugepages = { page_size = \"2Mi\" }\n\
-         [boot]\npayload = \"idle\"\n",
+    check_two_cells("dirty-cells", false);
+}
+
+#[test]
+fn take_dirty_reports_4k_pages_of_2m_hugepage_backed_cells() {
+    let test = "take_dirty_reports_4k_pages_of_2m_hugepage_backed_cells";
+    if !kvm_available(test) || !hugepages_wanted(test) {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_hugepages();
+    require_2m_hugepages(test, 32);
+    check_two_cells("dirty-huge", true);
+}
+
+/// An idle two-cell guest (64 MiB, 32 MiB per cell) with the dirty log on: VMM writes show in
+/// their own cell at their offset, at 4 KiB granularity whatever the backing page size.
+fn check_two_cells(name: &str, hugepages: bool) {
+    let toml = format!(
+        "name = \"{name}\"\n[cpu]\ncores = 2\ndedicated_cpu_placement = true\n\
+         numa = {{ guest_mapping_passthrough = true }}\n\
+         [memory]\nguest = \"64Mi\"\nhugepages = {{ page_size = \"2Mi\" }}\n\
+         [boot]\npayload = \"idle\"\n"
     );
+    let plan = two_cell_plan(&toml, hugepages);
     // File-backed RAM, as vmhost runs guests: one region per cell, each with its bitmap.
     let ram = memory(&plan);
     let mem = ram.memory().clone();
@@ -304,7 +332,7 @@ fn take_dirty_maps_each_cells_memslot_and_sees_vmm_writes_while_the_guest_runs()
     drop(mem);
     let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
     assert!(
-        !maps.contains("vmhost:dirty-cells:cell"),
+        !maps.contains(&format!("vmhost:{name}:cell")),
         "guest RAM still mapped:\n{maps}"
     );
     assert!(matches!(handle.take_dirty(0), Err(DirtyLogError::VmGone)));
