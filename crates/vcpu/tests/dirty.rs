@@ -337,3 +337,37 @@ fn check_two_cells(name: &str, hugepages: bool) {
     );
     assert!(matches!(handle.take_dirty(0), Err(DirtyLogError::VmGone)));
 }
+
+#[test]
+fn guest_writes_to_hugepage_backed_ram_are_logged_page_by_page() {
+    let test = "guest_writes_to_hugepage_backed_ram_are_logged_page_by_page";
+    if !kvm_available(test) || !hugepages_wanted(test) {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_hugepages();
+    require_2m_hugepages(test, 16);
+    let plan = plan_toml(
+        "name = \"dirty-touch-huge\"\n[cpu]\ncores = 1\n[memory]\nguest = \"32Mi\"\n\
+         hugepages = { page_size = \"2Mi\" }\n[boot]\npayload = \"touch\"\n",
+    );
+    let ram = memory(&plan);
+    let size = ram.layout().ram_bytes();
+    let mut vm = Vm::new(&plan, ram, VmOptions::default()).expect("VM");
+    let handle = vm.handle();
+    // On before the guest starts: every page `touch` writes (all of RAM) is in the log, each
+    // 4 KiB page on its own although a 2 MiB page backs it.
+    handle.start_dirty_log().expect("start the dirty log");
+    let report = vm.run().expect("run");
+    assert_eq!(
+        report.status,
+        RunStatus::Completed,
+        "{}",
+        report.render_text()
+    );
+    let d = handle.take_dirty(0).expect("take_dirty after the run");
+    assert_eq!(d.dirty_pages(), size / DIRTY_PAGE_BYTES);
+    assert_eq!(runs(&d), vec![0..size]);
+    assert!(handle.take_dirty(0).expect("take_dirty").is_empty());
+    handle.stop_dirty_log().expect("stop the dirty log");
+}
