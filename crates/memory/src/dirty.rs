@@ -7,6 +7,17 @@
 //! [`crate::GuestMemoryMmap`]); a pre-copy round then sends the dirty pages, as runs
 //! ([`DirtyBitmap::runs`]) or through `vmhost_persist::pages::write_pages` with
 //! [`DirtyBitmap::is_clean`] as its skip predicate. Pure data: no KVM, no mapping.
+//!
+//! ```
+//! use vmhost_memory::{DirtyBitmap, DIRTY_PAGE_BYTES as P};
+//!
+//! let mut d = DirtyBitmap::new(1, 64 * P);
+//! d.mark_range(5 * P + 100, 2 * P); // touches pages 5, 6 and 7
+//! d.or_words(60, &[0b11]); // KVM's log of a slot at page 60: pages 60 and 61
+//! assert_eq!(d.runs().collect::<Vec<_>>(), vec![5 * P..8 * P, 60 * P..62 * P]);
+//! assert!(d.is_clean(0, &[0u8; 4096]) && !d.is_clean(6 * P, &[0u8; 4096]));
+//! assert_eq!(d.dirty_bytes(), 5 * P);
+//! ```
 
 use std::ops::Range;
 

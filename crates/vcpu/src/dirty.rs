@@ -19,6 +19,11 @@
 //!
 //! The payload boot area (page tables, descriptor tables, code, mailboxes) is not RAM and is
 //! not logged: it moves as the payload's state, not as pages.
+//!
+//! **Use.** Start the log, then send all of RAM (writes before the start are in that copy);
+//! each round then takes the dirty pages *before* reading them, so a write made while they
+//! are sent is in the next round's log; the final round takes them with the VM paused and
+//! its device I/O quiesced.
 
 use std::sync::{Arc, Mutex, Weak};
 
