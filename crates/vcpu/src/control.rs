@@ -520,8 +520,13 @@ impl VmHandle {
         self.0.pause(PAUSE_TIMEOUT)
     }
 
-    /// Lets a paused VM run again.
+    /// Lets a paused VM run again (and a Linux guest's device I/O threads, if a capture
+    /// quiesced them).
     pub fn resume(&self) -> Result<(), ControlError> {
+        let source = lock(&self.0.snapshot).clone();
+        if let Some(s) = source.filter(|_| self.state() == VmState::Paused) {
+            s.resume_devices();
+        }
         self.0.resume()
     }
 

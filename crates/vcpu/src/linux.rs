@@ -17,6 +17,7 @@ use vmhost_plan::Plan;
 
 use crate::devices::serial::{SerialConsole, COM1_GSI};
 use crate::devices::LinuxDevices;
+use crate::persist::DevicesState;
 use crate::setup::{open_vm, register_memslots, vcpu_cpuids, vcpu_cpus, vcpu_fifo};
 use crate::vcpu::{VcpuConfig, VcpuStart};
 use crate::vm::{kvm_err, Guest, GuestRam, Prepared, VmError, VmOptions};
@@ -112,7 +113,55 @@ pub(crate) fn prepare_linux(
         kvm,
         fd,
         guest: Guest::Linux {
-            boot: Box::new(boot),
+            boot: Some(Box::new(boot)),
+            devices: Arc::new(devices),
+        },
+        configs,
+    })
+}
+
+/// Prepares a restored Linux guest: no kernel is loaded (`ram` holds the saved memory); the
+/// KVM VM with its irqchip and PIT, the RAM memslots, and COM1, the legacy ports and the
+/// plan's virtio devices rebuilt with their saved state ([`LinuxDevices::restore`], before any
+/// device I/O thread starts). The caller gives the vCPUs their saved states.
+pub(crate) fn prepare_restored_linux(
+    plan: &Plan,
+    ram: &dyn GuestRam,
+    options: &VmOptions,
+    saved: &DevicesState,
+) -> Result<Prepared, VmError> {
+    let (kvm, fd) = open_vm(plan, true)?;
+    register_memslots(&fd, ram.guest_memory(), None)?;
+    let dir = options
+        .device_dir
+        .clone()
+        .unwrap_or_else(std::env::temp_dir);
+    let serial_out = options.serial_out.clone();
+    let devices = LinuxDevices::restore(&fd, plan, ram.guest_memory(), serial_out, &dir, saved)
+        .map_err(|source| VmError::RestoreDevices {
+            vm: plan.name.clone(),
+            source: Box::new(source),
+        })?;
+    let cpuids = vcpu_cpuids(&kvm, plan, options.mask_for_nested_emulation)?;
+    let configs = plan
+        .vcpus
+        .iter()
+        .zip(cpuids)
+        .enumerate()
+        .map(|(i, (v, cpuid))| VcpuConfig {
+            index: i,
+            kvm_id: v.apic_id,
+            cpus: vcpu_cpus(plan, v),
+            fifo_priority: vcpu_fifo(plan, v),
+            cpuid,
+            start: VcpuStart::LinuxWaitForSipi,
+        })
+        .collect();
+    Ok(Prepared {
+        kvm,
+        fd,
+        guest: Guest::Linux {
+            boot: None,
             devices: Arc::new(devices),
         },
         configs,

@@ -29,7 +29,7 @@ mod vcpu;
 mod vm;
 
 pub use compat::{CompatError, TargetCaps};
-pub use saved::{check_target, DevicesState, PendingDevicesState, SavedPayload, SavedVm};
+pub use saved::{check_target, DevicesState, SavedPayload, SavedVm};
 pub use vcpu::{
     CpuidEntry, MsrEntry, VcpuState, VcpuStateLayout, MSR_IA32_TSC, MSR_IA32_TSC_DEADLINE,
 };

@@ -213,6 +213,8 @@ pub enum LinuxEntry {
     Pvh,
     /// The Linux 64-bit boot protocol.
     Linux64,
+    /// None: the guest continued from a saved state (`Vm::restore`).
+    Restored,
 }
 
 impl From<vmhost_boot::BootMode> for LinuxEntry {

@@ -2,13 +2,18 @@
 //! from it ([`Vm::restore`]): the orchestration around the state types of [`crate::persist`].
 //!
 //! Capture, while the VM is paused (every vCPU parked at the top of its run loop after leaving
-//! `KVM_RUN` through `immediate_exit`): each parked vCPU thread saves its own vCPU's state
-//! ([`VcpuState::save`] with the CPUID the VMM set), then the calling thread saves the VM's
-//! irqchip, PIT and kvmclock ([`VmState::save`], the clock last), then a payload's per-vCPU
-//! boot-area blocks. Restore: the VM is built for the plan as [`Vm::new`] builds it (irqchip,
-//! PIT, memslots, boot area), the saved blocks are written over the fresh ones, the VM state
-//! is loaded, and each vCPU thread creates its vCPU and loads its state ([`VcpuState::restore`])
-//! before the start gate opens; [`Vm::run`] then continues the guest.
+//! `KVM_RUN` through `immediate_exit`): a Linux guest's devices first (quiesced: requests in
+//! flight complete, which may write RAM and raise interrupts), then each parked vCPU thread
+//! saves its own vCPU's state ([`VcpuState::save`] with the CPUID the VMM set), then the
+//! calling thread saves the VM's irqchip, PIT and kvmclock ([`VmState::save`], the clock last)
+//! and a payload's per-vCPU boot-area blocks. Restore: the VM is built for the plan as
+//! [`Vm::new`] builds it (irqchip, PIT, memslots; a payload's boot area with the saved blocks
+//! written over it, or a Linux guest's devices rebuilt with their state and no kernel loaded),
+//! the VM state is loaded, and each vCPU thread creates its vCPU and loads its state
+//! ([`VcpuState::restore`]) before the start gate opens; [`Vm::run`] continues the guest.
+//!
+//! [`VcpuState::save`]: crate::persist::VcpuState::save
+//! [`VcpuState::restore`]: crate::persist::VcpuState::restore
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -23,12 +28,13 @@ use crate::arch::boot::VCPU_BLOCK;
 use crate::arch::BootLayout;
 use crate::control::{lock, VmHandle, VmState as RunState, PAUSE_TIMEOUT};
 use crate::devices::LinuxDevices;
+use crate::linux::prepare_restored_linux;
 use crate::payload::mailbox::Mailbox;
 use crate::payload::PayloadKind;
-use crate::persist::{PersistError, SavedPayload, SavedVm, VmState};
+use crate::persist::{DevicesState, PersistError, SavedPayload, SavedVm, VmState};
 use crate::setup::prepare_payload;
 use crate::vcpu::VcpuStart;
-use crate::vm::{Guest, GuestRam, Vm, VmError, VmOptions};
+use crate::vm::{Guest, GuestRam, Prepared, Vm, VmError, VmOptions};
 
 /// A vCPU block's size as a buffer length (16 KiB, asserted below: no truncation).
 #[allow(clippy::cast_possible_truncation)]
@@ -71,10 +77,9 @@ pub enum CaptureError {
     /// The VM's irqchip, PIT or clock could not be saved.
     #[error("cannot save the VM's irqchip, PIT or clock")]
     Vm(#[source] PersistError),
-    /// A Linux guest's devices cannot be saved yet (their state comes with `vmhost-devices`'
-    /// `DevicesState`).
-    #[error("capturing a Linux guest needs its devices' state, which is not saved yet")]
-    DevicesNotSupported,
+    /// A Linux guest's devices could not be quiesced or saved.
+    #[error("cannot save the guest's devices")]
+    Devices(#[source] vmhost_devices::PersistError),
     /// A payload that runs without the in-kernel irqchip and PIT (`halt`, `numa-bench`) has
     /// no VM state to capture.
     #[error(
@@ -104,8 +109,7 @@ pub enum CaptureError {
 pub(crate) struct Source {
     vm: Weak<VmFd>,
     payload: Option<PayloadSource>,
-    /// Where a Linux guest's `DevicesState` will come from (see [`VmHandle::capture`]).
-    #[allow(dead_code)]
+    /// A Linux guest's devices, saved by a capture and resumed by [`VmHandle::resume`].
     linux: Option<Weak<LinuxDevices>>,
 }
 
@@ -143,6 +147,15 @@ impl Source {
     }
 }
 
+impl Source {
+    /// Lets a Linux guest's device I/O threads, quiesced by a capture, run again.
+    pub(crate) fn resume_devices(&self) {
+        if let Some(d) = self.linux.as_ref().and_then(Weak::upgrade) {
+            d.resume_io();
+        }
+    }
+}
+
 impl PayloadSource {
     fn save(&self) -> Result<SavedPayload, CaptureError> {
         let vcpu_blocks = (0..self.boot.vcpus)
@@ -174,15 +187,18 @@ impl VmHandle {
         let Some(source) = source.filter(|_| state == RunState::Paused) else {
             return Err(CaptureError::NotPaused { state });
         };
-        match &source.payload {
-            // TODO(mig-devices): `source.linux` upgraded is the guest's `LinuxDevices`, whose
-            // `save()` (workers quiesced) fills `SavedVm::devices` after the vCPUs are saved.
-            None => return Err(CaptureError::DevicesNotSupported),
-            Some(p) if !p.kind.needs_irqchip() => {
-                return Err(CaptureError::NoIrqchip { kind: p.kind })
-            }
-            Some(_) => {}
+        if let Some(p) = source.payload.as_ref().filter(|p| !p.kind.needs_irqchip()) {
+            return Err(CaptureError::NoIrqchip { kind: p.kind });
         }
+        // Devices first: quiescing them completes in-flight requests, which may write guest
+        // RAM and raise interrupts; the irqchip and LAPIC states are taken after that.
+        let devices = source
+            .linux
+            .as_ref()
+            .and_then(Weak::upgrade)
+            .map(|d| d.save())
+            .transpose()
+            .map_err(CaptureError::Devices)?;
         let vcpus = self.0.save_vcpus(PAUSE_TIMEOUT)?;
         let fd = source.vm.upgrade().ok_or(CaptureError::NotPaused {
             state: RunState::Stopped,
@@ -201,7 +217,7 @@ impl VmHandle {
             vm,
             vcpus,
             payload,
-            devices: None,
+            devices,
         })
     }
 }
@@ -229,8 +245,10 @@ impl Vm {
     ///
     /// The plan must have the saved guest topology: as many vCPUs, with the same APIC IDs, and
     /// the same payload; a mismatch is [`VmError::RestoreMismatch`] naming both. Run
-    /// [`crate::persist::check_target`] first. Linux guests are not restorable yet
-    /// ([`VmError::RestoreUnsupported`]).
+    /// [`crate::persist::check_target`] first. A Linux guest's devices are rebuilt from the plan
+    /// with their saved state (run `vmhost_devices::persist::check_restorable` on it before
+    /// guest RAM is loaded), then the irqchip is loaded and interrupts the devices had pending
+    /// are raised again.
     ///
     /// ```
     /// use vmhost_memory::{GuestMemory, MemoryOptions};
@@ -276,20 +294,43 @@ impl Vm {
     ) -> Result<Vm, VmError> {
         let t0 = Instant::now();
         check_topology(plan, &saved)?;
-        let payload = check_guest(plan, &options, &saved)?;
-        let mut prepared = prepare_payload(plan, &ram, &options, payload.kind)?;
-        if let Guest::Payload { boot, boot_mem, .. } = &prepared.guest {
-            write_blocks(plan, boot, boot_mem, payload)?;
-        }
-        saved
-            .vm
-            .restore(&prepared.fd)
-            .map_err(|source| VmError::State { vcpu: None, source })?;
+        let load_vm = |prepared: &Prepared| {
+            saved
+                .vm
+                .restore(&prepared.fd)
+                .map_err(|source| VmError::State { vcpu: None, source })
+        };
+        let mut prepared = match check_guest(plan, &options, &saved)? {
+            SavedGuest::Payload(payload) => {
+                let prepared = prepare_payload(plan, &ram, &options, payload.kind)?;
+                if let Guest::Payload { boot, boot_mem, .. } = &prepared.guest {
+                    write_blocks(plan, boot, boot_mem, payload)?;
+                }
+                load_vm(&prepared)?;
+                prepared
+            }
+            SavedGuest::Linux(devices) => {
+                // Devices (rebuilt with their state), then the irqchip, then the interrupts the
+                // devices had pending are raised again, before any vCPU runs.
+                let prepared = prepare_restored_linux(plan, &ram, &options, devices)?;
+                load_vm(&prepared)?;
+                if let Guest::Linux { devices, .. } = &prepared.guest {
+                    devices.resume_restored();
+                }
+                prepared
+            }
+        };
         for (cfg, state) in prepared.configs.iter_mut().zip(saved.vcpus) {
             cfg.start = VcpuStart::Restore(Box::new(state));
         }
         Vm::from_prepared(plan, prepared, ram, &options, t0)
     }
+}
+
+/// What a saved VM runs, checked against the plan.
+enum SavedGuest<'a> {
+    Payload(&'a SavedPayload),
+    Linux(&'a DevicesState),
 }
 
 fn mismatch(
@@ -327,12 +368,13 @@ fn check_topology(plan: &Plan, saved: &SavedVm) -> Result<(), VmError> {
     Ok(())
 }
 
-/// The saved guest against the plan's; returns the saved payload when it can be restored.
+/// The saved guest against the plan's: the same payload, or a Linux guest with its devices'
+/// state for a plan that boots a kernel.
 fn check_guest<'a>(
     plan: &Plan,
     options: &VmOptions,
     saved: &'a SavedVm,
-) -> Result<&'a SavedPayload, VmError> {
+) -> Result<SavedGuest<'a>, VmError> {
     let planned = match (&options.payload_override, &plan.boot) {
         (Some(kind), _) => Some(*kind),
         (None, BootSpec::Payload { payload }) => Some(crate::payload::kind_of(*payload)),
@@ -343,23 +385,20 @@ fn check_guest<'a>(
             format!("the {k:?} payload")
         })
     };
-    let Some(payload) = &saved.payload else {
-        if planned.is_some() {
-            return Err(mismatch(plan, "guest", name(None), name(planned)));
-        }
-        return Err(VmError::RestoreUnsupported {
-            vm: plan.name.clone(),
-            what: "a Linux guest: its devices' state is not saved yet".into(),
-        });
-    };
-    if planned != Some(payload.kind) {
-        return Err(mismatch(
-            plan,
-            "guest",
-            name(Some(payload.kind)),
-            name(planned),
-        ));
+    let saved_kind = saved.payload.as_ref().map(|p| p.kind);
+    if planned != saved_kind {
+        return Err(mismatch(plan, "guest", name(saved_kind), name(planned)));
     }
+    let Some(payload) = &saved.payload else {
+        return saved
+            .devices
+            .as_ref()
+            .map(SavedGuest::Linux)
+            .ok_or_else(|| VmError::RestoreUnsupported {
+                vm: plan.name.clone(),
+                what: "a Linux guest saved without its devices' state".into(),
+            });
+    };
     if !payload.kind.needs_irqchip() {
         return Err(VmError::RestoreUnsupported {
             vm: plan.name.clone(),
@@ -377,7 +416,7 @@ fn check_guest<'a>(
             plan.vcpus.len(),
         ));
     }
-    Ok(payload)
+    Ok(SavedGuest::Payload(payload))
 }
 
 /// Writes the saved per-vCPU blocks (mailbox, stacks) over the freshly built ones.

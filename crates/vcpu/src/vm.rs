@@ -282,6 +282,15 @@ pub enum VmError {
         /// The plan's value.
         planned: String,
     },
+    /// A restored Linux guest's devices could not be rebuilt with their saved state.
+    #[error("VM {vm}: cannot restore the devices")]
+    RestoreDevices {
+        /// VM name.
+        vm: String,
+        /// The cause (boxed: it is large and rare).
+        #[source]
+        source: Box<crate::devices::RestoreError>,
+    },
     /// This kind of guest cannot be restored yet.
     #[error("VM {vm}: cannot restore {what}")]
     RestoreUnsupported {
@@ -308,7 +317,8 @@ pub(crate) enum Guest {
     },
     /// A Linux kernel and its devices.
     Linux {
-        boot: Box<LinuxBoot>,
+        /// Where the kernel was loaded; `None` for a restored guest (no kernel was loaded).
+        boot: Option<Box<LinuxBoot>>,
         devices: Arc<LinuxDevices>,
     },
 }
@@ -463,10 +473,11 @@ impl Vm {
         }
     }
 
-    /// Where the kernel, initramfs and boot parameters were loaded (`None`: a payload).
+    /// Where the kernel, initramfs and boot parameters were loaded (`None`: a payload, or a
+    /// restored guest).
     pub fn linux_boot(&self) -> Option<&LinuxBoot> {
         match &self.guest {
-            Guest::Linux { boot, .. } => Some(boot),
+            Guest::Linux { boot, .. } => boot.as_deref(),
             Guest::Payload { .. } => None,
         }
     }
@@ -569,8 +580,10 @@ impl Vm {
             ),
             Guest::Linux { boot, devices } => (
                 RunGuest::Linux {
-                    entry: boot.mode.into(),
-                    image: image_name(boot).to_string(),
+                    entry: boot
+                        .as_ref()
+                        .map_or(crate::report::LinuxEntry::Restored, |b| b.mode.into()),
+                    image: boot.as_deref().map_or("restored", image_name).to_string(),
                     serial: devices.serial().stats(),
                     marks: Arc::clone(devices.marks()),
                 },

@@ -8,18 +8,9 @@ use serde::{Deserialize, Serialize};
 use super::{CompatError, TargetCaps, VcpuState, VmState};
 use crate::payload::PayloadKind;
 
-/// A Linux guest's device state.
-///
-/// Placeholder until `vmhost-devices` provides its `DevicesState` (helper mig-devices): when
-/// it does, this alias becomes `pub type DevicesState = vmhost_devices::DevicesState;` and
-/// nothing else here changes. Until then no capture produces one
-/// ([`crate::CaptureError::DevicesNotSupported`]).
-pub type DevicesState = PendingDevicesState;
-
-/// The empty stand-in for [`DevicesState`] (see there).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PendingDevicesState {}
+/// A Linux guest's device state: `vmhost-devices`' aggregate (virtio transports and devices,
+/// COM1, the legacy ports), filled by `LinuxDevices::save`.
+pub use vmhost_devices::persist::DevicesState;
 
 /// Everything a built-in payload needs besides guest RAM to continue: the per-vCPU blocks of
 /// its VMM-owned boot area (mailbox, ring-0 stack, ring-3 stack), which are not RAM. The
@@ -43,7 +34,7 @@ pub struct SavedVm {
     pub vcpus: Vec<VcpuState>,
     /// A built-in payload's boot area state; `None` for a Linux guest.
     pub payload: Option<SavedPayload>,
-    /// A Linux guest's devices; `None` for a payload (and, until mig-devices lands, always).
+    /// A Linux guest's devices; `None` for a payload.
     pub devices: Option<DevicesState>,
 }
 

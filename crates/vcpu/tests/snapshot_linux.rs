@@ -1,0 +1,154 @@
+//! Snapshot and restore of a Linux guest on real `/dev/kvm`, with a tiny PVH "kernel" built
+//! here: it prints "hi" on COM1 once, then counts in guest RAM forever, while its second vCPU
+//! waits for INIT/SIPI; the VM has a virtio-rng device. Captured once and resumed, it runs on;
+//! captured again (devices and vCPUs), stopped, and restored into fresh memory with a copy of
+//! its RAM, it counts on from where it was without printing "hi" again (it did not boot
+//! again), and its second vCPU still waits.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::pvh::{out8, pvh_elf};
+use common::*;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vmhost_memory::{GuestLayout, GuestMemoryMmap, MMIO_HOLE_END, MMIO_HOLE_START};
+use vmhost_vcpu::persist::{check_target, SavedVm};
+use vmhost_vcpu::{
+    BootReport, ConsoleInput, LinuxEntry, RunStatus, SerialOut, VcpuOutcome, Vm, VmOptions,
+};
+
+/// Where the fake kernel counts (32 MiB, above the kernel at 16 MiB).
+const COUNTER: u32 = 0x200_0000;
+
+/// "hi\n" to COM1, then `inc dword [COUNTER]; jmp back` (32-bit protected mode, PVH entry).
+fn program() -> Vec<u8> {
+    let mut code = Vec::new();
+    for b in b"hi\n" {
+        code.extend(out8(0x3f8, *b));
+    }
+    code.extend([0xff, 0x05]);
+    code.extend(COUNTER.to_le_bytes());
+    code.extend([0xeb, 0xf8]);
+    code
+}
+
+fn counter(mem: &GuestMemoryMmap) -> u32 {
+    mem.read_obj(GuestAddress(u64::from(COUNTER))).unwrap()
+}
+
+fn options(log: &Arc<Mutex<Vec<u8>>>) -> VmOptions {
+    VmOptions {
+        serial_out: Some(SerialOut(log.clone())),
+        console_input: ConsoleInput::None,
+        ..Default::default()
+    }
+}
+
+/// Copies `from` into `to` page by page, leaving out zero pages.
+fn copy_nonzero(from: &GuestMemoryMmap, to: &GuestMemoryMmap) {
+    let mut page = [0u8; 4096];
+    for region in from.iter() {
+        let mut at = 0;
+        while at < region.len() {
+            let gpa = GuestAddress(region.start_addr().0 + at);
+            from.read_slice(&mut page, gpa).unwrap();
+            if page.iter().any(|&b| b != 0) {
+                to.write_slice(&page, gpa).unwrap();
+            }
+            at += 4096;
+        }
+    }
+}
+
+fn text(log: &Arc<Mutex<Vec<u8>>>) -> String {
+    String::from_utf8(log.lock().unwrap().clone()).unwrap()
+}
+
+#[test]
+fn a_linux_guest_restored_counts_on_without_booting_again() {
+    let test = "a_linux_guest_restored_counts_on_without_booting_again";
+    if !kvm_available(test) {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let dir = std::env::temp_dir().join(format!("vmhost-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kernel = dir.join("kernel.elf");
+    std::fs::write(&kernel, pvh_elf(&program())).unwrap();
+    let plan = plan_toml(&format!(
+        "name = \"snap-linux\"\n[cpu]\ncores = 2\n[memory]\nguest = \"64Mi\"\n[devices.rng]\n[boot]\nkernel = \"{}\"\n",
+        kernel.display()
+    ));
+    let layout = GuestLayout::from_plan(&plan, MMIO_HOLE_START..MMIO_HOLE_END).unwrap();
+    let mem = layout.anonymous_memory().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut vm = Vm::new(&plan, (mem.clone(), layout.clone()), options(&log)).unwrap();
+    let handle = vm.handle();
+    let runner = std::thread::spawn(move || vm.run());
+    assert!(wait_for(60, || counter(&mem) > 10_000), "the guest counts");
+    // A capture the VM resumes from: its devices run again and so does the guest.
+    handle.pause().unwrap();
+    let t = std::time::Instant::now();
+    let first = handle.capture().unwrap();
+    println!("first capture {:?}", t.elapsed());
+    assert_eq!(first.devices.as_ref().unwrap().virtio.len(), 1, "the rng");
+    let before = counter(&mem);
+    handle.resume().unwrap();
+    assert!(
+        wait_for(60, || counter(&mem) > before + 10_000),
+        "the guest runs on after a capture and a resume"
+    );
+    handle.pause().unwrap();
+    let t = std::time::Instant::now();
+    let saved = handle.capture().unwrap();
+    println!("second capture {:?}", t.elapsed());
+    let at_capture = counter(&mem);
+    let devices = saved.devices.as_ref().expect("a Linux guest's devices");
+    assert!(devices.serial.is_some() && devices.legacy.is_some());
+    assert!(saved.payload.is_none());
+    let copy = layout.anonymous_memory().unwrap();
+    copy_nonzero(&mem, &copy);
+    handle.stop();
+    let report = runner.join().unwrap().unwrap();
+    println!("{}", report.render_text());
+    assert_eq!(report.status, RunStatus::Stopped);
+    assert_eq!(text(&log), "hi\n");
+
+    let saved: SavedVm = serde_json::from_str(&serde_json::to_string(&saved).unwrap()).unwrap();
+    check_target(&saved).unwrap();
+    vmhost_devices::persist::check_restorable(saved.devices.as_ref().unwrap()).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let probe = copy.clone();
+    let mut vm = Vm::restore(&plan, (copy, layout), options(&log), saved).unwrap();
+    assert!(vm.linux_boot().is_none(), "no kernel was loaded");
+    let handle = vm.handle();
+    let runner = std::thread::spawn(move || vm.run());
+    assert!(
+        wait_for(60, || counter(&probe) > at_capture + 10_000),
+        "the restored guest counts on from {at_capture}: {}",
+        counter(&probe)
+    );
+    assert_eq!(text(&log), "", "the restored guest did not boot again");
+    handle.stop();
+    let report = runner.join().unwrap().unwrap();
+    println!("{}", report.render_text());
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(report.status, RunStatus::Stopped);
+    assert!(
+        matches!(
+            report.boot,
+            BootReport::Linux {
+                entry: LinuxEntry::Restored,
+                ..
+            }
+        ),
+        "{:?}",
+        report.boot
+    );
+    assert!(report
+        .vcpus
+        .iter()
+        .all(|v| v.outcome == VcpuOutcome::Stopped));
+}
