@@ -312,8 +312,12 @@ fn resolve_vsock_socket(spec: &mut vmhost_config::VmSpec, run_dir: &std::path::P
 /// The main job: admit the VM through the host ledger, then run it.
 fn cmd_run(cli: &Cli) -> Result<u8> {
     let timeline = timeline::Timeline::start();
-    let spec = load_spec(cli)?;
+    // Read once (a FIFO gives its text once), kept for snapshots.
     let source = spec_source(cli)?;
+    let spec = source.load()?;
+    for w in &spec.warnings {
+        eprintln!("{w}");
+    }
     start_vm(cli, &cli.run, spec, source, run::Start::Boot, timeline)
 }
 
@@ -338,18 +342,8 @@ fn cmd_restore(cli: &Cli, args: &cli::RestoreArgs) -> Result<u8> {
 /// The spec's text, kept for snapshots.
 fn spec_source(cli: &Cli) -> Result<SpecSource> {
     match &cli.config {
-        Some(path) => {
-            let mut source = SpecSource::read(path)?;
-            if let Ok(abs) = std::fs::canonicalize(path) {
-                source.origin = abs.display().to_string();
-            }
-            Ok(source)
-        }
-        None => Ok(SpecSource {
-            format: "toml".into(),
-            origin: String::new(),
-            text: QUICKSTART.into(),
-        }),
+        Some(path) => Ok(SpecSource::read(path)?),
+        None => Ok(SpecSource::embedded(QUICKSTART)),
     }
 }
 

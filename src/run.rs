@@ -270,7 +270,7 @@ fn serve_api(
     let jobs = match &opts.spec_source {
         Some(spec) => Some(
             crate::snapshot::Jobs::start(crate::snapshot::Source {
-                spec: spec.clone(),
+                spec: spec.absolute(),
                 plan: plan.clone(),
                 regions,
                 handle: vm.handle(),

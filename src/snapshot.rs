@@ -38,10 +38,13 @@ pub struct SpecSource {
 }
 
 impl SpecSource {
-    /// Reads `path` (its format from its extension, as `vmhost_config::load` does).
-    pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading --config {}", path.display()))?;
+    /// Reads `path` once (its format from its extension, as `vmhost_config::load` does).
+    pub fn read(path: &Path) -> Result<Self, vmhost_config::ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| vmhost_config::ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let yaml = matches!(
             path.extension().and_then(|e| e.to_str()),
             Some("yaml" | "yml")
@@ -59,14 +62,39 @@ impl SpecSource {
             "yaml" => vmhost_config::from_yaml_str(&self.text, &self.origin)?,
             _ => vmhost_config::from_toml_str(&self.text, &self.origin)?,
         };
-        if let Some(dir) = Path::new(&self.origin).parent() {
-            if !dir.as_os_str().is_empty() {
+        // The embedded quickstart has no file and no paths to resolve.
+        if self.origin != EMBEDDED {
+            if let Some(dir) = Path::new(&self.origin).parent() {
                 loaded.spec.boot.resolve_paths(dir);
             }
         }
         Ok(loaded)
     }
+
+    /// The embedded quickstart spec.
+    pub fn embedded(text: &str) -> Self {
+        SpecSource {
+            format: "toml".into(),
+            origin: EMBEDDED.into(),
+            text: text.into(),
+        }
+    }
+
+    /// This source with its origin made absolute, for a snapshot restored from any working
+    /// directory.
+    pub fn absolute(&self) -> Self {
+        let mut out = self.clone();
+        if self.origin != EMBEDDED {
+            if let Ok(abs) = std::fs::canonicalize(&self.origin) {
+                out.origin = abs.display().to_string();
+            }
+        }
+        out
+    }
 }
+
+/// The origin of the embedded quickstart spec.
+const EMBEDDED: &str = "configs/quickstart.toml (embedded)";
 
 /// What a snapshot is taken of; the job keeps it for the VM's life.
 pub struct Source {
