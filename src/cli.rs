@@ -21,6 +21,25 @@ pub struct Cli {
     /// Serve the control API (HTTP/JSON) on this Unix socket while the VM runs (mode 0600).
     #[arg(long, global = true)]
     pub api_socket: Option<PathBuf>,
+    /// How the VM runs (also taken by `restore`, after it).
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Syscall filters on every vmhost thread (docs/security.md): `on` (the default; a
+    /// forbidden call kills vmhost with SIGSYS after naming the thread and the call), `log`
+    /// (the kernel logs forbidden calls and lets them through) or `off`. For debugging only.
+    /// Default: $VMHOST_SECCOMP, else `on`.
+    #[arg(long, global = true, value_enum)]
+    pub seccomp: Option<SeccompArg>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// The options of a VM run, shared by the normal start (`vmhost --config F`), `vmhost
+/// restore` and (later) `vmhost receive`. The global options `--config`, `--json`,
+/// `--run-dir`, `--api-socket` and `--seccomp` apply to all three as well.
+#[derive(Debug, Args, Clone, PartialEq, Eq)]
+pub struct RunArgs {
     /// Enforce the envelope in cgroup `vmhost/NAME`: cpuset = the plan's PUs and nodes,
     /// memory and hugetlb limits = the envelope (overrides `resources.cgroup`).
     #[arg(long)]
@@ -42,15 +61,28 @@ pub struct Cli {
     /// boots (`background`: a faster start; the audit is read when they are done).
     #[arg(long, value_enum, default_value_t = PrefaultArg::BeforeStart)]
     pub prefault: PrefaultArg,
-    /// Syscall filters on every vmhost thread (docs/security.md): `on` (the default; a
-    /// forbidden call kills vmhost with SIGSYS after naming the thread and the call), `log`
-    /// (the kernel logs forbidden calls and lets them through) or `off`. For debugging only.
-    /// Default: $VMHOST_SECCOMP, else `on`.
-    #[arg(long, global = true, value_enum)]
-    pub seccomp: Option<SeccompArg>,
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Option<Command>,
+}
+
+impl Default for RunArgs {
+    fn default() -> Self {
+        RunArgs {
+            cgroup: None,
+            cgroup_memory_limit: None,
+            mask_nested_cpuid: false,
+            ignore_unknown_access: false,
+            prefault: PrefaultArg::BeforeStart,
+        }
+    }
+}
+
+/// `vmhost restore`.
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// The snapshot directory (`vmhost ctl … snapshot DIR`).
+    pub dir: PathBuf,
+    /// How the restored VM runs.
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 /// `--seccomp`.
@@ -102,10 +134,22 @@ pub enum Command {
     },
     /// Talk to a running VM's control API (`--api-socket PATH` of that VM).
     Ctl {
-        /// `info` (GET /vm), `placement`, `resources`, `pause`, `resume`, `shutdown`.
-        #[arg(value_parser = ["info", "placement", "resources", "pause", "resume", "shutdown"])]
+        /// `info` (GET /vm), `placement`, `resources`, `pause`, `resume`, `shutdown`, or
+        /// `snapshot DIR [--stop]` (a job: polled until it ends, progress on stderr).
+        #[arg(value_parser = ["info", "placement", "resources", "pause", "resume", "shutdown", "snapshot"])]
         command: String,
+        /// `snapshot`: the directory to create (it must not exist).
+        dir: Option<PathBuf>,
+        /// `snapshot`: end the VM after the snapshot instead of resuming it.
+        #[arg(long)]
+        stop: bool,
     },
+    /// Start a VM again from a snapshot directory: checked whole before anything is
+    /// allocated, re-planned on this host as it is now, memory loaded on the new plan's
+    /// nodes, then run like a normal start. Without --config the snapshot's spec is used;
+    /// with it, the two specs must be the same. Exit 2 for a damaged snapshot or a
+    /// different spec.
+    Restore(RestoreArgs),
     /// The Kubernetes objects (a ConfigMap with the spec and the Pod) that run this VM under
     /// vmhost: resources from the plan's envelope, devices, volumes and capabilities. YAML, or
     /// a JSON `v1 List` with --json.

@@ -28,6 +28,8 @@ pub struct Control {
     envelope_guard: Option<Arc<crate::enforce::Enforcement>>,
     /// Arms the `vmhost-grace` timer (guests with a power button).
     grace: Option<Mutex<Sender<()>>>,
+    /// The snapshot jobs (`PUT /vm/snapshot`).
+    snapshots: Option<crate::snapshot::Jobs>,
 }
 
 impl Control {
@@ -56,7 +58,14 @@ impl Control {
             stop,
             envelope_guard,
             grace,
+            snapshots: None,
         })
+    }
+
+    /// Lets `PUT /vm/snapshot` start snapshot jobs.
+    pub fn with_snapshots(mut self, jobs: Option<crate::snapshot::Jobs>) -> Self {
+        self.snapshots = jobs;
+        self
     }
 
     fn state(&self) -> &'static str {
@@ -126,6 +135,22 @@ impl Control {
         }
     }
 
+    /// A built-in payload's progress per vCPU, from its mailbox (`null` for a Linux guest):
+    /// its status, the TSC at its start (unchanged by a restore: the guest continued) and the
+    /// `idle` payload's timer ticks.
+    fn payload_progress(&self) -> Value {
+        let vcpus: Vec<Value> = (0..self.plan.vcpus.len())
+            .map_while(|i| self.handle.payload_mailbox(i))
+            .zip(0u32..)
+            .map(|(m, i)| json!({"vcpu": i, "status": m.status, "tsc_start": m.tsc_start, "ticks": m.ticks}))
+            .collect();
+        if vcpus.is_empty() {
+            Value::Null
+        } else {
+            Value::Array(vcpus)
+        }
+    }
+
     fn memory_regions(&self) -> Vec<Value> {
         let maps = std::fs::read_to_string("/proc/self/numa_maps").unwrap_or_default();
         self.audit
@@ -156,6 +181,7 @@ impl VmControl for Control {
             "uptime_seconds": self.started.elapsed().as_secs_f64(),
             "pid": std::process::id(),
             "spec": self.spec,
+            "payload": self.payload_progress(),
         })
     }
 
@@ -269,6 +295,27 @@ impl VmControl for Control {
             source: Box::new(e),
         })?;
         Ok(json!({"state": self.state()}))
+    }
+
+    fn start_snapshot(&self, request: vmhost_api::SnapshotRequest) -> Result<Value, ControlError> {
+        let Some(jobs) = &self.snapshots else {
+            return Err(ControlError::Conflict(
+                "this VM cannot be snapshotted (started without its spec text)".into(),
+            ));
+        };
+        match self.handle.state() {
+            VmState::Running | VmState::Paused => jobs.request(request),
+            _ => Err(ControlError::Conflict(format!(
+                "the VM is {}: only a running or paused VM can be snapshotted",
+                self.state()
+            ))),
+        }
+    }
+
+    fn snapshot_job(&self) -> Value {
+        self.snapshots
+            .as_ref()
+            .map_or_else(|| json!({"state": "none"}), crate::snapshot::Jobs::progress)
     }
 
     /// A payload VM stops at once. A Linux guest is asked to power off through its ACPI power

@@ -3,6 +3,7 @@
 mod background;
 mod cli;
 mod control;
+mod ctl;
 mod enforce;
 mod host;
 mod iothreads;
@@ -10,12 +11,15 @@ mod logging;
 mod output;
 mod overhead;
 mod pod;
+mod restore;
 mod run;
 mod signals;
+mod snapshot;
 mod supervise;
 mod sys;
 mod timeline;
 mod vms;
+mod vmstate;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -28,7 +32,8 @@ use vmhost_plan::{
     PlanOptions,
 };
 
-use crate::cli::{AcpiArgs, Cli, Command, MemoryArgs, ModelArg, PlanArgs};
+use crate::cli::{AcpiArgs, Cli, Command, MemoryArgs, ModelArg, PlanArgs, RunArgs};
+use crate::snapshot::SpecSource;
 
 /// The default spec, embedded so `vmhost` runs without any file.
 const QUICKSTART: &str = include_str!("../configs/quickstart.toml");
@@ -100,7 +105,8 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Result<u8> {
     match &cli.command {
         None => cmd_run(cli),
-        Some(Command::Ctl { command }) => cmd_ctl(cli, command),
+        Some(Command::Ctl { command, dir, stop }) => cmd_ctl(cli, command, dir.as_deref(), *stop),
+        Some(Command::Restore(args)) => cmd_restore(cli, args),
         Some(Command::Bench {
             which: cli::BenchCommand::Numa(args),
         }) => cmd_bench_numa(cli, args),
@@ -305,8 +311,52 @@ fn resolve_vsock_socket(spec: &mut vmhost_config::VmSpec, run_dir: &std::path::P
 
 /// The main job: admit the VM through the host ledger, then run it.
 fn cmd_run(cli: &Cli) -> Result<u8> {
-    let mut timeline = timeline::Timeline::start();
-    let mut spec = load_spec(cli)?;
+    let timeline = timeline::Timeline::start();
+    // Read once (a FIFO gives its text once), kept for snapshots.
+    let source = spec_source(cli)?;
+    let spec = source.load()?;
+    for w in &spec.warnings {
+        eprintln!("{w}");
+    }
+    start_vm(cli, &cli.run, spec, source, run::Start::Boot, timeline)
+}
+
+/// `vmhost restore DIR`: the snapshot checked whole, then the normal start path.
+fn cmd_restore(cli: &Cli, args: &cli::RestoreArgs) -> Result<u8> {
+    let timeline = timeline::Timeline::start();
+    if cli.run != RunArgs::default() {
+        return Err(Exit {
+            code: EXIT_INVALID,
+            message: "restore: give the run options after `restore DIR`".into(),
+        }
+        .into());
+    }
+    let (spec, source, restored) = restore::prepare(&args.dir, cli.config.as_deref())?;
+    for w in &spec.warnings {
+        eprintln!("{w}");
+    }
+    let start = run::Start::Restore(Box::new(restored));
+    start_vm(cli, &args.run, spec, source, start, timeline)
+}
+
+/// The spec's text, kept for snapshots.
+fn spec_source(cli: &Cli) -> Result<SpecSource> {
+    match &cli.config {
+        Some(path) => Ok(SpecSource::read(path)?),
+        None => Ok(SpecSource::embedded(QUICKSTART)),
+    }
+}
+
+/// Admits the VM of `spec` through the host ledger, then runs it (booted or restored) with
+/// the run options `args`: the one path of `vmhost --config F`, `restore` and `receive`.
+fn start_vm(
+    cli: &Cli,
+    args: &RunArgs,
+    mut spec: LoadedSpec,
+    source: SpecSource,
+    start: run::Start,
+    mut timeline: timeline::Timeline,
+) -> Result<u8> {
     check_boot_inputs(&spec.spec.boot)?;
     signals::stop_if_requested("while the spec was read")?;
     timeline.spec_loaded_ns = timeline::now_ns();
@@ -328,16 +378,17 @@ fn cmd_run(cli: &Cli) -> Result<u8> {
         print!("{}", output::plan_summary(&plan, &host, alt.as_ref()));
     }
     let run_opts = run::RunOptions {
-        ignore_unknown: cli.ignore_unknown_access,
-        mask_nested_cpuid: cli.mask_nested_cpuid,
+        ignore_unknown: args.ignore_unknown_access,
+        mask_nested_cpuid: args.mask_nested_cpuid,
         json: cli.json,
         api_socket: api,
-        cgroup: cli.cgroup.clone().or_else(|| spec.spec.cgroup.clone()),
-        cgroup_memory_limit: cli.cgroup_memory_limit,
+        cgroup: args.cgroup.clone().or_else(|| spec.spec.cgroup.clone()),
+        cgroup_memory_limit: args.cgroup_memory_limit,
         run_dir,
-        prefault: cli.prefault.into(),
+        prefault: args.prefault.into(),
+        spec_source: Some(source),
     };
-    run::run(&spec.spec, &plan, &admission, &run_opts, timeline)
+    run::run(&spec.spec, &plan, &admission, &run_opts, timeline, start)
 }
 
 /// A Linux guest's kernel, initramfs and command line, checked from their headers before the
@@ -367,11 +418,26 @@ fn check_boot_inputs(boot: &vmhost_config::BootSpec) -> Result<()> {
     Ok(())
 }
 
-/// `vmhost ctl`: one request to a running VM's control API.
-fn cmd_ctl(cli: &Cli, command: &str) -> Result<u8> {
+/// `vmhost ctl`: one request to a running VM's control API, or a snapshot job followed to
+/// its end.
+fn cmd_ctl(cli: &Cli, command: &str, dir: Option<&Path>, stop: bool) -> Result<u8> {
     let socket = cli.api_socket.as_deref().ok_or_else(|| {
         anyhow::anyhow!("vmhost ctl needs --api-socket PATH (the socket the VM was started with)")
     })?;
+    if command == "snapshot" {
+        let dir = dir.ok_or_else(|| Exit {
+            code: EXIT_INVALID,
+            message: "vmhost ctl snapshot needs the directory to create: snapshot DIR".into(),
+        })?;
+        return ctl::snapshot(socket, dir, stop);
+    }
+    if dir.is_some() || stop {
+        return Err(Exit {
+            code: EXIT_INVALID,
+            message: format!("vmhost ctl {command} takes no directory and no --stop"),
+        }
+        .into());
+    }
     let (method, uri) = match command {
         "info" => ("GET", "/vm"),
         "placement" => ("GET", "/vm/placement"),

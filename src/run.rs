@@ -49,6 +49,8 @@ pub struct RunOptions {
     pub run_dir: PathBuf,
     /// When guest RAM is faulted in: before the guest starts, or while it boots.
     pub prefault: PrefaultTiming,
+    /// The spec as written: with an API socket, `PUT /vm/snapshot` can snapshot the VM.
+    pub spec_source: Option<crate::snapshot::SpecSource>,
 }
 
 /// What `vmhost --json` prints.
@@ -65,30 +67,29 @@ struct RunOutput<'a> {
     exit_code: u8,
 }
 
-/// Runs the VM of `plan` and returns the process exit status.
+/// How the VM starts.
+pub enum Start {
+    /// Booted from the plan (`vmhost --config F`).
+    Boot,
+    /// Continued from a snapshot (`vmhost restore DIR`).
+    Restore(Box<crate::restore::Restored>),
+}
+
+/// Runs the VM of `plan` and returns the process exit status. A restore takes the same path:
+/// only its memory is loaded from the snapshot and its VM continues instead of booting.
 pub fn run(
     spec: &VmSpec,
     plan: &Plan,
     admission: &crate::vms::Admission,
     opts: &RunOptions,
     mut timeline: Timeline,
+    start: Start,
 ) -> Result<u8> {
     let sec_at_start = crate::overhead::sec_page_tables();
     // The stop signals are blocked since `main` (see `signals`): one that came during setup
     // is still pending, and the signal thread takes it.
     pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
-    // Before any thread starts: on cgroup v2 entering forks the VMM off a supervisor, which
-    // needs a single-threaded process (a stop signal meanwhile stays pending).
-    let enforcement = match &opts.cgroup {
-        Some(name) => Some(Enforcement::enter(
-            name,
-            plan,
-            opts.cgroup_memory_limit,
-            (opts.run_dir.clone(), plan.name.clone()),
-            opts.api_socket.clone(),
-        )?),
-        None => None,
-    };
+    let enforcement = enter_cgroup(plan, opts)?;
     // After the pinning: the signal thread inherits the emulator PUs.
     let signals = StopSignals::start().context("starting the signal thread")?;
     // From here on a vCPU or I/O thread that logs never blocks on stderr.
@@ -97,19 +98,16 @@ pub fn run(
             "vmhost: warning: cannot start the diagnostics writer ({e}); writing them directly"
         );
     }
+    if let Start::Restore(r) = &start {
+        crate::restore::check_this_host(r)?;
+    }
     let mut memory = match guest_memory(plan, enforcement.as_deref(), &signals, opts.prefault)? {
         Ok(memory) => memory,
-        Err(Stopped { done, total }) => {
-            eprintln!(
-                "vmhost: VM {}: stopped by a signal while its guest memory was set up \
-                 ({} of {} MiB faulted in)",
-                plan.name,
-                done >> 20,
-                total >> 20
-            );
-            return Ok(stopped_before_start(plan));
-        }
+        Err(stopped) => return Ok(stopped_before_start(plan, &stopped)),
     };
+    if let Start::Restore(r) = &start {
+        crate::restore::load_memory(&memory, plan, r, opts.json)?;
+    }
     let background = Background::start(&mut memory, plan, enforcement.as_ref(), !opts.json)
         .context("starting the background prefault")?;
     if background.is_none() {
@@ -123,13 +121,58 @@ pub fn run(
     // report's audit is the one read when the prefault ended.
     let audit = memory.audit().context("auditing guest memory residency")?;
     let started: Arc<Mutex<(Vec<ThreadPlacement>, u64)>> = Arc::default();
+    let final_audit = background.is_none().then(|| audit.clone());
+    let options = vm_options(plan, opts, final_audit, &started);
+    let regions = memory.regions().to_vec();
+    let mut vm = create_vm(plan, memory, options, start)?;
+    timeline.vm_created_ns = now_ns();
+    let api = serve_api(spec, plan, &audit, &vm, enforcement.as_ref(), opts, regions)?;
+    signals.attach(vm.stop_handle());
+    if let Some(bg) = &background {
+        bg.attach(vm.stop_handle());
+    }
+    move_kvm_workers_off_vcpu_pus(plan);
+    let report = vm.run()?;
+    let overhead = crate::overhead::measure(plan, sec_at_start);
+    drop(api);
+    // Cancels and joins a background prefault still running.
+    drop(vm);
+    drop(enforcement);
+    let ended = Ended {
+        report,
+        audit,
+        overhead,
+        started,
+    };
+    finish(plan, opts, ended, background.as_ref(), timeline)
+}
+
+/// Enters the cgroup `--cgroup` names. Before any thread starts: on cgroup v2 entering forks
+/// the VMM off a supervisor, which needs a single-threaded process (a stop signal meanwhile
+/// stays pending).
+fn enter_cgroup(plan: &Plan, opts: &RunOptions) -> Result<Option<Arc<Enforcement>>> {
+    let Some(name) = &opts.cgroup else {
+        return Ok(None);
+    };
+    Ok(Some(Enforcement::enter(
+        name,
+        plan,
+        opts.cgroup_memory_limit,
+        (opts.run_dir.clone(), plan.name.clone()),
+        opts.api_socket.clone(),
+    )?))
+}
+
+/// The VM's settings: the unknown-access policy, the start hook that prints the placement
+/// table and records when the vCPUs became runnable, the scratch directory.
+fn vm_options(
+    plan: &Plan,
+    opts: &RunOptions,
+    audit: Option<Audit>,
+    started: &Arc<Mutex<(Vec<ThreadPlacement>, u64)>>,
+) -> VmOptions {
     let hook = {
-        let (plan, audit, started, json) = (
-            plan.clone(),
-            background.is_none().then(|| audit.clone()),
-            Arc::clone(&started),
-            opts.json,
-        );
+        let (plan, started, json) = (plan.clone(), Arc::clone(started), opts.json);
         StartHook(Arc::new(move |threads: &[ThreadPlacement]| {
             if !json {
                 print!("{}", placement_table(&plan, audit.as_ref(), threads));
@@ -139,7 +182,7 @@ pub fn run(
             }
         }))
     };
-    let options = VmOptions {
+    VmOptions {
         // Auto: payloads stop on unknown accesses, Linux guests (which probe) ignore them.
         unknown_access: if opts.ignore_unknown {
             UnknownAccessPolicy::Ignore
@@ -153,24 +196,37 @@ pub fn run(
         device_dir: Some(opts.run_dir.clone()),
         filter_calling_thread: true,
         ..Default::default()
-    };
-    let mut vm = Vm::new(plan, memory, options)?;
-    timeline.vm_created_ns = now_ns();
-    let api = serve_api(spec, plan, &audit, &vm, enforcement.as_ref(), opts)?;
-    signals.attach(vm.stop_handle());
-    if let Some(bg) = &background {
-        bg.attach(vm.stop_handle());
     }
-    move_kvm_workers_off_vcpu_pus(plan);
-    let report = vm.run()?;
-    let overhead = crate::overhead::measure(plan, sec_at_start);
-    drop(api);
-    // Cancels and joins a background prefault still running.
-    drop(vm);
-    drop(enforcement);
-    let mut code = exit_code(&report);
-    let mut audit = audit;
-    if let Some(outcome) = background.as_ref().map(Background::outcome) {
+}
+
+/// Boots the VM, or builds it to continue from the snapshot's state.
+fn create_vm(plan: &Plan, memory: GuestMemory, options: VmOptions, start: Start) -> Result<Vm> {
+    match start {
+        Start::Boot => Ok(Vm::new(plan, memory, options)?),
+        Start::Restore(r) => crate::vmstate::restore(plan, memory, options, r.saved)
+            .context("continuing the VM from the snapshot's state"),
+    }
+}
+
+/// What a run left to report.
+struct Ended {
+    report: RunReport,
+    audit: Audit,
+    overhead: crate::overhead::MeasuredOverhead,
+    started: Arc<Mutex<(Vec<ThreadPlacement>, u64)>>,
+}
+
+/// Prints the report (text or JSON) and returns the exit status.
+fn finish(
+    plan: &Plan,
+    opts: &RunOptions,
+    ended: Ended,
+    background: Option<&Background>,
+    mut timeline: Timeline,
+) -> Result<u8> {
+    let mut code = exit_code(&ended.report);
+    let mut audit = ended.audit;
+    if let Some(outcome) = background.map(Background::outcome) {
         timeline.memory_ready_ns = outcome.done_ns;
         audit = outcome.audit.unwrap_or(audit);
         if outcome.error.is_some() {
@@ -178,7 +234,7 @@ pub fn run(
         }
     }
     if opts.json {
-        let (start, runnable) = started.lock().map(|s| s.clone()).unwrap_or_default();
+        let (start, runnable) = ended.started.lock().map(|s| s.clone()).unwrap_or_default();
         timeline.vcpus_runnable_ns = runnable;
         let out = RunOutput {
             plan,
@@ -186,13 +242,13 @@ pub fn run(
             audit: &audit,
             start,
             timeline,
-            overhead,
-            report: &report,
+            overhead: ended.overhead,
+            report: &ended.report,
             exit_code: code,
         };
         print_bounded(format!("{}\n", serde_json::to_string_pretty(&out)?));
     } else {
-        print_bounded(report.render_text());
+        print_bounded(ended.report.render_text());
     }
     Ok(code)
 }
@@ -205,9 +261,24 @@ fn serve_api(
     vm: &Vm,
     enforcement: Option<&Arc<Enforcement>>,
     opts: &RunOptions,
+    regions: Vec<vmhost_memory::MappedRegion>,
 ) -> Result<Option<vmhost_api::ApiServer>> {
     let Some(path) = &opts.api_socket else {
         return Ok(None);
+    };
+    // Started here, on the main thread: the API thread's filter lets it start no thread.
+    let jobs = match &opts.spec_source {
+        Some(spec) => Some(
+            crate::snapshot::Jobs::start(crate::snapshot::Source {
+                spec: spec.absolute(),
+                plan: plan.clone(),
+                regions,
+                handle: vm.handle(),
+                stop: vm.stop_handle(),
+            })
+            .context("starting the snapshot job thread")?,
+        ),
+        None => None,
     };
     let control = Control::new(
         spec.clone(),
@@ -217,7 +288,8 @@ fn serve_api(
         vm.stop_handle(),
         enforcement.cloned(),
     )
-    .context("starting the control API's grace-period timer")?;
+    .context("starting the control API's grace-period timer")?
+    .with_snapshots(jobs);
     let server = vmhost_api::serve(path, Arc::new(control), ServerLimits::default(), None)
         .with_context(|| format!("serving the control API on {}", path.display()))?;
     if let Some(e) = enforcement {
@@ -265,9 +337,17 @@ fn guest_memory(
     }
 }
 
-/// The exit status of a VM stopped before its guest ran: what stopping it right after the
-/// start would give (an idle VM's normal end is a stop; any other payload was interrupted).
-fn stopped_before_start(plan: &Plan) -> u8 {
+/// Reports a VM stopped by a signal while its memory was set up; its exit status: what
+/// stopping it right after the start would give (an idle VM's normal end is a stop; any other
+/// payload was interrupted).
+fn stopped_before_start(plan: &Plan, stopped: &Stopped) -> u8 {
+    eprintln!(
+        "vmhost: VM {}: stopped by a signal while its guest memory was set up \
+         ({} of {} MiB faulted in)",
+        plan.name,
+        stopped.done >> 20,
+        stopped.total >> 20
+    );
     match plan.boot {
         BootSpec::Payload {
             payload: Payload::Idle,

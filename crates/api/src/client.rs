@@ -137,7 +137,20 @@ pub fn request_with_timeout(
     uri: &str,
     timeout: Duration,
 ) -> Result<ApiResponse, ClientError> {
+    request_with_body(socket, method, uri, None, timeout)
+}
+
+/// [`request_with_timeout`] with a JSON request body (e.g. `PUT /vm/snapshot`'s
+/// `{"dir": ..., "stop": false}`).
+pub fn request_with_body(
+    socket: &Path,
+    method: &str,
+    uri: &str,
+    body: Option<&serde_json::Value>,
+    timeout: Duration,
+) -> Result<ApiResponse, ClientError> {
     check_request(method, uri)?;
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
     let deadline = Instant::now() + timeout;
     let mut stream = connect(socket)?;
     let io_err = |source| ClientError::Io {
@@ -145,14 +158,19 @@ pub fn request_with_timeout(
         source,
     };
     stream.set_write_timeout(Some(timeout)).map_err(io_err)?;
-    let length = if matches!(method, "GET" | "HEAD") {
-        ""
+    let length = if matches!(method, "GET" | "HEAD") && body.is_empty() {
+        String::new()
     } else {
-        "Content-Length: 0\r\n"
+        let kind = if body.is_empty() {
+            ""
+        } else {
+            "Content-Type: application/json\r\n"
+        };
+        format!("{kind}Content-Length: {}\r\n", body.len())
     };
     let head = format!(
         "{method} {uri} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\
-         Connection: close\r\n{length}\r\n"
+         Connection: close\r\n{length}\r\n{body}"
     );
     if let Err(err) = stream.write_all(head.as_bytes()) {
         // A server that answers at once (503) may close before reading: read its answer.

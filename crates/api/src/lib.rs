@@ -17,8 +17,11 @@
 //! | `PUT`  | `/vm/pause`      | [`VmControl::pause`]                                         |
 //! | `PUT`  | `/vm/resume`     | [`VmControl::resume`]                                        |
 //! | `PUT`  | `/vm/shutdown`   | [`VmControl::shutdown`]                                      |
+//! | `PUT`  | `/vm/snapshot`   | [`VmControl::start_snapshot`]: starts the job, answers 202   |
+//! | `GET`  | `/vm/snapshot`   | [`VmControl::snapshot_job`]: the job's progress              |
 //!
-//! A query string is ignored. A request body must be absent, empty or the JSON object `{}`.
+//! A query string is ignored. A request body must be absent, empty or the JSON object `{}`,
+//! except on `PUT /vm/snapshot`, whose body is a [`SnapshotRequest`].
 //! Every answer, errors included, is a JSON document (`Content-Type: application/json`); errors
 //! are `{"error": "..."}`. Each connection carries one request (`Connection: close`).
 //!
@@ -27,6 +30,7 @@
 //! | code | when                                                                            |
 //! |------|---------------------------------------------------------------------------------|
 //! | 200  | the route's answer                                                              |
+//! | 202  | a long job was started (`PUT /vm/snapshot`); poll its `GET` route               |
 //! | 400  | malformed request line, header or `Content-Length`; a body that is not `{}`     |
 //! | 404  | unknown path                                                                    |
 //! | 405  | known path, wrong method (with an `Allow` header)                               |
@@ -60,7 +64,10 @@ mod sys;
 
 use std::time::Duration;
 
-pub use client::{request, request_with_timeout, ApiResponse, ClientError, DEFAULT_CLIENT_TIMEOUT};
+pub use client::{
+    request, request_with_body, request_with_timeout, ApiResponse, ClientError,
+    DEFAULT_CLIENT_TIMEOUT,
+};
 #[cfg(feature = "fuzzing")]
 pub use fuzzing::{fuzz_read_request, fuzz_serve_connection};
 pub use server::{serve, ApiListener, ApiServer, ServeError, ThreadStartHook};
@@ -88,6 +95,59 @@ pub trait VmControl: Send + Sync + 'static {
     /// binary stops a payload VM at once and asks a Linux guest to power off through its ACPI
     /// power button, stopping it if it has not within a grace period.
     fn shutdown(&self) -> Result<serde_json::Value, ControlError>;
+    /// `PUT /vm/snapshot`: start a snapshot job and return at once (answered with 202) with
+    /// the job's first progress report; [`ControlError::Conflict`] when a job is running or
+    /// the VM cannot be snapshotted. The default refuses (a VM without snapshot support).
+    fn start_snapshot(&self, request: SnapshotRequest) -> Result<serde_json::Value, ControlError> {
+        let _ = request;
+        Err(ControlError::Conflict(
+            "this VM cannot be snapshotted".into(),
+        ))
+    }
+    /// `GET /vm/snapshot`: the last snapshot job's progress, `{"state": "none"}` when there
+    /// was none (see the binary's job for the other fields).
+    fn snapshot_job(&self) -> serde_json::Value {
+        serde_json::json!({"state": "none"})
+    }
+}
+
+/// The body of `PUT /vm/snapshot`: `{"dir": "/path/new-dir", "stop": false}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRequest {
+    /// The snapshot directory to create (it must not exist).
+    pub dir: std::path::PathBuf,
+    /// End the VM after the snapshot (instead of resuming it).
+    pub stop: bool,
+}
+
+impl SnapshotRequest {
+    /// Parses the body: an object with a non-empty string `dir` and an optional boolean
+    /// `stop`, no other field.
+    pub fn from_json(body: &[u8]) -> Result<Self, String> {
+        let value: serde_json::Value = serde_json::from_slice(body)
+            .map_err(|err| format!("request body is not valid JSON: {err}"))?;
+        let fields = value
+            .as_object()
+            .ok_or("the body must be a JSON object like {\"dir\": \"/path\", \"stop\": false}")?;
+        if let Some(other) = fields
+            .keys()
+            .find(|k| !matches!(k.as_str(), "dir" | "stop"))
+        {
+            return Err(format!(
+                "unknown field {other:?} in the body; it takes \"dir\" and \"stop\""
+            ));
+        }
+        let dir = match fields.get("dir").and_then(|d| d.as_str()) {
+            Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
+            _ => return Err("\"dir\" must be the path of a new directory (a string)".into()),
+        };
+        let stop = match fields.get("stop") {
+            None => false,
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(_) => return Err("\"stop\" must be true or false".into()),
+        };
+        Ok(SnapshotRequest { dir, stop })
+    }
 }
 
 /// Why a [`VmControl`] action was not carried out.

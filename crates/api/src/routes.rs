@@ -15,6 +15,8 @@ enum Action {
     Pause,
     Resume,
     Shutdown,
+    StartSnapshot,
+    SnapshotJob,
 }
 
 /// Every route: path, the one method it accepts, and its action.
@@ -25,12 +27,20 @@ const ROUTES: &[(&str, &str, Action)] = &[
     ("/vm/pause", "PUT", Action::Pause),
     ("/vm/resume", "PUT", Action::Resume),
     ("/vm/shutdown", "PUT", Action::Shutdown),
+    ("/vm/snapshot", "PUT", Action::StartSnapshot),
+    ("/vm/snapshot", "GET", Action::SnapshotJob),
 ];
 
 /// Answers one request.
 pub(crate) fn route(request: &Request, control: &dyn VmControl) -> Response {
-    let Some(&(path, method, action)) = ROUTES.iter().find(|(path, ..)| *path == request.path)
-    else {
+    let on_path = ROUTES.iter().filter(|(path, ..)| *path == request.path);
+    let mut found = None;
+    for &(path, method, action) in on_path.clone() {
+        if found.is_none() || method == request.method {
+            found = Some((path, method, action));
+        }
+    }
+    let Some((path, method, action)) = found else {
         let known: Vec<String> = ROUTES.iter().map(|(p, m, _)| format!("{m} {p}")).collect();
         return Response::error(
             404,
@@ -42,20 +52,40 @@ pub(crate) fn route(request: &Request, control: &dyn VmControl) -> Response {
         );
     };
     if request.method != method {
+        let allowed: Vec<&str> = on_path.map(|(_, m, _)| *m).collect();
         let mut response = Response::error(
             405,
             format!(
-                "method {} is not allowed on {path}; use {method}",
-                request.method
+                "method {} is not allowed on {path}; use {}",
+                request.method,
+                allowed.join(" or ")
             ),
         );
-        response.allow = Some(method);
+        response.allow = Some(if allowed.len() > 1 {
+            "GET, PUT"
+        } else {
+            method
+        });
         return response;
     }
-    if let Err(message) = check_body(&request.body) {
-        return Response::error(400, message);
+    let snapshot = match action {
+        Action::StartSnapshot => match crate::SnapshotRequest::from_json(&request.body) {
+            Ok(r) => Some(r),
+            Err(message) => return Response::error(400, message),
+        },
+        _ => None,
+    };
+    if snapshot.is_none() {
+        if let Err(message) = check_body(&request.body) {
+            return Response::error(400, message);
+        }
     }
-    match catch_unwind(AssertUnwindSafe(|| call(control, action))) {
+    match catch_unwind(AssertUnwindSafe(|| call(control, action, snapshot))) {
+        Ok(Ok(body)) if matches!(action, Action::StartSnapshot) => {
+            let mut r = Response::ok(body);
+            r.status = 202;
+            r
+        }
         Ok(Ok(body)) => Response::ok(body),
         Ok(Err(err)) => Response::error(err.status(), error_chain(&err)),
         Err(panic) => {
@@ -71,8 +101,17 @@ pub(crate) fn route(request: &Request, control: &dyn VmControl) -> Response {
 }
 
 /// Calls the action's [`VmControl`] method.
-fn call(control: &dyn VmControl, action: Action) -> Result<serde_json::Value, ControlError> {
+fn call(
+    control: &dyn VmControl,
+    action: Action,
+    snapshot: Option<crate::SnapshotRequest>,
+) -> Result<serde_json::Value, ControlError> {
     match action {
+        Action::StartSnapshot => match snapshot {
+            Some(r) => control.start_snapshot(r),
+            None => Err(ControlError::Conflict("no snapshot request".into())),
+        },
+        Action::SnapshotJob => Ok(control.snapshot_job()),
         Action::Info => Ok(control.info()),
         Action::Placement => Ok(control.placement()),
         Action::Resources => Ok(control.resources()),
@@ -125,6 +164,24 @@ mod tests {
         }
         for bad in [&b"{"[..], b"[]", b"null", b"{\"force\":true}", b"\xff"] {
             assert!(check_body(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn snapshot_bodies() {
+        let r = crate::SnapshotRequest::from_json(br#"{"dir": "/s/1", "stop": true}"#).unwrap();
+        assert_eq!((r.dir.to_str(), r.stop), (Some("/s/1"), true));
+        let r = crate::SnapshotRequest::from_json(br#"{"dir": "/s/1"}"#).unwrap();
+        assert!(!r.stop);
+        for bad in [
+            &b"{}"[..],
+            br#"{"dir": ""}"#,
+            br#"{"dir": 3}"#,
+            br#"{"dir": "/a", "stop": "yes"}"#,
+            br#"{"dir": "/a", "force": true}"#,
+            b"[]",
+        ] {
+            assert!(crate::SnapshotRequest::from_json(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -210,3 +210,92 @@ fn query_string_http10_and_expect_continue_are_served() {
     assert_eq!(vm.state(), "paused");
     server.stop().unwrap();
 }
+
+/// A VM whose snapshot job only records what it was asked.
+struct SnapVm(std::sync::Mutex<Vec<vmhost_api::SnapshotRequest>>);
+
+impl vmhost_api::VmControl for SnapVm {
+    fn info(&self) -> serde_json::Value {
+        json!({})
+    }
+    fn placement(&self) -> serde_json::Value {
+        json!({})
+    }
+    fn resources(&self) -> serde_json::Value {
+        json!({})
+    }
+    fn pause(&self) -> Result<serde_json::Value, vmhost_api::ControlError> {
+        Ok(json!({}))
+    }
+    fn resume(&self) -> Result<serde_json::Value, vmhost_api::ControlError> {
+        Ok(json!({}))
+    }
+    fn shutdown(&self) -> Result<serde_json::Value, vmhost_api::ControlError> {
+        Ok(json!({}))
+    }
+    fn start_snapshot(
+        &self,
+        request: vmhost_api::SnapshotRequest,
+    ) -> Result<serde_json::Value, vmhost_api::ControlError> {
+        self.0.lock().unwrap().push(request);
+        Ok(json!({"state": "running", "phase": "pause"}))
+    }
+    fn snapshot_job(&self) -> serde_json::Value {
+        json!({"state": "running", "jobs": self.0.lock().unwrap().len()})
+    }
+}
+
+#[test]
+fn snapshot_starts_a_job_with_202_and_its_progress_is_polled() {
+    let dir = TempDir::new();
+    let vm = std::sync::Arc::new(SnapVm(Default::default()));
+    let control: std::sync::Arc<dyn vmhost_api::VmControl> = vm.clone();
+    let server = vmhost_api::serve(&dir.join("api.sock"), control, test_limits(), None).unwrap();
+    let socket = server.path();
+    let body = json!({"dir": "/tmp/snap-1", "stop": true});
+    let answer = vmhost_api::request_with_body(
+        socket,
+        "PUT",
+        "/vm/snapshot",
+        Some(&body),
+        vmhost_api::DEFAULT_CLIENT_TIMEOUT,
+    )
+    .unwrap();
+    assert_eq!(answer.status, 202, "{answer:?}");
+    assert_eq!(answer.body["phase"], "pause");
+    let got = vm.0.lock().unwrap().clone();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].dir.to_str(), got[0].stop),
+        (Some("/tmp/snap-1"), true)
+    );
+    assert_eq!(
+        request(socket, "GET", "/vm/snapshot").unwrap().body["jobs"],
+        1
+    );
+    for bad in ["{}", "{\"dir\": 1}", "{\"dir\": \"/a\", \"x\": 1}", ""] {
+        let raw = exchange(socket, &http("PUT", "/vm/snapshot", bad));
+        assert_eq!(raw.status, 400, "{bad}");
+    }
+    let raw = exchange(socket, &http("DELETE", "/vm/snapshot", ""));
+    assert_eq!((raw.status, raw.header("allow")), (405, Some("GET, PUT")));
+    assert_eq!(vm.0.lock().unwrap().len(), 1);
+    server.stop().unwrap();
+}
+
+#[test]
+fn a_vm_without_snapshot_support_refuses_with_409() {
+    let dir = TempDir::new();
+    let vm = FakeVm::running();
+    let server = start(&dir, &vm, test_limits());
+    let raw = exchange(
+        server.path(),
+        &http("PUT", "/vm/snapshot", "{\"dir\": \"/tmp/x\"}"),
+    );
+    assert_eq!(raw.status, 409);
+    assert_eq!(
+        request(server.path(), "GET", "/vm/snapshot").unwrap().body,
+        json!({"state": "none"})
+    );
+    server.stop().unwrap();
+}

@@ -66,9 +66,9 @@ pub enum BenchError {
         scenario: String,
         /// Run (1-based).
         run: u32,
-        /// The cause.
+        /// The cause (boxed: a `VmError` is large).
         #[source]
-        source: vmhost_vcpu::VmError,
+        source: Box<vmhost_vcpu::VmError>,
     },
     /// The guest did not complete its payload.
     #[error("{scenario}: run {run}: the guest did not complete: {detail}")]

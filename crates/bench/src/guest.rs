@@ -128,7 +128,7 @@ pub fn run_once(
     let vm_err = |source| BenchError::Vm {
         scenario: name.clone(),
         run,
-        source,
+        source: Box::new(source),
     };
     let options = VmOptions {
         bench: *bench,

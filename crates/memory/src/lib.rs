@@ -62,6 +62,7 @@
 pub mod audit;
 pub mod background;
 pub mod backing;
+pub mod cells;
 pub mod dirty;
 pub mod host;
 pub mod layout;
@@ -83,6 +84,7 @@ use vmhost_plan::{Backing, Plan};
 pub use audit::{Audit, AuditError, RegionAudit, Violation};
 pub use background::{BackgroundDone, OnDone, PrefaultTiming};
 pub use backing::{BackingError, MappedRegion};
+pub use cells::{CellIoError, CellLoaded, CellSaved};
 pub use dirty::{DirtyBitmap, DirtyRuns, DIRTY_PAGE_BYTES};
 pub use host::{Admission, AdmissionError, HostState};
 pub use layout::{GuestLayout, LayoutError, LayoutRegion, MMIO_HOLE_END, MMIO_HOLE_START};
@@ -392,6 +394,29 @@ impl GuestMemory {
     /// The memory-policy override in force (`None`: each cell bound to its node).
     pub fn policy_override(&self) -> Option<&PolicyOverride> {
         self.policy.as_ref()
+    }
+
+    /// Writes guest cell `cell` as page runs on `out`, leaving out pages that were never
+    /// faulted in (without faulting them in), all-zero pages, and pages `skip(offset in the
+    /// cell, bytes)` rejects ([`cells::save_cell`]). Meant for a paused guest.
+    pub fn save_cell<W: std::io::Write>(
+        &self,
+        cell: u32,
+        out: &mut vmhost_persist::container::Writer<W>,
+        skip: impl FnMut(u64, &[u8]) -> bool,
+    ) -> Result<CellSaved, CellIoError> {
+        cells::save_cell(&self.regions, cell, out, skip)
+    }
+
+    /// Loads every cell of `plan` (the plan this memory was made for) from its memory file,
+    /// `(cell, reader)` for each, by one worker per cell pinned to the PUs of the cell's
+    /// node(s), so the pages are written where the new plan put them ([`cells::load_cells`]).
+    pub fn load_cells<R: std::io::Read + Send>(
+        &self,
+        plan: &Plan,
+        files: Vec<(u32, R)>,
+    ) -> Result<Vec<CellLoaded>, CellIoError> {
+        cells::load_cells(&self.regions, plan, files)
     }
 
     /// Reads back where every page of guest RAM sits, and the policy in force.

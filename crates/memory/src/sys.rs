@@ -246,6 +246,35 @@ pub fn madvise(addr: *mut u8, len: usize, advice: Advice) -> io::Result<()> {
     Ok(())
 }
 
+/// Which pages of `page` bytes in `[at, at + len)` of the mapping at `addr` (of `map_len`
+/// bytes) are resident (`mincore`): a page counts as resident when its first base page is. The
+/// pages are not touched: a page never faulted in stays out. `at`, `len` and `page` must be
+/// multiples of the base page size, and the range must lie inside the mapping.
+pub fn resident_pages(
+    addr: *mut u8,
+    map_len: usize,
+    at: usize,
+    len: usize,
+    page: usize,
+) -> io::Result<Vec<bool>> {
+    let base = usize::try_from(base_page_size()).unwrap_or(4096);
+    let inside = at.checked_add(len).is_some_and(|end| end <= map_len);
+    if !inside || at % base != 0 || len % base != 0 || page % base != 0 || page == 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut vec = vec![0u8; len / base];
+    let start = addr.wrapping_add(at);
+    // SAFETY: mincore only reads the page tables of `[start, start + len)` and writes one
+    // byte per base page of it into `vec`, which has exactly `len / base` bytes; the range
+    // lies inside the caller's mapping (checked above against its length) and a range that
+    // is not mapped fails with ENOMEM without any access.
+    let ret = unsafe { libc::mincore(start.cast(), len, vec.as_mut_ptr()) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(vec.chunks(page / base).map(|c| c[0] & 1 == 1).collect())
+}
+
 /// Filesystem type magic and block size of the filesystem holding `path` (`statfs`).
 pub fn statfs(path: &Path) -> io::Result<(u64, u64)> {
     let cpath = CString::new(path.as_os_str().as_bytes())

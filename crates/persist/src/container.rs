@@ -64,6 +64,10 @@ impl RecordKind {
     pub const PLAN: RecordKind = RecordKind(3);
     /// A run of guest memory pages ([`crate::pages`]).
     pub const PAGES: RecordKind = RecordKind(4);
+    /// The VM's state without its memory: the JSON of the vCPU crate's `SavedVm` (every vCPU,
+    /// the VM's irqchip/PIT/clock, a built-in payload's boot area, the devices). The first of
+    /// the VMM's kinds; 17 and up are reserved for later state records.
+    pub const VM_STATE: RecordKind = RecordKind(16);
 }
 
 impl std::fmt::Display for RecordKind {
@@ -74,6 +78,7 @@ impl std::fmt::Display for RecordKind {
             RecordKind::SPEC => "spec",
             RecordKind::PLAN => "plan",
             RecordKind::PAGES => "pages",
+            RecordKind::VM_STATE => "vm state",
             _ => return write!(f, "kind {}", self.0),
         };
         write!(f, "{name} (kind {})", self.0)

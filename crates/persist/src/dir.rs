@@ -89,6 +89,9 @@ pub enum FillError {
     /// Pages could not be written.
     #[error(transparent)]
     Pages(#[from] PageError),
+    /// The caller's own step failed (e.g. reading the guest memory it writes).
+    #[error(transparent)]
+    Caller(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Why a snapshot directory could not be written or read.
@@ -281,6 +284,22 @@ impl SnapshotWriter {
             sha256: out.hash.finalize().into(),
         });
         Ok(())
+    }
+
+    /// Creates the file `name` holding the one record `kind` with `payload` (the spec, the
+    /// plan).
+    pub fn write_single(
+        &mut self,
+        name: FileName,
+        kind: RecordKind,
+        payload: &[u8],
+    ) -> Result<(), DirError> {
+        self.write_file(name, |w| Ok(w.write_record(kind, payload)?))
+    }
+
+    /// The directory being written.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     fn fill(
@@ -548,6 +567,25 @@ impl Snapshot {
         self.reader(&self.dir.join(STATE_FILE), &known)
     }
 
+    /// The payload of the one record of kind `kind` in the file `name` (the spec, the plan).
+    pub fn read_single(&self, name: FileName, kind: RecordKind) -> Result<Vec<u8>, DirError> {
+        let path = self.dir.join(name.to_string());
+        let reader = self.open_file(name, &[kind])?;
+        first_of_kind(reader, kind, &path)
+    }
+
+    /// The payload of the first record of kind `kind` in the state file (after the manifest).
+    pub fn read_state(&self, kind: RecordKind) -> Result<Vec<u8>, DirError> {
+        let path = self.dir.join(STATE_FILE);
+        let reader = self.open_state(&[kind])?;
+        first_of_kind(reader, kind, &path)
+    }
+
+    /// The snapshot's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn reader(
         &self,
         path: &Path,
@@ -559,6 +597,43 @@ impl Snapshot {
             source,
         })
     }
+}
+
+/// Reads records until the first of kind `kind`; its payload.
+fn first_of_kind(
+    mut reader: Reader<BufReader<File>>,
+    kind: RecordKind,
+    path: &Path,
+) -> Result<Vec<u8>, DirError> {
+    let damaged = |source| DirError::Damaged {
+        path: path.to_path_buf(),
+        source,
+    };
+    while let Some(rec) = reader.next_record().map_err(damaged)? {
+        if rec.kind == kind {
+            return Ok(rec.payload);
+        }
+    }
+    Err(DirError::Incomplete {
+        dir: path.parent().unwrap_or(path).to_path_buf(),
+        why: format!("{} holds no {kind} record", path.display()),
+    })
+}
+
+/// Removes an unfinished snapshot in `dir`: the files a snapshot writes (`state`, `spec`,
+/// `plan`, `memory-cell<N>`), then the directory itself, which must then be empty (anything
+/// else in it is left alone and the directory stays). For the cleanup after a failed snapshot.
+pub fn remove_unfinished(dir: &Path) -> io::Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ours = name == STATE_FILE || FileName::parse(&name).is_some();
+        if ours && entry.file_type()?.is_file() {
+            fs::remove_file(entry.path())?;
+        }
+    }
+    fs::remove_dir(dir)
 }
 
 /// Checks that `dir` holds exactly `state` and the listed files.

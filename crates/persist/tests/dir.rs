@@ -222,3 +222,50 @@ fn an_unfinished_snapshot_is_refused() {
     let err = Snapshot::open(&dir2).expect_err("truncated state");
     assert!(err.to_string().contains("state"), "{err}");
 }
+
+#[test]
+fn single_records_and_the_vm_state_read_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("snap");
+    let mut w = SnapshotWriter::create(&dir, "0.1.0").unwrap();
+    w.write_single(FileName::Spec, RecordKind::SPEC, b"name = \"a\"")
+        .unwrap();
+    w.write_single(FileName::Plan, RecordKind::PLAN, b"{\"plan\":1}")
+        .unwrap();
+    w.write_file(FileName::MemoryCell(0), |_| Ok(())).unwrap();
+    w.commit(|out| Ok(out.write_record(RecordKind::VM_STATE, b"{\"vm\":2}")?))
+        .unwrap();
+    let snap = Snapshot::open(&dir).unwrap();
+    assert_eq!(
+        snap.read_single(FileName::Spec, RecordKind::SPEC).unwrap(),
+        b"name = \"a\""
+    );
+    assert_eq!(
+        snap.read_single(FileName::Plan, RecordKind::PLAN).unwrap(),
+        b"{\"plan\":1}"
+    );
+    assert_eq!(
+        snap.read_state(RecordKind::VM_STATE).unwrap(),
+        b"{\"vm\":2}"
+    );
+    assert_eq!(RecordKind::VM_STATE.to_string(), "vm state (kind 16)");
+}
+
+#[test]
+fn an_unfinished_snapshot_is_removed_but_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("snap");
+    let mut w = SnapshotWriter::create(&dir, "0.1.0").unwrap();
+    w.write_single(FileName::Spec, RecordKind::SPEC, b"x")
+        .unwrap();
+    w.write_file(FileName::MemoryCell(0), |_| Ok(())).unwrap();
+    fs::write(dir.join("notes"), b"the user's").unwrap();
+    assert!(vmhost_persist::dir::remove_unfinished(&dir).is_err());
+    assert_eq!(names(&dir), vec!["notes".to_string()]);
+    fs::remove_file(dir.join("notes")).unwrap();
+    let mut w = SnapshotWriter::create(&tmp.path().join("s2"), "0.1.0").unwrap();
+    w.write_single(FileName::Plan, RecordKind::PLAN, b"x")
+        .unwrap();
+    vmhost_persist::dir::remove_unfinished(w.dir()).unwrap();
+    assert!(!tmp.path().join("s2").exists());
+}

@@ -300,6 +300,31 @@ const API: &[&[(i64, Rule)]] = &[
 const SIGNAL: &[&[(i64, Rule)]] = &[&[(SYS_rt_sigtimedwait, Rule::Any)], KICK];
 
 /// `PrefaultOptions::on_progress` hooks run here too (a test's slows the prefault down).
+/// The snapshot job: kicks the vCPUs to pause (and a stop), reads the VM's irqchip, PIT and
+/// clock, creates the directory and its files (`mkdir`, `openat`, `write`, `fsync`), reads
+/// which guest pages are resident (`mincore`), and removes an unfinished snapshot.
+const SNAPSHOT: &[&[(i64, Rule)]] = &[
+    READ_FILES,
+    &CLOSE,
+    CLEAN_UP,
+    KICK,
+    &[
+        (SYS_mkdir, Rule::Any),
+        (SYS_mkdirat, Rule::Any),
+        (SYS_fsync, Rule::Any),
+        (SYS_mincore, Rule::Any),
+        (SYS_unlinkat, Rule::Any),
+        ioctl(&[
+            KVM_VM_STATE_GETS[0],
+            KVM_VM_STATE_GETS[1],
+            KVM_VM_STATE_GETS[2],
+        ]),
+    ],
+];
+
+/// A restore's memory loader: reads its cell's file (already open) and closes it.
+const LOADER: &[&[(i64, Rule)]] = &[READ_FILES, &CLOSE];
+
 const PREFAULT: &[&[(i64, Rule)]] = &[&[(SYS_clock_nanosleep, Rule::Any)]];
 
 const SERIAL: &[&[(i64, Rule)]] = &[];
@@ -478,6 +503,8 @@ pub(crate) fn parts(kind: ThreadKind) -> &'static [&'static [(i64, Rule)]] {
         ThreadKind::DeviceIo => DEVICE_IO,
         ThreadKind::Supervisor => SUPERVISOR,
         ThreadKind::PrefaultAudit => PREFAULT_AUDIT,
+        ThreadKind::Snapshot => SNAPSHOT,
+        ThreadKind::Loader => LOADER,
         ThreadKind::Migration => MIGRATION,
     }
 }

@@ -74,6 +74,13 @@ pub enum ThreadKind {
     /// The background prefault's coordinator (`vmhost-prefault`, `--prefault background`)
     /// once its workers are done: the residency audit, its report and the cpuset narrowing.
     PrefaultAudit,
+    /// The snapshot job (`vmhost-snap`): pauses and resumes the vCPUs, captures the VM's
+    /// state, writes the snapshot directory (or removes an unfinished one) and, with `stop`,
+    /// ends the VM.
+    Snapshot,
+    /// A restore's guest memory loader (`load-c<cell>`): reads its cell's memory file into
+    /// guest RAM.
+    Loader,
     /// A live migration's sender (`vmhost-mig`): pauses and resumes the vCPUs and reads and
     /// clears the dirty page log (`KVM_GET_DIRTY_LOG`, memslots registered again with or
     /// without `KVM_MEM_LOG_DIRTY_PAGES`). The stream it writes adds its own calls.
@@ -82,7 +89,7 @@ pub enum ThreadKind {
 
 impl ThreadKind {
     /// Every kind, in the order of the published table.
-    pub const ALL: [ThreadKind; 17] = [
+    pub const ALL: [ThreadKind; 19] = [
         ThreadKind::Vcpu,
         ThreadKind::Vmm,
         ThreadKind::Emulator,
@@ -99,6 +106,8 @@ impl ThreadKind {
         ThreadKind::Output,
         ThreadKind::Supervisor,
         ThreadKind::PrefaultAudit,
+        ThreadKind::Snapshot,
+        ThreadKind::Loader,
         ThreadKind::Migration,
     ];
 
@@ -121,6 +130,8 @@ impl ThreadKind {
             ThreadKind::DeviceIo => "device-io",
             ThreadKind::Supervisor => "supervisor",
             ThreadKind::PrefaultAudit => "prefault-audit",
+            ThreadKind::Snapshot => "snapshot",
+            ThreadKind::Loader => "loader",
             ThreadKind::Migration => "migration",
         }
     }
@@ -411,6 +422,8 @@ fn thread_names(kind: ThreadKind) -> &'static str {
         ThreadKind::DeviceIo => "vmhost-io-<N>",
         ThreadKind::Supervisor => "vmhost (supervisor)",
         ThreadKind::PrefaultAudit => "vmhost-prefault",
+        ThreadKind::Snapshot => "vmhost-snap",
+        ThreadKind::Loader => "load-c<C>",
         ThreadKind::Migration => "vmhost-mig",
     }
 }

@@ -1,0 +1,510 @@
+//! Guest RAM saved and loaded one cell at a time, as the page runs of `vmhost-persist`: a
+//! snapshot's `memory-cell<N>` files (and later a migration's per-cell streams).
+//!
+//! Saving reads only pages that are resident ([`sys::resident_pages`], `mincore`), so a page
+//! the guest never touched is left out without being faulted in; all-zero pages are left out
+//! too. Loading writes each cell's pages with one worker per cell, pinned to the PUs the plan
+//! gives that cell's node(s), after the memory was allocated and bound by
+//! [`GuestMemory::new`](crate::GuestMemory::new): the pages land on the cell's node.
+//!
+//! Both go through vm-memory's `Bytes` (volatile copies), never through a `&[u8]` of guest
+//! RAM, so a guest that runs meanwhile cannot break Rust's aliasing rules here.
+
+use std::io::{Read, Write};
+use std::time::Instant;
+
+use serde::Serialize;
+use vm_memory::{Bytes, MemoryRegionAddress};
+use vmhost_persist::container::{ContainerError, Reader, RecordKind, Writer};
+use vmhost_persist::pages::{
+    decode_run, is_zero_page, max_run_pages, write_pages, CellGeometry, PageError, MAX_PAGE_SIZE,
+};
+use vmhost_plan::Plan;
+
+use crate::backing::MappedRegion;
+use crate::sys;
+
+/// Why a cell could not be saved or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum CellIoError {
+    /// The memory has no such cell.
+    #[error("guest cell {cell} does not exist in this VM's memory (it has cells {have:?})")]
+    NoCell {
+        /// The cell asked for.
+        cell: u32,
+        /// The cells there are.
+        have: Vec<u32>,
+    },
+    /// `mincore` failed on a region.
+    #[error("cell {cell}: cannot read which pages at GPA {gpa:#x} are resident (mincore)")]
+    Residency {
+        /// The cell.
+        cell: u32,
+        /// Guest-physical address of the range.
+        gpa: u64,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Copying guest RAM failed.
+    #[error("cell {cell}: cannot copy {len} bytes at offset {offset:#x} of the cell")]
+    Copy {
+        /// The cell.
+        cell: u32,
+        /// Offset in the cell.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// The cause.
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+    /// Encoding or decoding a page run failed.
+    #[error("cell {cell}: bad page run")]
+    Pages {
+        /// The cell.
+        cell: u32,
+        /// The cause.
+        #[source]
+        source: PageError,
+    },
+    /// Reading a record of the cell's file failed.
+    #[error("cell {cell}: cannot read its memory file")]
+    Record {
+        /// The cell.
+        cell: u32,
+        /// The cause.
+        #[source]
+        source: ContainerError,
+    },
+    /// A loader worker could not be started.
+    #[error("cell {cell}: cannot start its loader thread")]
+    Spawn {
+        /// The cell.
+        cell: u32,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A loader worker could not be pinned.
+    #[error("cell {cell}: cannot pin its loader to host PUs {cpus:?}")]
+    Pin {
+        /// The cell.
+        cell: u32,
+        /// The PUs.
+        cpus: Vec<u32>,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A loader worker panicked.
+    #[error("cell {cell}: its loader thread panicked")]
+    Panic {
+        /// The cell.
+        cell: u32,
+    },
+    /// A cell file was given twice, or none for a cell of the plan.
+    #[error("the memory files do not match the plan's cells: {why}")]
+    Files {
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// What saving one cell did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct CellSaved {
+    /// The cell.
+    pub cell: u32,
+    /// The page size of the encoding (the backing page size, at most 2 MiB).
+    pub page_size_bytes: u32,
+    /// Bytes of pages written.
+    pub bytes: u64,
+    /// Pages written.
+    pub pages: u64,
+    /// Pages left out: not resident, all zero, or skipped by the caller.
+    pub skipped: u64,
+    /// Seconds taken.
+    pub seconds: f64,
+}
+
+/// What loading one cell did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CellLoaded {
+    /// The cell.
+    pub cell: u32,
+    /// The host PUs its loader ran on (empty: not pinned).
+    pub cpus: Vec<u32>,
+    /// Bytes of pages written into guest RAM.
+    pub bytes: u64,
+    /// Page-run records read.
+    pub records: u64,
+    /// Seconds taken.
+    pub seconds: f64,
+}
+
+/// The regions of `cell` in the order of their offset in the cell, and the cell's geometry.
+fn cell_regions(
+    regions: &[MappedRegion],
+    cell: u32,
+) -> Result<(Vec<&MappedRegion>, CellGeometry), CellIoError> {
+    let mut mine: Vec<&MappedRegion> = regions.iter().filter(|r| r.layout.cell == cell).collect();
+    if mine.is_empty() {
+        let mut have: Vec<u32> = regions.iter().map(|r| r.layout.cell).collect();
+        have.dedup();
+        return Err(CellIoError::NoCell { cell, have });
+    }
+    mine.sort_by_key(|r| r.layout.file_offset);
+    let size = mine
+        .iter()
+        .map(|r| r.layout.file_offset + r.layout.size_bytes)
+        .max()
+        .unwrap_or(0);
+    let page = mine[0]
+        .page_size_bytes
+        .clamp(4096, u64::from(MAX_PAGE_SIZE));
+    let page = u32::try_from(page).unwrap_or(MAX_PAGE_SIZE);
+    let geometry = CellGeometry::new(cell, page, size)
+        .map_err(|source| CellIoError::Pages { cell, source })?;
+    Ok((mine, geometry))
+}
+
+/// Writes the resident, non-zero pages of guest cell `cell` of `regions` as page runs on `out`,
+/// also leaving out each page for which `skip(offset in the cell, bytes)` is true. Pages that
+/// are not resident are neither read nor faulted in.
+pub fn save_cell<W: Write>(
+    regions: &[MappedRegion],
+    cell: u32,
+    out: &mut Writer<W>,
+    mut skip: impl FnMut(u64, &[u8]) -> bool,
+) -> Result<CellSaved, CellIoError> {
+    let start = Instant::now();
+    let (mine, geometry) = cell_regions(regions, cell)?;
+    let page = geometry.page_size() as usize;
+    let chunk = max_run_pages(geometry.page_size()) as usize * page;
+    let mut saved = CellSaved {
+        cell,
+        page_size_bytes: geometry.page_size(),
+        ..CellSaved::default()
+    };
+    let mut buf = vec![0u8; chunk];
+    for r in mine {
+        let mut at = 0usize;
+        while at < r.len() {
+            let n = chunk.min(r.len() - at);
+            let resident = resident(r, at, n, page)?;
+            for (i, _) in resident.iter().enumerate().filter(|(_, res)| **res) {
+                let dst = &mut buf[i * page..(i + 1) * page];
+                r.region
+                    .read_slice(dst, MemoryRegionAddress((at + i * page) as u64))
+                    .map_err(|source| CellIoError::Copy {
+                        cell,
+                        offset: r.layout.file_offset + (at + i * page) as u64,
+                        len: page as u64,
+                        source,
+                    })?;
+            }
+            let base = r.layout.file_offset + at as u64;
+            let stats = write_pages(out, &geometry, base, &buf[..n], |off, p| {
+                let i = usize::try_from((off - base) / page as u64).unwrap_or(usize::MAX);
+                !resident.get(i).copied().unwrap_or(false) || is_zero_page(p) || skip(off, p)
+            })
+            .map_err(|source| CellIoError::Pages { cell, source })?;
+            saved.pages += stats.pages;
+            saved.skipped += stats.skipped;
+            at += n;
+        }
+    }
+    saved.bytes = saved.pages * page as u64;
+    saved.seconds = start.elapsed().as_secs_f64();
+    Ok(saved)
+}
+
+/// Which pages of `page` bytes of `len` bytes at `at` in region `r` are resident.
+fn resident(
+    r: &MappedRegion,
+    at: usize,
+    len: usize,
+    page: usize,
+) -> Result<Vec<bool>, CellIoError> {
+    sys::resident_pages(r.host_addr(), r.len(), at, len, page).map_err(|source| {
+        CellIoError::Residency {
+            cell: r.layout.cell,
+            gpa: r.layout.gpa + at as u64,
+            source,
+        }
+    })
+}
+
+/// Reads the page runs of cell `cell` from `input` (a container of pages records) into the
+/// cell's `regions`. Returns the bytes and records.
+pub fn load_cell<R: Read>(
+    regions: &[MappedRegion],
+    cell: u32,
+    input: R,
+) -> Result<(u64, u64), CellIoError> {
+    let (mine, geometry) = cell_regions(regions, cell)?;
+    let rec_err = |source| CellIoError::Record { cell, source };
+    let mut reader = Reader::new(input, &[RecordKind::PAGES]).map_err(rec_err)?;
+    let (mut bytes, mut records) = (0u64, 0u64);
+    while let Some(rec) = reader.next_record().map_err(rec_err)? {
+        if rec.kind != RecordKind::PAGES {
+            continue;
+        }
+        let run = decode_run(&rec.payload, &geometry)
+            .map_err(|source| CellIoError::Pages { cell, source })?;
+        write_run(&mine, cell, run.offset, run.bytes)?;
+        bytes += run.bytes.len() as u64;
+        records += 1;
+    }
+    reader.expect_eof().map_err(rec_err)?;
+    Ok((bytes, records))
+}
+
+/// Writes `bytes` at `offset` of the cell into the regions that hold it.
+fn write_run(
+    regions: &[&MappedRegion],
+    cell: u32,
+    offset: u64,
+    bytes: &[u8],
+) -> Result<(), CellIoError> {
+    let end = offset + bytes.len() as u64;
+    for r in regions {
+        let (lo, hi) = (
+            r.layout.file_offset,
+            r.layout.file_offset + r.layout.size_bytes,
+        );
+        let (from, to) = (offset.max(lo), end.min(hi));
+        if from >= to {
+            continue;
+        }
+        // Both differences are at most bytes.len(), a usize.
+        let idx = |v: u64| usize::try_from(v - offset).unwrap_or(bytes.len());
+        let src = &bytes[idx(from)..idx(to)];
+        r.region
+            .write_slice(src, MemoryRegionAddress(from - lo))
+            .map_err(|source| CellIoError::Copy {
+                cell,
+                offset: from,
+                len: to - from,
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+/// The host PUs a cell's loader runs on: those of every node the plan binds the cell to.
+fn loader_cpus(plan: &Plan, cell: u32) -> Vec<u32> {
+    let mut cpus: Vec<u32> = plan
+        .guest_cells
+        .iter()
+        .filter(|c| c.cell == cell)
+        .flat_map(|c| {
+            c.memory_parts()
+                .into_iter()
+                .flat_map(|p| p.prefault_cpus.to_vec())
+        })
+        .collect();
+    cpus.sort_unstable();
+    cpus.dedup();
+    cpus
+}
+
+/// Loads every cell of `plan` from its file in `files` (`(cell, reader)`, one per cell), each
+/// by a worker (`load-c<cell>`) pinned to the PUs of the cell's node(s); cells load
+/// concurrently. The first failure is returned after every worker has ended.
+pub fn load_cells<R: Read + Send>(
+    regions: &[MappedRegion],
+    plan: &Plan,
+    files: Vec<(u32, R)>,
+) -> Result<Vec<CellLoaded>, CellIoError> {
+    check_files(plan, &files)?;
+    std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for (cell, input) in files {
+            let cpus = loader_cpus(plan, cell);
+            let spawned = std::thread::Builder::new()
+                .name(format!("load-c{cell}"))
+                .spawn_scoped(scope, move || load_worker(regions, cell, cpus, input));
+            match spawned {
+                Ok(h) => handles.push((cell, h)),
+                Err(source) => return Err(CellIoError::Spawn { cell, source }),
+            }
+        }
+        let mut out = Vec::new();
+        let mut first_err = None;
+        for (cell, h) in handles {
+            match h.join() {
+                Ok(Ok(done)) => out.push(done),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(CellIoError::Panic { cell });
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    })
+}
+
+fn load_worker<R: Read>(
+    regions: &[MappedRegion],
+    cell: u32,
+    cpus: Vec<u32>,
+    input: R,
+) -> Result<CellLoaded, CellIoError> {
+    let start = Instant::now();
+    if !cpus.is_empty() {
+        sys::pin_current_thread(&cpus).map_err(|source| CellIoError::Pin {
+            cell,
+            cpus: cpus.clone(),
+            source,
+        })?;
+    }
+    vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Loader);
+    let (bytes, records) = load_cell(regions, cell, input)?;
+    Ok(CellLoaded {
+        cell,
+        cpus,
+        bytes,
+        records,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// One file per cell of the plan, none twice, none extra.
+fn check_files<R>(plan: &Plan, files: &[(u32, R)]) -> Result<(), CellIoError> {
+    let mut have: Vec<u32> = files.iter().map(|(c, _)| *c).collect();
+    have.sort_unstable();
+    let mut want: Vec<u32> = plan.guest_cells.iter().map(|c| c.cell).collect();
+    want.sort_unstable();
+    if have != want {
+        let why = format!("the files are for cells {have:?}, the plan has cells {want:?}");
+        return Err(CellIoError::Files { why });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::plan;
+    use crate::{GuestMemory, MemoryOptions, PrefaultTiming};
+    use vm_memory::GuestAddress;
+    use vmhost_plan::Backing;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Two cells of 8 MiB on node 0, anonymous, not prefaulted: only what a test writes is
+    /// resident.
+    fn memory(name: &str) -> (Plan, GuestMemory) {
+        let mut p = plan(
+            name,
+            &[(Some(0), 8 * MIB), (Some(0), 8 * MIB)],
+            Backing::Anonymous,
+        );
+        for c in &mut p.guest_cells {
+            c.prefault_cpus = vmhost_topology::affinity::current_thread().unwrap();
+        }
+        let opts = MemoryOptions {
+            timing: PrefaultTiming::Background,
+            ..MemoryOptions::default()
+        };
+        let mem = GuestMemory::new(&p, &opts).unwrap();
+        (p, mem)
+    }
+
+    fn resident_count(mem: &GuestMemory, cell: u32) -> usize {
+        mem.regions()
+            .iter()
+            .filter(|r| r.layout.cell == cell)
+            .map(|r| {
+                let v = sys::resident_pages(r.host_addr(), r.len(), 0, r.len(), 4096).unwrap();
+                v.iter().filter(|x| **x).count()
+            })
+            .sum()
+    }
+
+    #[test]
+    fn save_leaves_out_untouched_and_zero_pages_and_load_puts_the_rest_back() {
+        let (p, mem) = memory("cells-save");
+        let cell1 = mem.layout().cell_regions(1).next().unwrap().gpa;
+        let g = mem.memory();
+        g.write_obj(0x1122_3344_u32, GuestAddress(0x3000)).unwrap();
+        g.write_obj(0x5566_u16, GuestAddress(cell1 + 0x7000 + 12))
+            .unwrap();
+        // Resident but all zero.
+        g.write_obj(0u64, GuestAddress(0x9000)).unwrap();
+        assert_eq!(resident_count(&mem, 0), 2);
+
+        let mut files = Vec::new();
+        for cell in 0..2 {
+            let mut w = Writer::new(Vec::new(), "test").unwrap();
+            let saved = mem.save_cell(cell, &mut w, |_, _| false).unwrap();
+            assert_eq!((saved.pages, saved.bytes), (1, 4096), "cell {cell}");
+            assert_eq!(saved.skipped, 2047);
+            files.push((cell, w.finish().unwrap()));
+        }
+        // Saving faulted nothing in.
+        assert_eq!(resident_count(&mem, 0), 2);
+        assert_eq!(resident_count(&mem, 1), 1);
+
+        let (_, fresh) = memory("cells-load");
+        let loaded = fresh
+            .load_cells(&p, files.iter().map(|(c, b)| (*c, &b[..])).collect())
+            .unwrap();
+        assert_eq!(loaded.iter().map(|l| l.bytes).sum::<u64>(), 8192);
+        let f = fresh.memory();
+        assert_eq!(
+            f.read_obj::<u32>(GuestAddress(0x3000)).unwrap(),
+            0x1122_3344
+        );
+        assert_eq!(
+            f.read_obj::<u16>(GuestAddress(cell1 + 0x7000 + 12))
+                .unwrap(),
+            0x5566
+        );
+        assert_eq!(resident_count(&fresh, 0), 1);
+        let cpus = vmhost_topology::affinity::current_thread().unwrap();
+        assert!(loaded.iter().all(|l| l.cpus == cpus));
+    }
+
+    #[test]
+    fn the_caller_skips_pages_and_a_file_for_a_missing_cell_is_refused() {
+        let (p, mem) = memory("cells-skip");
+        mem.memory().write_obj(7u8, GuestAddress(0)).unwrap();
+        mem.memory().write_obj(8u8, GuestAddress(0x1000)).unwrap();
+        let mut w = Writer::new(Vec::new(), "test").unwrap();
+        let saved = mem.save_cell(0, &mut w, |off, _| off == 0).unwrap();
+        assert_eq!(saved.pages, 1);
+        assert!(matches!(
+            mem.save_cell(5, &mut w, |_, _| false),
+            Err(CellIoError::NoCell { cell: 5, .. })
+        ));
+        let bytes = w.finish().unwrap();
+        let err = mem.load_cells(&p, vec![(0, &bytes[..])]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("cells [0], the plan has cells [0, 1]"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_run_for_another_cell_is_refused() {
+        let (p, mem) = memory("cells-wrong");
+        mem.memory().write_obj(7u8, GuestAddress(0)).unwrap();
+        let mut w = Writer::new(Vec::new(), "test").unwrap();
+        mem.save_cell(0, &mut w, |_, _| false).unwrap();
+        let bytes = w.finish().unwrap();
+        let empty = Writer::new(Vec::new(), "test").unwrap().finish().unwrap();
+        let err = mem
+            .load_cells(&p, vec![(1, &bytes[..]), (0, &empty[..])])
+            .unwrap_err();
+        assert!(matches!(err, CellIoError::Pages { cell: 1, .. }), "{err:?}");
+    }
+}

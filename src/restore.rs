@@ -1,0 +1,200 @@
+//! `vmhost restore DIR [--config F] [run options]`: a VM continued from a snapshot.
+//!
+//! The order (docs/migration.md, "Restore"): the whole snapshot directory is checked
+//! ([`Snapshot::open`]) and its spec and state decoded before anything else, so a truncated,
+//! corrupted or wrong-version snapshot, or a `--config` whose spec differs, is refused with
+//! exit status 2 before `/dev/kvm` is opened or anything is allocated. Then the normal start
+//! path runs (`main::start_vm`, [`crate::run::run`]): the spec is re-planned on this host as
+//! it is now through admission and the ledger, [`check_this_host`] checks CPUID and TSC, the
+//! guest memory is allocated per the new plan and [`load_memory`] fills it with one pinned
+//! worker per cell, and the VM continues from the saved state instead of booting.
+
+use std::fs::{File, OpenOptions};
+use std::io::BufReader;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+use vmhost_config::LoadedSpec;
+use vmhost_memory::GuestMemory;
+use vmhost_persist::container::RecordKind;
+use vmhost_persist::dir::{FileName, Snapshot};
+use vmhost_plan::Plan;
+
+use crate::snapshot::SpecSource;
+use crate::{Exit, EXIT_INVALID};
+
+/// A checked snapshot and its decoded VM state.
+pub struct Restored {
+    /// The snapshot directory, checked whole.
+    pub snapshot: Snapshot,
+    /// The VM state (record kind 16).
+    pub saved: crate::vmstate::Saved,
+}
+
+/// An invalid-input refusal (exit status 2) naming the snapshot.
+fn refuse(dir: &Path, what: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::Error::new(Exit {
+        code: EXIT_INVALID,
+        message: format!("restore {}: {what}", dir.display()),
+    })
+}
+
+/// The error and its causes on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// Checks the snapshot in `dir` and decodes its spec and state; with `config`, checks that
+/// its spec is the snapshot's. Opens no `/dev/kvm` and allocates no guest memory. Returns the
+/// spec to run, its text, and the snapshot.
+pub fn prepare(dir: &Path, config: Option<&Path>) -> Result<(LoadedSpec, SpecSource, Restored)> {
+    let snapshot = Snapshot::open(dir).map_err(|e| refuse(dir, chain(&e)))?;
+    let raw = snapshot
+        .read_single(FileName::Spec, RecordKind::SPEC)
+        .map_err(|e| refuse(dir, chain(&e)))?;
+    let source: SpecSource = serde_json::from_slice(&raw)
+        .map_err(|e| refuse(dir, format!("its spec file does not hold a spec: {e}")))?;
+    let saved_spec = source
+        .load()
+        .map_err(|e| refuse(dir, format!("its spec is not valid: {}", chain(&e))))?;
+    let (loaded, source) = match config {
+        None => (saved_spec, source),
+        Some(path) => {
+            let given = SpecSource::read(path)?;
+            let loaded = given.load()?;
+            check_same_spec(dir, path, &saved_spec, &loaded)?;
+            (loaded, given)
+        }
+    };
+    let state = snapshot
+        .read_state(RecordKind::VM_STATE)
+        .map_err(|e| refuse(dir, chain(&e)))?;
+    let saved = crate::vmstate::decode(&state)
+        .map_err(|e| refuse(dir, format!("its VM state cannot be read: {e:#}")))?;
+    Ok((loaded, source, Restored { snapshot, saved }))
+}
+
+/// Refuses a `--config` whose resolved spec differs from the snapshot's, naming the first
+/// field that differs.
+fn check_same_spec(dir: &Path, path: &Path, saved: &LoadedSpec, given: &LoadedSpec) -> Result<()> {
+    let a = serde_json::to_value(&saved.spec)?;
+    let b = serde_json::to_value(&given.spec)?;
+    match first_difference(&a, &b, String::new()) {
+        None => Ok(()),
+        Some((field, want, got)) => Err(refuse(
+            dir,
+            format!(
+                "--config {} is not the snapshot's spec: `{field}` is {got} there and {want} in \
+                 the snapshot (restore without --config to use the snapshot's)",
+                path.display()
+            ),
+        )),
+    }
+}
+
+/// The first path (`cpu.cores`, `devices.disks[0].path`) where `a` and `b` differ, with both
+/// values.
+pub fn first_difference(a: &Value, b: &Value, at: String) -> Option<(String, Value, Value)> {
+    let join = |key: &str| {
+        if at.is_empty() {
+            key.to_string()
+        } else {
+            format!("{at}.{key}")
+        }
+    };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            keys.into_iter().find_map(|k| {
+                let (va, vb) = (
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                );
+                first_difference(va, vb, join(k))
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (va, vb))| first_difference(va, vb, format!("{at}[{i}]"))),
+        _ if a == b => None,
+        _ => Some((at, a.clone(), b.clone())),
+    }
+}
+
+/// Whether this host can run the saved vCPUs (TSC frequency, CPUID features); before the VM
+/// is created. A refusal is exit status 2.
+pub fn check_this_host(r: &Restored) -> Result<()> {
+    crate::vmstate::check_target(&r.saved).map_err(|e| {
+        refuse(
+            r.snapshot.dir(),
+            format!("this host cannot run its vCPUs: {e:#}"),
+        )
+    })
+}
+
+/// Fills `memory` (allocated and bound per `plan`) from the snapshot's memory files, one
+/// worker per cell pinned to the cell's node PUs; reports each cell on stderr (not with
+/// `--json`).
+pub fn load_memory(memory: &GuestMemory, plan: &Plan, r: &Restored, json: bool) -> Result<()> {
+    let dir = r.snapshot.dir();
+    let mut files = Vec::new();
+    for cell in 0..r.snapshot.cells() {
+        let path = dir.join(FileName::MemoryCell(cell).to_string());
+        let file: File = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        files.push((cell, BufReader::new(file)));
+    }
+    let loaded = memory
+        .load_cells(plan, files)
+        .with_context(|| format!("loading guest memory from {}", dir.display()))?;
+    if !json {
+        for c in &loaded {
+            eprintln!(
+                "vmhost: restore: cell {} loaded {} MiB in {:.3} s by a worker on PUs {:?}",
+                c.cell,
+                c.bytes >> 20,
+                c.seconds,
+                c.cpus
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_difference;
+    use serde_json::json;
+
+    #[test]
+    fn the_first_differing_field_is_named() {
+        let a = json!({"name": "a", "cpu": {"cores": 1, "threads": 1}, "disks": [{"path": "x"}]});
+        let b = json!({"name": "a", "cpu": {"cores": 2, "threads": 1}, "disks": [{"path": "y"}]});
+        assert_eq!(
+            first_difference(&a, &b, String::new()),
+            Some(("cpu.cores".into(), json!(1), json!(2)))
+        );
+        let c = json!({"name": "a", "cpu": {"cores": 1, "threads": 1}, "disks": [{"path": "y"}]});
+        assert_eq!(
+            first_difference(&a, &c, String::new()).map(|d| d.0),
+            Some("disks[0].path".into())
+        );
+        assert_eq!(first_difference(&a, &a, String::new()), None);
+    }
+}

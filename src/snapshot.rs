@@ -1,0 +1,350 @@
+//! The snapshot job behind `PUT /vm/snapshot` and `vmhost ctl … snapshot DIR [--stop]`.
+//!
+//! A long job on its own thread (`vmhost-snap`, started with the control API so that the API
+//! thread never starts a thread): pause → capture the VM state → write `spec`, `plan`, one
+//! `memory-cell<N>` per guest cell, and `state` last → resume, or with `stop` end the VM. A
+//! failure resumes a VM that was running and removes the unfinished directory. The API
+//! answers at once; `GET /vm/snapshot` reports [`Progress`].
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use vmhost_api::{ControlError, SnapshotRequest};
+use vmhost_memory::{CellSaved, MappedRegion};
+use vmhost_persist::container::RecordKind;
+use vmhost_persist::dir::{FileName, FillError, SnapshotWriter};
+use vmhost_plan::Plan;
+use vmhost_vcpu::{StopHandle, VmHandle, VmState};
+
+/// How long a VM snapshotted with `stop` waits for the job's result to be read before it ends.
+const RESULT_GRACE: Duration = Duration::from_secs(5);
+
+/// The spec as the user wrote it: the payload of a snapshot's `spec` record (JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecSource {
+    /// `toml` or `yaml` (KubeVirt).
+    pub format: String,
+    /// Where it was read from (relative boot paths resolve against its directory).
+    pub origin: String,
+    /// The text.
+    pub text: String,
+}
+
+impl SpecSource {
+    /// Reads `path` once (its format from its extension, as `vmhost_config::load` does).
+    pub fn read(path: &Path) -> Result<Self, vmhost_config::ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| vmhost_config::ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let yaml = matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml")
+        );
+        Ok(SpecSource {
+            format: if yaml { "yaml" } else { "toml" }.into(),
+            origin: path.display().to_string(),
+            text,
+        })
+    }
+
+    /// Parses and resolves the spec, as `vmhost --config` would.
+    pub fn load(&self) -> Result<vmhost_config::LoadedSpec, vmhost_config::ConfigError> {
+        let mut loaded = match self.format.as_str() {
+            "yaml" => vmhost_config::from_yaml_str(&self.text, &self.origin)?,
+            _ => vmhost_config::from_toml_str(&self.text, &self.origin)?,
+        };
+        // The embedded quickstart has no file and no paths to resolve.
+        if self.origin != EMBEDDED {
+            if let Some(dir) = Path::new(&self.origin).parent() {
+                loaded.spec.boot.resolve_paths(dir);
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// The embedded quickstart spec.
+    pub fn embedded(text: &str) -> Self {
+        SpecSource {
+            format: "toml".into(),
+            origin: EMBEDDED.into(),
+            text: text.into(),
+        }
+    }
+
+    /// This source with its origin made absolute, for a snapshot restored from any working
+    /// directory.
+    pub fn absolute(&self) -> Self {
+        let mut out = self.clone();
+        if self.origin != EMBEDDED {
+            if let Ok(abs) = std::fs::canonicalize(&self.origin) {
+                out.origin = abs.display().to_string();
+            }
+        }
+        out
+    }
+}
+
+/// The origin of the embedded quickstart spec.
+const EMBEDDED: &str = "configs/quickstart.toml (embedded)";
+
+/// What a snapshot is taken of; the job keeps it for the VM's life.
+pub struct Source {
+    /// The spec as written.
+    pub spec: SpecSource,
+    /// The plan the VM runs under.
+    pub plan: Plan,
+    /// The guest RAM's regions (clones sharing the mappings).
+    pub regions: Vec<MappedRegion>,
+    /// The VM.
+    pub handle: VmHandle,
+    /// Ends the VM (`stop`).
+    pub stop: StopHandle,
+}
+
+/// A job's state (`GET /vm/snapshot` before any job answers `{"state": "none"}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Running.
+    Running,
+    /// Ended well.
+    Succeeded,
+    /// Ended with `error`; the VM runs on as before and the directory is removed.
+    Failed,
+}
+
+/// `GET /vm/snapshot`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Progress {
+    /// The job's state.
+    pub state: JobState,
+    /// The step in progress or last done: `pause`, `capture`, `spec`, `plan`,
+    /// `memory-cell<N>`, `state`, `resume`, `stop`, `done`.
+    pub phase: String,
+    /// The snapshot directory.
+    pub dir: Option<PathBuf>,
+    /// Whether the VM ends after the snapshot.
+    pub stop: bool,
+    /// Guest memory bytes written so far.
+    pub bytes_written: u64,
+    /// Each cell saved so far.
+    pub cells: Vec<CellSaved>,
+    /// Seconds since the job started.
+    pub seconds: f64,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+#[derive(Default)]
+struct Shared {
+    progress: Mutex<Option<(Progress, Instant)>>,
+    /// Set by a `GET` after the job ended: the result was read.
+    read: Condvar,
+    bytes: AtomicU64,
+}
+
+/// The snapshot jobs of one VM: one at a time.
+pub struct Jobs {
+    tx: Mutex<Sender<SnapshotRequest>>,
+    shared: Arc<Shared>,
+}
+
+impl Jobs {
+    /// Starts the `vmhost-snap` thread, idle until a job is requested.
+    pub fn start(source: Source) -> std::io::Result<Jobs> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let for_thread = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("vmhost-snap".into())
+            .spawn(move || {
+                vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Snapshot);
+                job_thread(&source, &rx, &for_thread);
+            })?;
+        Ok(Jobs {
+            tx: Mutex::new(tx),
+            shared,
+        })
+    }
+
+    /// `PUT /vm/snapshot`: queues the job unless one is running; its first progress report.
+    pub fn request(&self, req: SnapshotRequest) -> Result<Value, ControlError> {
+        let mut slot = lock(&self.shared.progress);
+        if matches!(slot.as_ref(), Some((p, _)) if p.state == JobState::Running) {
+            return Err(ControlError::Conflict(
+                "a snapshot job is running; poll GET /vm/snapshot until it ends".into(),
+            ));
+        }
+        let progress = Progress {
+            state: JobState::Running,
+            phase: "queued".into(),
+            dir: Some(req.dir.clone()),
+            stop: req.stop,
+            bytes_written: 0,
+            cells: Vec::new(),
+            seconds: 0.0,
+            error: None,
+        };
+        self.shared.bytes.store(0, Ordering::Relaxed);
+        let sent = lock(&self.tx).send(req);
+        if sent.is_err() {
+            return Err(ControlError::Conflict(
+                "the VM is stopping: no snapshot".into(),
+            ));
+        }
+        let value = serde_json::to_value(&progress).unwrap_or_default();
+        *slot = Some((progress, Instant::now()));
+        Ok(value)
+    }
+
+    /// `GET /vm/snapshot`: the last job's progress (`{"state": "none"}` before the first).
+    pub fn progress(&self) -> Value {
+        let mut slot = lock(&self.shared.progress);
+        let Some((p, started)) = slot.as_mut() else {
+            return serde_json::json!({"state": "none"});
+        };
+        if p.state == JobState::Running {
+            p.bytes_written = self.shared.bytes.load(Ordering::Relaxed);
+            p.seconds = started.elapsed().as_secs_f64();
+        } else {
+            self.shared.read.notify_all();
+        }
+        serde_json::to_value(&*p).unwrap_or_default()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn set_phase(shared: &Shared, phase: &str) {
+    if let Some((p, _)) = lock(&shared.progress).as_mut() {
+        p.phase = phase.to_string();
+    }
+}
+
+fn job_thread(source: &Source, rx: &Receiver<SnapshotRequest>, shared: &Shared) {
+    while let Ok(req) = rx.recv() {
+        let outcome = run_job(source, &req, shared);
+        let mut slot = lock(&shared.progress);
+        if let Some((p, started)) = slot.as_mut() {
+            p.bytes_written = shared.bytes.load(Ordering::Relaxed);
+            p.seconds = started.elapsed().as_secs_f64();
+            match &outcome {
+                Ok(()) => {
+                    p.state = JobState::Succeeded;
+                    p.phase = "done".into();
+                }
+                Err(e) => {
+                    p.state = JobState::Failed;
+                    p.error = Some(format!("{e:#}"));
+                }
+            }
+        }
+        if outcome.is_ok() && req.stop {
+            // Let a poller read the result before the VM (and its API) ends.
+            let _ = shared.read.wait_timeout(slot, RESULT_GRACE);
+            tracing::info!(dir = %req.dir.display(), "snapshot taken: stopping the VM");
+            source.stop.stop();
+        }
+    }
+}
+
+/// One job: pause, write, then resume or stop; on failure resume and clean up.
+fn run_job(source: &Source, req: &SnapshotRequest, shared: &Shared) -> Result<()> {
+    let was_running = match source.handle.state() {
+        VmState::Running => true,
+        VmState::Paused => false,
+        s => anyhow::bail!("the VM is {s:?}: only a running or paused VM can be snapshotted"),
+    };
+    set_phase(shared, "pause");
+    if was_running {
+        source.handle.pause().context("pausing the vCPUs")?;
+    }
+    let mut created = false;
+    let written = write_snapshot(source, req, shared, &mut created);
+    if let Err(e) = &written {
+        if created {
+            if let Err(rm) = vmhost_persist::dir::remove_unfinished(&req.dir) {
+                tracing::warn!(dir = %req.dir.display(), error = %rm, "cannot remove the unfinished snapshot");
+            }
+        }
+        tracing::warn!(error = %format!("{e:#}"), "snapshot failed");
+    }
+    if was_running && (written.is_err() || !req.stop) {
+        set_phase(shared, "resume");
+        source.handle.resume().context("resuming the vCPUs")?;
+    }
+    if written.is_ok() && req.stop {
+        set_phase(shared, "stop");
+    }
+    written
+}
+
+/// Captures the paused VM and writes the directory; `created` once the directory exists.
+fn write_snapshot(
+    source: &Source,
+    req: &SnapshotRequest,
+    shared: &Shared,
+    created: &mut bool,
+) -> Result<()> {
+    set_phase(shared, "capture");
+    let state = crate::vmstate::capture(&source.handle).context("capturing the VM's state")?;
+    let mut w = SnapshotWriter::create(&req.dir, env!("CARGO_PKG_VERSION"))?;
+    *created = true;
+    set_phase(shared, "spec");
+    w.write_single(
+        FileName::Spec,
+        RecordKind::SPEC,
+        &serde_json::to_vec(&source.spec)?,
+    )?;
+    set_phase(shared, "plan");
+    w.write_single(
+        FileName::Plan,
+        RecordKind::PLAN,
+        &serde_json::to_vec(&source.plan)?,
+    )?;
+    let mut cells: Vec<u32> = source.plan.guest_cells.iter().map(|c| c.cell).collect();
+    cells.sort_unstable();
+    for cell in cells {
+        let name = FileName::MemoryCell(cell);
+        set_phase(shared, &name.to_string());
+        let saved = save_cell(source, &mut w, cell, &shared.bytes)?;
+        if let Some((p, _)) = lock(&shared.progress).as_mut() {
+            p.cells.push(saved);
+        }
+    }
+    set_phase(shared, "state");
+    w.commit(|out| Ok(out.write_record(RecordKind::VM_STATE, &state)?))?;
+    Ok(())
+}
+
+/// Writes `memory-cell<cell>`, counting bytes into `bytes` as pages are kept.
+fn save_cell(
+    source: &Source,
+    w: &mut SnapshotWriter,
+    cell: u32,
+    bytes: &AtomicU64,
+) -> Result<CellSaved> {
+    let mut saved = None;
+    w.write_file(FileName::MemoryCell(cell), |out| {
+        let count = |_: u64, page: &[u8]| {
+            bytes.fetch_add(page.len() as u64, Ordering::Relaxed);
+            false
+        };
+        let s = vmhost_memory::cells::save_cell(&source.regions, cell, out, count)
+            .map_err(|e| FillError::Caller(Box::new(e)))?;
+        saved = Some(s);
+        Ok(())
+    })?;
+    saved.context("the cell was not written")
+}

@@ -1,0 +1,254 @@
+//! Snapshot and restore end to end with the real binary, real `/dev/kvm` and 2 MiB hugepages:
+//! `vmhost ctl snapshot` (the VM runs on), `ctl snapshot --stop` (the VM ends), `vmhost
+//! restore` (the guest continues), and the refusals before `/dev/kvm` (a damaged snapshot, a
+//! different spec). Every hugepage is back in the pool at the end.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vmhost_testsupport::{lock_cpus, lock_pool, need_kvm, need_pages, pool};
+
+const PAGE_2M: u64 = 2 << 20;
+
+const IDLE: &str = "name = \"snap-vm\"\n[cpu]\ncores = 1\n\
+     [memory]\nguest = \"32Mi\"\nhugepages = { page_size = \"2Mi\" }\n[boot]\npayload = \"idle\"\n";
+
+fn dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vmhost-snap-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn vmhost(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        common::stdout(o),
+        common::stderr(o)
+    )
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+/// The idle payload's `(tsc_start, ticks)` of vCPU 0, from `GET /vm`.
+fn progress(sock: &Path) -> (u64, u64) {
+    let (_, info) = common::ctl(sock, "info");
+    let p = &info["payload"][0];
+    (
+        p["tsc_start"].as_u64().unwrap_or(0),
+        p["ticks"].as_u64().unwrap_or(0),
+    )
+}
+
+/// Waits (polling the API) until vCPU 0's tick count passes `past`.
+fn ticks_pass(sock: &Path, past: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, t) = progress(sock);
+        if t > past {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ticks stay at {t}, not past {past}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn snapshot(sock: &Path, to: &Path, stop: bool) -> Output {
+    let mut args = vec!["ctl", "--api-socket", sock.to_str().unwrap(), "snapshot"];
+    args.push(to.to_str().unwrap());
+    if stop {
+        args.push("--stop");
+    }
+    vmhost(&args)
+}
+
+/// `vmhost --run-dir R ps --json`: the ledger's VM names.
+fn ledger_names(run_dir: &Path) -> String {
+    let o = vmhost(&["--run-dir", run_dir.to_str().unwrap(), "ps", "--json"]);
+    common::stdout(&o)
+}
+
+/// Starts `vmhost restore DIR` with its own API socket; waits until it runs.
+fn restore(d: &Path, snap: &Path, sock: &Path) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(["--run-dir", d.join("run").to_str().unwrap()])
+        .args(["--api-socket", sock.to_str().unwrap()])
+        .args(["restore", snap.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while common::ctl(sock, "info").1["state"] != "running" {
+        assert!(Instant::now() < deadline, "the restored VM never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+fn check_modes(snap: &Path) {
+    assert_eq!(mode(snap), 0o700, "{}", snap.display());
+    let mut names: Vec<String> = std::fs::read_dir(snap)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["memory-cell0", "plan", "spec", "state"]);
+    for n in names {
+        assert_eq!(mode(&snap.join(&n)), 0o600, "{n}");
+    }
+}
+
+#[test]
+fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
+    if !need_kvm("cli_snapshot") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_pool();
+    if !need_pages("cli_snapshot", PAGE_2M, 16) {
+        return;
+    }
+    let before = pool(PAGE_2M);
+    let d = dir("flow");
+    let spec = d.join("vm.toml");
+    std::fs::write(&spec, IDLE).unwrap();
+    let (mut child, sock) = common::start_with_api(&d, &spec, &[], Stdio::null());
+    let (boot_id, _) = progress(&sock);
+    assert!(boot_id > 0, "the idle payload stamps its start");
+    ticks_pass(&sock, 2);
+
+    // A snapshot that resumes the VM.
+    let s1 = d.join("s1");
+    let o = snapshot(&sock, &s1, false);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let job: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(job["state"], "succeeded", "{job:#}");
+    assert!(
+        common::stderr(&o).contains("snapshot: succeeded"),
+        "{}",
+        text(&o)
+    );
+    check_modes(&s1);
+    assert_eq!(common::ctl(&sock, "info").1["state"], "running");
+    let (_, t) = progress(&sock);
+    ticks_pass(&sock, t);
+    // An existing directory is refused and left alone; the VM runs on.
+    let o = snapshot(&sock, &s1, false);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        common::stdout(&o).contains("must not exist"),
+        "{}",
+        text(&o)
+    );
+    check_modes(&s1);
+    assert_eq!(common::ctl(&sock, "info").1["state"], "running");
+
+    // A snapshot that ends the VM.
+    let (_, seen) = progress(&sock);
+    let s2 = d.join("s2");
+    let o = snapshot(&sock, &s2, true);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    check_modes(&s2);
+    assert!(!ledger_names(&d.join("run")).contains("snap-vm"));
+    assert_eq!(pool(PAGE_2M), before, "the stopped VM's hugepages are back");
+
+    refusals(&d, &s2, before);
+
+    let sock2 = d.join("api2.sock");
+    let mut restored = restore(&d, &s2, &sock2);
+    let (id, first) = progress(&sock2);
+    assert_eq!(
+        id, boot_id,
+        "the guest continued: its start stamp is the same"
+    );
+    assert!(
+        first >= seen,
+        "restored ticks {first} start from the captured count >= {seen}"
+    );
+    ticks_pass(&sock2, first);
+    assert!(ledger_names(&d.join("run")).contains("snap-vm"));
+    assert_eq!(common::ctl(&sock2, "shutdown").0, 0);
+    assert_eq!(restored.wait().unwrap().code(), Some(0));
+    assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
+}
+
+/// A damaged snapshot and a different spec are refused with exit 2 before anything is
+/// allocated: no ledger entry, the hugepage pool unchanged.
+fn refusals(d: &Path, good: &Path, before: (u64, u64)) {
+    let run_dir = d.join("run");
+    let bad = d.join("damaged");
+    std::fs::create_dir(&bad).unwrap();
+    for e in std::fs::read_dir(good).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), bad.join(e.file_name())).unwrap();
+    }
+    let cell = bad.join("memory-cell0");
+    let mut bytes = std::fs::read(&cell).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(&cell, bytes).unwrap();
+    let o = vmhost(&[
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "restore",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(common::stderr(&o).contains("memory-cell0"), "{}", text(&o));
+    assert!(!ledger_names(&run_dir).contains("snap-vm"));
+    assert_eq!(pool(PAGE_2M), before);
+
+    let other = d.join("other.toml");
+    std::fs::write(&other, IDLE.replace("guest = \"32Mi\"", "guest = \"64Mi\"")).unwrap();
+    let o = vmhost(&[
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "--config",
+        other.to_str().unwrap(),
+        "restore",
+        good.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(common::stderr(&o).contains("memory."), "{}", text(&o));
+    assert!(!ledger_names(&run_dir).contains("snap-vm"));
+    assert_eq!(pool(PAGE_2M), before);
+}
+
+#[test]
+fn ctl_snapshot_needs_a_directory_and_restore_a_snapshot() {
+    let d = dir("args");
+    let o = vmhost(&["ctl", "--api-socket", "/nonexistent.sock", "snapshot"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(common::stderr(&o).contains("snapshot DIR"), "{}", text(&o));
+    let o = vmhost(&[
+        "--run-dir",
+        d.join("run").to_str().unwrap(),
+        "restore",
+        d.join("none").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(common::stderr(&o).contains("state"), "{}", text(&o));
+}
