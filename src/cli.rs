@@ -241,6 +241,11 @@ pub struct CheckTargetArgs {
     /// The source host (default: this host).
     #[arg(long)]
     pub source_topology: Option<String>,
+    /// Accept a target whose nodes are not as far apart as the guest's cells are told they
+    /// are (the guest keeps its distances; the difference is reported in `target.distances`).
+    /// By default such a target is refused.
+    #[arg(long)]
+    pub allow_distance_change: bool,
 }
 
 /// `vmhost bench …`.

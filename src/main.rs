@@ -27,7 +27,10 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 use vmhost_config::{ConfigError, LoadedSpec};
-use vmhost_plan::{check_target, plan, render_text, OverheadModel, PlanOptions};
+use vmhost_plan::{
+    check_target, check_target_identity, plan, render_text, source_identity, OverheadModel,
+    PlanOptions,
+};
 
 use crate::cli::{AcpiArgs, Cli, Command, MemoryArgs, ModelArg, PlanArgs, RunArgs};
 use crate::snapshot::SpecSource;
@@ -130,7 +133,13 @@ fn run(cli: &Cli) -> Result<u8> {
             let spec = load_spec(cli)?;
             let target = host::load(&args.plan.host)?;
             let source = host::load_source(args.source_topology.as_deref(), &Default::default())?;
-            let check = check_target(&spec.spec, &source, &target, &plan_options(&args.plan));
+            let opts = plan_options(&args.plan);
+            let check = if args.allow_distance_change {
+                let identity = source_identity(&spec.spec, &source, &opts);
+                check_target_identity(&spec.spec, &identity, &target, &opts)
+            } else {
+                check_target(&spec.spec, &source, &target, &opts)
+            };
             if cli.json {
                 println!("{}", serde_json::to_string_pretty(&check)?);
             } else {
@@ -166,6 +175,7 @@ fn plan_options(args: &PlanArgs) -> PlanOptions {
         },
         overhead_ratio: args.overhead_ratio,
         held_cpus: Default::default(),
+        same_distances: false,
     }
 }
 

@@ -267,6 +267,9 @@ fn cell_nodes(c: &vmhost_plan::GuestCell) -> String {
     }
 }
 
+/// How the summary's hugepages line says the spec's hugepages fell back to normal pages.
+const HUGEPAGES_FELL_BACK: &str = "as memory.hugepages.fallback allows";
+
 /// The plan's hugepages per node, or (anonymous memory) what the host's pools have free.
 fn hugepages_line(plan: &Plan, host: &HostTopology) -> String {
     if !plan.envelope.hugepages.is_empty() {
@@ -286,6 +289,13 @@ fn hugepages_line(plan: &Plan, host: &HostTopology) -> String {
             })
             .collect::<Vec<_>>()
             .join(", ");
+    }
+    if let Some(why) = plan
+        .notes
+        .iter()
+        .find_map(|n| n.strip_prefix(vmhost_plan::HUGEPAGE_FALLBACK_NOTE))
+    {
+        return format!("none: anonymous memory, {HUGEPAGES_FELL_BACK}{why}");
     }
     let pools: Vec<String> = host
         .nodes
@@ -415,13 +425,34 @@ mod tests {
         assert_eq!(lines[5], "  cells      cell 0 → any node 256Mi");
         assert_eq!(
             lines[6],
-            "  hugepages  none: anonymous memory; the host has node1 64 x 2Mi free (memory.hugepages = { page_size = \"2Mi\" } uses them)"
+            "  hugepages  none: anonymous memory, as memory.hugepages.fallback allows: the host has 64 free 2Mi hugepages in all, the plan needs 128"
         );
         assert_eq!(
             lines[7],
             "  dedicated  with cpu.dedicated_cpu_placement = true it would get vCPU → PU 0→0 (node0), 1→1 (node0), memory on node0, and a Guaranteed pod's cpu 2"
         );
         assert_eq!(lines.len(), 8, "{text}");
+    }
+
+    #[test]
+    fn the_quickstart_takes_hugepages_where_the_pool_has_them() {
+        let s = spec(QUICKSTART);
+        let h = host("node0:2Mi=16,node1:2Mi=200");
+        let opts = PlanOptions::default();
+        let p = plan(&s, &h, &opts).into_result().unwrap();
+        assert!(
+            !p.notes
+                .iter()
+                .any(|n| n.starts_with(vmhost_plan::HUGEPAGE_FALLBACK_NOTE)),
+            "{:?}",
+            p.notes
+        );
+        let text = plan_summary(&p, &h, None);
+        assert!(
+            text.contains("  hugepages  128 x 2Mi on any node"),
+            "{text}"
+        );
+        assert!(text.contains("256Mi of RAM, 2Mi hugepages"), "{text}");
     }
 
     #[test]

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use vmhost_config::{format_bytes, VmSpec};
-use vmhost_ledger::{AdmitError, Held, Ledger, LedgerError, Liveness, LockWait, Snapshot, VmState};
+use vmhost_ledger::{
+    AdmitError, EntryRole, Held, Ledger, LedgerError, Liveness, LockWait, Snapshot, VmState,
+};
 use vmhost_plan::{plan, Plan, PlanOptions, Rejection};
 use vmhost_topology::{cpulist, HostTopology};
 
@@ -210,10 +212,15 @@ fn render_ps(snap: &Snapshot) -> String {
             Liveness::PidReused => "gone",
             Liveness::Unknown => "unknown",
         };
+        // The target of a migration within this host, next to the VM's own entry.
+        let name = match e.role {
+            EntryRole::Incoming => format!("{} (incoming)", e.name),
+            EntryRole::Vm => e.name.clone(),
+        };
         let _ = writeln!(
             s,
             "{:<16} {:>8}  {:<9} {:<8} {:<24} {:<9} {:<24} {}",
-            e.name,
+            name,
             e.pid,
             format!("{:?}", e.state).to_lowercase(),
             process,
@@ -259,4 +266,49 @@ pub fn ledger(run_dir: &Path, gc: bool, json: bool) -> Result<u8> {
     let snap = Ledger::open_readonly(run_dir).list()?;
     println!("{}", serde_json::to_string_pretty(&snap)?);
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use vmhost_ledger::{Entry, Listed};
+
+    use super::*;
+
+    fn listed(pid: u32, role: EntryRole) -> Listed {
+        Listed {
+            path: PathBuf::from(format!("/run/vmhost/vms/web.{pid}.1.json")),
+            liveness: Liveness::Alive,
+            entry: Entry {
+                name: "web".into(),
+                pid,
+                proc_start_ticks: 1,
+                started_at_unix_ms: 0,
+                state: VmState::Running,
+                role,
+                vcpu_pus: vec![Some(pid)],
+                floating_cpus: vec![],
+                emulator_pus: vec![pid],
+                emulator_isolated: false,
+                io_pool_pus: vec![],
+                hugepages: vec![],
+                memory: vec![],
+                api_socket: None,
+            },
+        }
+    }
+
+    #[test]
+    fn ps_marks_the_incoming_target_of_a_migration() {
+        let snap = Snapshot {
+            entries: vec![listed(1, EntryRole::Vm), listed(2, EntryRole::Incoming)],
+            unreadable: vec![],
+        };
+        let out = render_ps(&snap);
+        let rows: Vec<&str> = out.lines().skip(1).collect();
+        assert!(
+            rows[0].starts_with("web ") && !rows[0].contains("incoming"),
+            "{out}"
+        );
+        assert!(rows[1].starts_with("web (incoming)"), "{out}");
+    }
 }

@@ -376,6 +376,50 @@ fn check_target_reports_a_changed_guest_topology() {
 }
 
 #[test]
+fn check_target_keeps_the_guests_cells_and_reports_other_distances() {
+    // The source's guest has 2 cells (4 + 2 vCPUs, 10/20 apart); the target has one node with
+    // room for both. Refused by default (the guest would see 20 where the host has 10);
+    // accepted with --allow-distance-change, both cells on node0 and the difference reported.
+    let spec = write_spec(
+        "mig-dist.toml",
+        "[cpu]\ncores = 6\ndedicated_cpu_placement = true\nnuma = { guest_mapping_passthrough = true }\n\
+         [memory]\nguest = \"64Mi\"\nhugepages = { page_size = \"2Mi\" }\n",
+    );
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            "check-target",
+            "--json",
+            "--config",
+            spec.to_str().unwrap(),
+            "--source-topology",
+            "synthetic:package:2 numa:1 core:4 pu:1",
+            "--topology",
+            "synthetic:package:1 numa:1 core:8 pu:1",
+            "--hugepages",
+            "node0:2Mi=64",
+        ];
+        a.extend_from_slice(extra);
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let strict = args(&[]);
+    let (code, j) = vmhost_json(&strict.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 3, "{j}");
+    assert_eq!(j["target"]["reason_details"][0]["kind"], "distances", "{j}");
+    let loose = args(&["--allow-distance-change"]);
+    let (code, j) = vmhost_json(&loose.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0, "{j}");
+    assert_eq!(j["identity"]["cells"].as_array().unwrap().len(), 2);
+    let cells = j["target"]["guest_cells"].as_array().unwrap();
+    assert!(cells.iter().all(|c| c["host_node"] == 0), "{j}");
+    assert_eq!(cells[0]["distances"], serde_json::json!([10, 20]));
+    assert_eq!(
+        j["target"]["distances"]["host"],
+        serde_json::json!([[10, 10], [10, 10]])
+    );
+    assert_eq!(j["target"]["distances"]["diff"][0]["guest"], 20);
+}
+
+#[test]
 fn usage_errors_are_clear() {
     let o = vmhost(&["plan", "--topology", "synthetic:bogus:3"]);
     assert_eq!(o.status.code(), Some(1));

@@ -40,6 +40,8 @@ fn quickstart_runs_a_real_vm() {
         return;
     }
     let _cpus = lock_cpus();
+    // The quickstart takes 2Mi hugepages when the pool has them.
+    let _pool = lock_pool();
     let text = std::fs::read_to_string(root().join("configs/quickstart.toml")).unwrap();
     let (code, j, log) = run_vm("quickstart", &text);
     assert_eq!(code, 0, "{log}");
@@ -56,6 +58,8 @@ fn the_default_command_runs_the_embedded_quickstart() {
         return;
     }
     let _cpus = lock_cpus();
+    // The quickstart takes 2Mi hugepages when the pool has them.
+    let _pool = lock_pool();
     let run_dir = tmp("default").join("run");
     let o = Command::new(env!("CARGO_BIN_EXE_vmhost"))
         .args(["--run-dir", run_dir.to_str().unwrap()])

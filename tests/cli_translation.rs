@@ -8,7 +8,7 @@ mod common;
 
 use common::{root, stderr, stdout, vmhost_json};
 use std::process::Command;
-use vmhost_testsupport::{lock_cpus, need_kvm};
+use vmhost_testsupport::{lock_cpus, lock_pool, need_kvm};
 
 fn run_dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("vmhost-translation-{}-{name}", std::process::id()));
@@ -29,6 +29,8 @@ fn cpus_allowed() -> String {
 
 #[test]
 fn the_embedded_quickstart_is_configs_quickstart_toml() {
+    // Both plans see the same pool.
+    let _pool = lock_pool();
     let rd = run_dir("same");
     let rd = rd.to_str().unwrap();
     let (code, embedded) = vmhost_json(&["plan", "--json", "--run-dir", rd]);
@@ -52,6 +54,9 @@ fn the_main_job_prints_the_plan_before_the_placement_read_back() {
         return;
     }
     let _cpus = lock_cpus();
+    // The quickstart takes 2Mi hugepages when the pool has them: the pool must not change
+    // between the plan and the run.
+    let _pool = lock_pool();
     let rd = run_dir("main");
     let rd = rd.to_str().unwrap();
     let (code, plan) = vmhost_json(&["plan", "--json", "--run-dir", rd]);
@@ -107,10 +112,17 @@ fn the_main_job_prints_the_plan_before_the_placement_read_back() {
         format!("  emulator   PUs {}", cpus_allowed())
     );
     assert!(line("cells").starts_with("  cells      cell 0 → "), "{out}");
-    assert!(
-        line("hugepages").starts_with("  hugepages  none: anonymous memory"),
-        "{out}"
-    );
+    // Hugepages where the pool has them, else normal pages and why (the plan tells which).
+    let pages = line("hugepages");
+    match plan["backing"]["kind"].as_str() {
+        Some("hugetlb") => assert!(pages.contains(" x 2Mi on node"), "{pages}\n{plan}"),
+        _ => assert!(
+            pages.starts_with(
+                "  hugepages  none: anonymous memory, as memory.hugepages.fallback allows: "
+            ),
+            "{pages}\n{plan}"
+        ),
+    }
     assert!(
         line("dedicated")
             .starts_with("  dedicated  with cpu.dedicated_cpu_placement = true it would "),

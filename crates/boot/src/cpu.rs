@@ -349,7 +349,7 @@ const fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::GuestMemoryMmap;
+    use vmhost_memory::GuestMemoryMmap;
 
     #[test]
     fn gdt_segments_decode_to_flat_segments() {
@@ -393,7 +393,7 @@ mod tests {
 
     #[test]
     fn page_tables_identity_map_the_low_4gib() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         write_boot_tables(&mem).unwrap();
         let mut stub = [0u8; RESET_STUB.len()];
         mem.read_slice(&mut stub, GuestAddress(RESET_VECTOR))
@@ -413,8 +413,7 @@ mod tests {
 
     #[test]
     fn writing_without_low_memory_fails_with_the_address() {
-        let mem =
-            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x10_0000), 1 << 20)]).unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0x10_0000), 1 << 20)]).unwrap();
         let err = write_boot_tables(&mem).unwrap_err();
         assert!(
             matches!(err, CpuSetupError::WriteGdt { addr: 0x500, .. }),

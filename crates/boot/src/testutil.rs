@@ -1,6 +1,6 @@
 //! Plans and guest memory built by hand for unit tests.
 
-use vm_memory::GuestMemoryMmap;
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_memory::{GuestLayout, MMIO_HOLE_END, MMIO_HOLE_START};
 use vmhost_plan::{Backing, GuestCell, Plan, VcpuPlacement};
 

@@ -9,10 +9,11 @@
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmhost_boot::addrs::{ACPI_START, CMDLINE_ADDR, PVH_START_INFO_ADDR, ZERO_PAGE_ADDR};
 use vmhost_boot::{build_acpi, load_linux, BootError, BootMode, KernelFormat, LinuxBoot};
 use vmhost_memory::layout::CellSpan;
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_memory::{GuestLayout, MMIO_HOLE_END, MMIO_HOLE_START};
 use vmhost_plan::Plan;
 

@@ -68,6 +68,7 @@ pub fn plan() -> Plan {
         },
         devices: Default::default(),
         realtime: None,
+        distances: Default::default(),
         notes: Vec::new(),
     }
 }

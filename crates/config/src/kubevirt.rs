@@ -430,6 +430,7 @@ fn map_memory(w: &mut Walker, m: &Mapping, spec: &mut RawSpec) -> Result<(), Con
                 spec.memory.hugepages = Some(RawHugepages {
                     page_size,
                     hugetlbfs: None,
+                    fallback: None,
                 });
             }
             _ => {

@@ -118,6 +118,10 @@ pub struct RawHugepages {
     pub page_size: Quantity,
     /// A hugetlbfs mount to create the backing files in (default: memfd, nothing to mount).
     pub hugetlbfs: Option<PathBuf>,
+    /// What to do when the host's pools (or this cgroup's hugetlb limit) cannot hold the
+    /// guest: `refuse` (default: the plan is refused, exit 3) or `normal-pages` (back the guest
+    /// with normal pages and say so in the plan).
+    pub fallback: Option<String>,
 }
 
 /// `memory.reserved_overhead` section.

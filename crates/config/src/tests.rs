@@ -492,3 +492,38 @@ fn kubevirt_kernel_boot_reads_the_container_paths_on_this_host() {
         "{e}"
     );
 }
+
+#[test]
+fn hugepage_fallback_values_are_checked() {
+    let ok = |v: &str| {
+        from_toml_str(
+            &format!("[memory]\nguest = \"64Mi\"\nhugepages = {{ page_size = \"2Mi\", fallback = \"{v}\" }}\n"),
+            "t.toml",
+        )
+        .unwrap()
+        .spec
+        .memory
+        .hugepages
+        .unwrap()
+        .fallback_to_normal_pages
+    };
+    assert!(ok("normal-pages"));
+    assert!(!ok("refuse"));
+    let e = toml_err(
+        "[memory]\nguest = \"64Mi\"\nhugepages = { page_size = \"2Mi\", fallback = \"4Ki\" }\n",
+    );
+    assert_eq!(e[0].field, "memory.hugepages.fallback");
+    assert_eq!(e[0].value, "4Ki");
+    assert!(e[0].fix.contains("\"normal-pages\""), "{}", e[0]);
+}
+
+#[test]
+fn numa_passthrough_cannot_fall_back_to_normal_pages() {
+    let e = toml_err(
+        "[cpu]\ncores = 2\ndedicated_cpu_placement = true\nnuma = { guest_mapping_passthrough = true }\n\
+         [memory]\nguest = \"64Mi\"\nhugepages = { page_size = \"2Mi\", fallback = \"normal-pages\" }\n",
+    );
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(e[0].field, "memory.hugepages.fallback");
+    assert!(e[0].rule.contains("NUMA passthrough"), "{}", e[0]);
+}

@@ -164,6 +164,10 @@ pub struct HugepageSpec {
     pub page_size_bytes: u64,
     /// hugetlbfs mount to use instead of memfd.
     pub hugetlbfs: Option<PathBuf>,
+    /// `fallback = "normal-pages"`: when the pools cannot hold the guest, the planner backs
+    /// it with normal pages instead of refusing it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub fallback_to_normal_pages: bool,
 }
 
 /// Resolved memory settings.
@@ -432,6 +436,18 @@ pub fn validate(raw: &RawSpec, dialect: &Dialect) -> Result<VmSpec, Vec<SpecErro
                 "add memory.hugepages.page_size (\"2Mi\" or \"1Gi\")",
             );
         }
+        let fallback = memory
+            .hugepages
+            .as_ref()
+            .is_some_and(|h| h.fallback_to_normal_pages);
+        if cpu.numa_passthrough && fallback {
+            c.fail(
+                "memory.hugepages.fallback",
+                "\"normal-pages\"",
+                "NUMA passthrough needs hugepage-backed memory, so it cannot fall back",
+                "remove memory.hugepages.fallback, or turn NUMA passthrough off",
+            );
+        }
     }
     match (memory, boot, c.errors.is_empty()) {
         (Some(memory), Some(boot), true) => Ok(VmSpec {
@@ -698,9 +714,23 @@ fn check_memory(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> Option<M
                 "use \"2Mi\" or \"1Gi\"",
             );
         }
+        let fallback_to_normal_pages = match h.fallback.as_deref() {
+            None | Some("refuse") => false,
+            Some("normal-pages") => true,
+            Some(other) => {
+                c.fail(
+                    "memory.hugepages.fallback",
+                    other,
+                    "is not a fallback vmhost knows",
+                    "use \"refuse\" (the default) or \"normal-pages\"",
+                );
+                false
+            }
+        };
         size.map(|page_size_bytes| HugepageSpec {
             page_size_bytes,
             hugetlbfs: h.hugetlbfs.clone(),
+            fallback_to_normal_pages,
         })
     });
     let Some(guest) = guest else {

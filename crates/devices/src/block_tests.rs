@@ -4,7 +4,7 @@ use std::path::Path;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
-use crate::testutil::{memory, TestQueue, DATA, F_NEXT, F_WRITE, SPLIT};
+use crate::testutil::{clear_dirty, dirty_pages, memory, TestQueue, DATA, F_NEXT, F_WRITE, SPLIT};
 
 const HDR: u64 = DATA;
 const BUF: u64 = DATA + 0x1000;
@@ -92,6 +92,48 @@ fn check_reads_match_the_image(cache: CacheMode) {
         );
     }
     assert_eq!(blk.stats().reads, 4);
+}
+
+/// A read lands in guest memory behind vm-memory's back (`preadv`, or the bounce buffer with
+/// O_DIRECT): its buffer pages, the status byte and the used ring must be dirty for live
+/// migration, and nothing else.
+fn check_a_read_marks_exactly_the_pages_it_wrote(cache: CacheMode) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(dir.path(), 64);
+    let mut blk = block(&path, false, cache);
+    let mem = memory();
+    let mut q = TestQueue::new(&mem, 0, 256);
+    let mut queue = q.queue();
+    header(&mem, VIRTIO_BLK_T_IN, 2);
+    q.post(&[
+        (HDR, 16, false),
+        (BUF + 512, 3 * 4096, true),
+        (STATUS, 1, true),
+    ]);
+    let used = virtio_queue::QueueT::used_ring(&queue);
+    clear_dirty(&mem);
+    assert!(blk.process_queue(0, &mut queue, &mem).unwrap());
+    assert_eq!(status(&mem), VIRTIO_BLK_S_OK);
+    // The used ring of 256 entries: flags, idx, 256 x 8 bytes, avail_event.
+    let used_end = used + 4 + 8 * 256 + 2;
+    let mut want: Vec<u64> = (used / 4096..used_end.div_ceil(4096))
+        .chain((BUF / 4096)..=((BUF + 512 + 3 * 4096 - 1) / 4096))
+        .chain([STATUS / 4096])
+        .map(|p| p * 4096)
+        .collect();
+    want.sort_unstable();
+    want.dedup();
+    assert_eq!(dirty_pages(&mem), want, "{cache:?}");
+}
+
+#[test]
+fn a_read_marks_exactly_the_pages_it_wrote_writeback() {
+    check_a_read_marks_exactly_the_pages_it_wrote(CacheMode::Writeback);
+}
+
+#[test]
+fn a_read_marks_exactly_the_pages_it_wrote_o_direct() {
+    check_a_read_marks_exactly_the_pages_it_wrote(CacheMode::None);
 }
 
 #[test]

@@ -379,7 +379,7 @@ mod tests {
     use vm_memory::Bytes;
 
     use super::*;
-    use crate::testutil::{memory_two_regions, SPLIT};
+    use crate::testutil::{dirty_pages, memory_two_regions, SPLIT};
 
     fn file_with(bytes: &[u8]) -> std::fs::File {
         let mut f = tempfile::tempfile().unwrap();
@@ -401,20 +401,6 @@ mod tests {
         mem.read_slice(&mut got, GuestAddress(SPLIT - 100)).unwrap();
         assert_eq!(got, data);
         assert!(store.iov.is_empty(), "no pointer is kept after the request");
-    }
-
-    /// The guest-physical addresses of the 4 KiB pages marked dirty in `mem`'s bitmaps.
-    fn dirty_pages(mem: &GuestMemoryMmap) -> Vec<u64> {
-        use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
-        let mut pages = Vec::new();
-        for r in mem.iter() {
-            for off in (0..r.len()).step_by(4096) {
-                if r.bitmap().dirty_at(off as usize) {
-                    pages.push(r.start_addr().0 + off);
-                }
-            }
-        }
-        pages
     }
 
     #[test]

@@ -18,6 +18,30 @@ pub fn memory() -> GuestMemoryMmap {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
 }
 
+/// The guest-physical addresses of the 4 KiB pages set in `mem`'s dirty bitmaps (what live
+/// migration would resend), in order.
+pub fn dirty_pages(mem: &GuestMemoryMmap) -> Vec<u64> {
+    use vm_memory::bitmap::Bitmap;
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    let mut pages = Vec::new();
+    for r in mem.iter() {
+        for off in (0..r.len()).step_by(4096) {
+            if r.bitmap().dirty_at(off as usize) {
+                pages.push(r.start_addr().0 + off);
+            }
+        }
+    }
+    pages
+}
+
+/// Clears `mem`'s dirty bitmaps (test set-up writes mark pages too).
+pub fn clear_dirty(mem: &GuestMemoryMmap) {
+    use vm_memory::GuestMemoryBackend;
+    for r in mem.iter() {
+        std::ops::Deref::deref(r).bitmap().reset();
+    }
+}
+
 /// Where [`memory_two_regions`] splits guest RAM.
 pub const SPLIT: u64 = 8 << 20;
 

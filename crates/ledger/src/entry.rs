@@ -37,6 +37,26 @@ impl std::fmt::Display for VmState {
     }
 }
 
+/// What an entry stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryRole {
+    /// The VM running under its name (the only role before migrations; not written).
+    #[default]
+    Vm,
+    /// The target of a migration within this host: it reserves its own PUs and pages under
+    /// the VM's name while the source's entry still holds the source's, until
+    /// [`crate::Ledger::hand_over`] makes it the VM's entry (or it is aborted or reclaimed).
+    Incoming,
+}
+
+impl EntryRole {
+    /// True for [`EntryRole::Vm`].
+    pub fn is_vm(&self) -> bool {
+        *self == EntryRole::Vm
+    }
+}
+
 /// Hugepages reserved from one node's pool (or from any node when `node` is `None`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -76,6 +96,10 @@ pub struct Entry {
     pub started_at_unix_ms: u64,
     /// Lifecycle state.
     pub state: VmState,
+    /// What the entry stands for; left out of the file for [`EntryRole::Vm`], so entries of
+    /// VMs read the same as before migrations existed.
+    #[serde(default, skip_serializing_if = "EntryRole::is_vm")]
+    pub role: EntryRole,
     /// Host PU of each vCPU, by vCPU index (`None`: the vCPU floats over `floating_cpus`).
     pub vcpu_pus: Vec<Option<u32>>,
     /// PUs that unpinned vCPUs float over (empty when dedicated).
@@ -116,6 +140,7 @@ impl Entry {
             proc_start_ticks,
             started_at_unix_ms,
             state: VmState::Starting,
+            role: EntryRole::Vm,
             vcpu_pus: plan.vcpus.iter().map(|v| v.host_cpu).collect(),
             floating_cpus: plan.floating_cpus.clone(),
             emulator_pus: plan.emulator.host_cpus.clone(),
@@ -294,6 +319,7 @@ mod tests {
             proc_start_ticks: 987_654,
             started_at_unix_ms: 1_700_000_000_000,
             state: VmState::Running,
+            role: EntryRole::Vm,
             vcpu_pus: vec![Some(2), Some(3)],
             floating_cpus: vec![],
             emulator_pus: vec![4],
@@ -319,6 +345,17 @@ mod tests {
         e.io_pool_pus = vec![5, 6];
         assert_eq!(e.dedicated_pus(), BTreeSet::from([2, 3, 4, 5, 6]));
         let text = encode(&e).expect("encode");
+        assert_eq!(decode(&text), Ok(e));
+    }
+
+    #[test]
+    fn the_role_is_written_for_incoming_entries_only() {
+        let mut e = sample();
+        let text = encode(&e).expect("encode");
+        assert!(!text.contains("role"), "{text}");
+        e.role = EntryRole::Incoming;
+        let text = encode(&e).expect("encode");
+        assert!(text.contains("\"role\": \"incoming\""), "{text}");
         assert_eq!(decode(&text), Ok(e));
     }
 

@@ -171,6 +171,14 @@ pub enum LedgerError {
         /// The pid of the running VM.
         pid: u32,
     },
+    /// A live process already reserves this VM name as the target of a migration.
+    #[error("process {pid} is already the incoming target of a migration of VM {name}; one migration per VM at a time (abort that one, or wait for it to end)")]
+    IncomingInUse {
+        /// The name.
+        name: String,
+        /// The pid of the incoming target.
+        pid: u32,
+    },
     /// The plan pins a PU that another live VM holds (the planner ignored the held PUs).
     #[error("the plan for VM {name} takes PU {pu}, which VM {holder} (pid {holder_pid}) holds")]
     PuConflict {
@@ -182,6 +190,14 @@ pub enum LedgerError {
         holder: String,
         /// Its pid.
         holder_pid: u32,
+    },
+    /// No incoming entry for this VM name and pid to hand the VM over to.
+    #[error("the ledger has no incoming entry for VM {name} with pid {pid} (admit it with admit_incoming first; it may have been aborted, or reclaimed because pid {pid} died)")]
+    NotIncoming {
+        /// The name.
+        name: String,
+        /// The pid.
+        pid: u32,
     },
     /// No entry for this VM name and pid.
     #[error("the ledger has no entry for VM {name} with pid {pid}")]

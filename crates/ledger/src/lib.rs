@@ -37,14 +37,17 @@
 //! ```
 //!
 //! `crc32` (IEEE, as zlib) covers the exact bytes of the `entry` value; see [`Entry`] for the
-//! fields. Files are written atomically: temporary file in `vms/`, `fsync`, `rename(2)` over
+//! fields. The target of a migration within the host has an entry of its own under the VM's
+//! name with `"role": "incoming"` (the field is left out for a VM's entry); see
+//! [`Ledger::admit_incoming`] and [`Ledger::hand_over`]. Files are written atomically: temporary file in `vms/`, `fsync`, `rename(2)` over
 //! the entry, `fsync` of `vms/`.
 //!
 //! # Locking protocol
 //!
 //! Every operation opens `ledger.lock` afresh (a `flock` belongs to an open file description;
 //! a fresh one per operation makes threads of one process exclude each other too) and takes
-//! - `LOCK_EX` for [`Ledger::admit`], [`Ledger::release`], [`Ledger::update_state`],
+//! - `LOCK_EX` for [`Ledger::admit`], [`Ledger::admit_incoming`], [`Ledger::hand_over`],
+//!   [`Ledger::abort_incoming`], [`Ledger::release`], [`Ledger::update_state`],
 //!   [`Ledger::gc`]: read → reclaim → plan → write happen under it;
 //! - `LOCK_SH` for [`Ledger::list`].
 //!
@@ -126,6 +129,7 @@ mod entry;
 mod error;
 #[cfg(feature = "fuzzing")]
 mod fuzzing;
+mod incoming;
 mod store;
 mod sys;
 
@@ -135,10 +139,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use vmhost_plan::Plan;
 
-pub use entry::{Entry, HugepageReservation, NodeMemory, VmState, FORMAT, VERSION};
+pub use entry::{Entry, EntryRole, HugepageReservation, NodeMemory, VmState, FORMAT, VERSION};
 pub use error::{AdmitError, LedgerError};
 #[cfg(feature = "fuzzing")]
 pub use fuzzing::fuzz_encode_entry;
+pub use incoming::HandedOver;
 
 use entry::check_name;
 use store::Scanned;
@@ -341,11 +346,28 @@ impl Ledger {
     /// Admits VM `name`, run by process `pid` (normally `std::process::id()`).
     ///
     /// Under the exclusive lock: removes dead entries, refuses when an entry file of a live (or
-    /// unknown) process is unreadable or when a live VM has the same name, calls `planner` with
-    /// what live VMs hold, checks that the plan uses no held PU, and records the entry in state
+    /// unknown) process is unreadable or when a live VM (or an incoming migration,
+    /// [`Ledger::admit_incoming`]) has the same name, calls `planner` with what live VMs
+    /// hold, checks that the plan uses no held PU, and records the entry in state
     /// [`VmState::Starting`]. When the planner fails nothing is recorded.
     pub fn admit<E, F>(
         &self,
+        name: &str,
+        pid: u32,
+        api_socket: Option<PathBuf>,
+        planner: F,
+    ) -> Result<Admitted, AdmitError<E>>
+    where
+        F: FnOnce(&Held) -> Result<Plan, E>,
+    {
+        self.admit_as(EntryRole::Vm, name, pid, api_socket, planner)
+    }
+
+    /// [`Ledger::admit`] for `role`; see [`Ledger::admit_incoming`] for how an incoming entry
+    /// shares the name.
+    fn admit_as<E, F>(
+        &self,
+        role: EntryRole,
         name: &str,
         pid: u32,
         api_socket: Option<PathBuf>,
@@ -365,16 +387,11 @@ impl Ledger {
         };
         let _lock = self.lock(true, true)?;
         let (live, reclaimed) = reclaim(store::scan(&self.vms_dir, true)?, true)?;
-        if let Some(other) = live.iter().find(|e| e.name == name) {
-            return Err(LedgerError::NameInUse {
-                name: name.to_owned(),
-                pid: other.pid,
-            }
-            .into());
-        }
+        incoming::check_name_free(role, name, &live)?;
         let held = held(&live);
         let plan = planner(&held).map_err(AdmitError::Plan)?;
-        let entry = Entry::from_plan(name, pid, start_ticks, now_unix_ms(), api_socket, &plan);
+        let mut entry = Entry::from_plan(name, pid, start_ticks, now_unix_ms(), api_socket, &plan);
+        entry.role = role;
         check_conflicts(&entry, &live)?;
         let file_name = entry.file_name();
         let text = entry::encode(&entry).map_err(|source| LedgerError::Encode {

@@ -9,6 +9,7 @@ fn entry_for(name: &str, pid: u32, proc_start_ticks: u64) -> Entry {
         proc_start_ticks,
         started_at_unix_ms: 0,
         state: VmState::Running,
+        role: EntryRole::Vm,
         vcpu_pus: vec![Some(0)],
         floating_cpus: vec![],
         emulator_pus: vec![0],

@@ -7,6 +7,17 @@
 //! [`crate::GuestMemoryMmap`]); a pre-copy round then sends the dirty pages, as runs
 //! ([`DirtyBitmap::runs`]) or through `vmhost_persist::pages::write_pages` with
 //! [`DirtyBitmap::is_clean`] as its skip predicate. Pure data: no KVM, no mapping.
+//!
+//! ```
+//! use vmhost_memory::{DirtyBitmap, DIRTY_PAGE_BYTES as P};
+//!
+//! let mut d = DirtyBitmap::new(1, 64 * P);
+//! d.mark_range(5 * P + 100, 2 * P); // touches pages 5, 6 and 7
+//! d.or_words(60, &[0b11]); // KVM's log of a slot at page 60: pages 60 and 61
+//! assert_eq!(d.runs().collect::<Vec<_>>(), vec![5 * P..8 * P, 60 * P..62 * P]);
+//! assert!(d.is_clean(0, &[0u8; 4096]) && !d.is_clean(6 * P, &[0u8; 4096]));
+//! assert_eq!(d.dirty_bytes(), 5 * P);
+//! ```
 
 use std::ops::Range;
 
@@ -178,13 +189,31 @@ impl Iterator for DirtyRuns<'_> {
 
     fn next(&mut self) -> Option<Range<u64>> {
         let pages = self.map.pages();
-        let start = (self.next..pages).find(|&p| self.map.is_dirty(p * DIRTY_PAGE_BYTES))?;
-        let end = (start..pages)
-            .find(|&p| !self.map.is_dirty(p * DIRTY_PAGE_BYTES))
-            .unwrap_or(pages);
+        let start = self.map.next_page(self.next, true).filter(|&p| p < pages)?;
+        let end = self
+            .map
+            .next_page(start, false)
+            .map_or(pages, |p| p.min(pages));
         self.next = end;
         let bytes = |p: u64| (p * DIRTY_PAGE_BYTES).min(self.map.size_bytes);
         Some(bytes(start)..bytes(end))
+    }
+}
+
+impl DirtyBitmap {
+    /// The first page from `from` on whose bit is `dirty`, a word at a time (`None`: none in
+    /// the words; a clean search may return a page past the cell's end, in the last word).
+    fn next_page(&self, from: u64, dirty: bool) -> Option<u64> {
+        let first = usize::try_from(from / WORD_BITS).ok()?;
+        let mut mask = u64::MAX << (from % WORD_BITS);
+        for (i, &w) in self.words.iter().enumerate().skip(first) {
+            let bits = if dirty { w } else { !w } & mask;
+            if bits != 0 {
+                return Some(i as u64 * WORD_BITS + u64::from(bits.trailing_zeros()));
+            }
+            mask = u64::MAX;
+        }
+        None
     }
 }
 
@@ -223,6 +252,22 @@ mod tests {
         );
         assert_eq!((m.dirty_pages(), m.dirty_bytes()), (8, 8 * P));
         assert_eq!(m.cell(), 1);
+    }
+
+    #[test]
+    fn runs_span_whole_words_and_stop_at_the_cell_end() {
+        let mut m = DirtyBitmap::new(0, 300 * P);
+        for page in (10..140).chain(290..300) {
+            m.mark_page(page);
+        }
+        assert_eq!(
+            m.runs().collect::<Vec<_>>(),
+            vec![10 * P..140 * P, 290 * P..300 * P]
+        );
+        let mut full = DirtyBitmap::new(0, 128 * P);
+        full.mark_range(0, 128 * P);
+        assert_eq!(full.runs().collect::<Vec<_>>(), vec![0..128 * P]);
+        assert!(DirtyBitmap::new(0, 0).runs().next().is_none());
     }
 
     #[test]

@@ -43,7 +43,7 @@
 //! #     vcpus: vec![], floating_cpus: vec![],
 //! #     emulator: EmulatorPlacement { host_cpus: vec![], isolated: false },
 //! #     guest_cells: vec![cell], backing: Backing::Anonymous,
-//! #     boot: BootSpec::Payload { payload: Payload::Touch }, realtime: None, devices: Default::default(), notes: vec![],
+//! #     boot: BootSpec::Payload { payload: Payload::Touch }, realtime: None, devices: Default::default(), distances: Default::default(), notes: vec![],
 //! # };
 //! // A one-cell plan bound to host node 0, anonymous backing (no hugepages needed here).
 //! assert_eq!(plan.backing, Backing::Anonymous);

@@ -120,6 +120,22 @@ pub fn place_dedicated(
     let Some(home) = pus.first().map(|&(_, node)| node) else {
         return ExtraPus::default();
     };
+    place_extras(spec, host, free, home, available, reasons, notes)
+}
+
+/// The supplemental I/O pool's and the isolated emulator's PUs of a dedicated VM whose vCPU 0
+/// runs on node `home`; `available`: the free PUs before the vCPUs were taken (for the
+/// reason when they do not fit).
+pub(crate) fn place_extras(
+    spec: &VmSpec,
+    host: &HostTopology,
+    free: &mut FreePus,
+    home: u32,
+    available: u32,
+    reasons: &mut Vec<Reason>,
+    notes: &mut Vec<String>,
+) -> ExtraPus {
+    let (n, emu, io) = (spec.vcpus(), spec.emulator_pus(), spec.io_pus());
     // KubeVirt pins the supplemental pool before the emulator thread.
     let io_pool = place_emulator(
         host,
@@ -134,16 +150,16 @@ pub fn place_dedicated(
         return ExtraPus { emulator, io_pool };
     }
     reasons.push(Reason::Cpus {
-        needed: need,
+        needed: n + io + emu,
         available,
-        detail,
+        detail: need_detail(n, io, emu),
     });
     ExtraPus::default()
 }
 
 /// What a dedicated VM's PUs are for: `n` vCPUs, `io` supplemental I/O thread PUs, `emu`
 /// isolated emulator PUs.
-fn need_detail(n: u32, io: u32, emu: u32) -> String {
+pub(crate) fn need_detail(n: u32, io: u32, emu: u32) -> String {
     let mut detail = format!("{n} vCPUs");
     if io > 0 {
         detail.push_str(&format!(" + {io} supplemental I/O thread PUs"));

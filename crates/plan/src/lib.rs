@@ -27,9 +27,12 @@
 //! ```
 #![warn(missing_docs)]
 
+mod cellmap;
 mod cells;
 pub mod devices;
+mod distance;
 pub mod envelope;
+mod guest;
 pub mod iothreads;
 mod memory;
 mod model;
@@ -44,9 +47,14 @@ use serde::Serialize;
 use vmhost_config::VmSpec;
 use vmhost_topology::HostTopology;
 
+pub use distance::{CellDistances, DistanceDiff};
+pub use guest::{plan_for_guest, GuestIdentity, IdentityCell, IdentityVcpu};
 pub use model::*;
 pub use render::render_text;
-pub use target::{check_target, TargetCheck};
+pub use target::{check_target, check_target_identity, source_identity, TargetCheck};
+
+/// The planner's answer (the name the migration interfaces use for [`Outcome`]).
+pub type PlanOutcome = Outcome;
 
 /// Planner settings that are not part of the VM spec.
 #[derive(Debug, Clone, Default)]
@@ -58,6 +66,11 @@ pub struct PlanOptions {
     /// PUs that other VMs on the host hold (dedicated placement must avoid them; shared VMs
     /// do not float over them).
     pub held_cpus: BTreeSet<u32>,
+    /// Refuse a plan whose host nodes are not as far apart as the guest was told its cells
+    /// are ([`Reason::Distances`]); otherwise the difference is only reported
+    /// ([`Plan::distances`]). Matters for [`plan_for_guest`], where the guest's distances
+    /// are given; a fresh plan gives the guest the host's distances.
+    pub same_distances: bool,
 }
 
 /// The planner's answer: a plan, and the reasons it does not fit (empty when it fits).
@@ -100,75 +113,62 @@ impl Outcome {
     }
 }
 
+/// How a plan's note starts when its hugepages fell back to normal pages; the rest of the note
+/// is why.
+pub const HUGEPAGE_FALLBACK_NOTE: &str =
+    "hugepages fell back to normal pages (memory.hugepages.fallback)";
+
 /// Plans `spec` on `host`.
+///
+/// A spec whose hugepages may fall back (`memory.hugepages.fallback = "normal-pages"`) and
+/// that the pools or the cgroup's hugetlb limit cannot hold is planned again on normal pages,
+/// with a note naming what was short; any other reason keeps the refusal.
 pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
+    let outcome = plan_as_written(spec, host, opts);
+    let may_fall_back = spec
+        .memory
+        .hugepages
+        .as_ref()
+        .is_some_and(|h| h.fallback_to_normal_pages);
+    let only_pages_short = !outcome.reason_details.is_empty()
+        && outcome.reason_details.iter().all(|r| {
+            matches!(
+                r,
+                Reason::Hugepages { .. }
+                    | Reason::PageSizeMissing { .. }
+                    | Reason::HugetlbLimit { .. }
+            )
+        });
+    if !(may_fall_back && only_pages_short) {
+        return outcome;
+    }
+    let mut normal = spec.clone();
+    normal.memory.hugepages = None;
+    let mut fallback = plan_as_written(&normal, host, opts);
+    fallback.plan.notes.insert(
+        0,
+        format!("{HUGEPAGE_FALLBACK_NOTE}: {}", outcome.reasons.join("; ")),
+    );
+    fallback
+}
+
+fn plan_as_written(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
     let mut reasons = Vec::new();
     let mut notes = Vec::new();
     let mut vcpus = cells::guest_vcpus(spec);
     let mut free = placement::FreePus::new(host, &opts.held_cpus);
-    let mut io_pool = Vec::new();
-    let (floating_cpus, emulator) = if spec.cpu.dedicated_cpu_placement {
+    let (floating_cpus, emulator, io_pool) = if spec.cpu.dedicated_cpu_placement {
         let extra =
             cells::place_dedicated(spec, host, &mut free, &mut vcpus, &mut reasons, &mut notes);
-        io_pool = extra.io_pool;
-        let emu = extra.emulator;
-        let isolated = spec.cpu.isolate_emulator_thread;
-        let host_cpus = if isolated {
-            if emu.len() == 2 {
-                notes.push(format!(
-                    "the isolated emulator thread gets PUs {} to complete the VM's PUs to an even number (EmulatorThreadCompleteToEvenParity)",
-                    vmhost_topology::cpulist::format(&emu)
-                ));
-            }
-            emu
-        } else {
-            notes.push(
-                "the emulator thread shares the vCPUs' PUs (isolate_emulator_thread is off)".into(),
-            );
-            sorted(vcpus.iter().filter_map(|v| v.host_cpu))
-        };
-        (
-            Vec::new(),
-            EmulatorPlacement {
-                host_cpus,
-                isolated,
-            },
-        )
+        let io_pool = extra.io_pool.clone();
+        let emulator = dedicated_emulator(spec, extra, &vcpus, &mut notes);
+        (Vec::new(), emulator, io_pool)
     } else {
-        let float: Vec<u32> = host
-            .allowed_cpus
-            .iter()
-            .copied()
-            .filter(|c| !opts.held_cpus.contains(c))
-            .collect();
-        notes.push(format!(
-            "vCPU threads float over PUs {} (no dedicated placement)",
-            vmhost_topology::cpulist::format(&float)
-        ));
-        if float.is_empty() {
-            reasons.push(Reason::Cpus {
-                needed: 1,
-                available: 0,
-                detail: "a shared VM needs at least one PU that no dedicated VM holds".into(),
-            });
-        }
-        (
-            float.clone(),
-            EmulatorPlacement {
-                host_cpus: float,
-                isolated: false,
-            },
-        )
+        let (float, emulator) = shared_cpus(host, opts, &mut reasons, &mut notes);
+        (float, emulator, Vec::new())
     };
     let devices =
         iothreads::device_plan(spec, &emulator, &io_pool, &free, &mut reasons, &mut notes);
-    let backing = match &spec.memory.hugepages {
-        Some(h) => Backing::Hugetlb {
-            page_size_bytes: h.page_size_bytes,
-            hugetlbfs: h.hugetlbfs.clone(),
-        },
-        None => Backing::Anonymous,
-    };
     let guest_cells = cells::guest_cells(
         spec,
         host,
@@ -178,6 +178,99 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
         &mut reasons,
         &mut notes,
     );
+    let placed = Placed {
+        vcpus,
+        floating_cpus,
+        emulator,
+        devices,
+        guest_cells,
+    };
+    assemble(spec, host, opts, placed, reasons, notes)
+}
+
+/// What the CPU and cell stages decided; [`assemble`] completes the plan around it.
+pub(crate) struct Placed {
+    pub vcpus: Vec<VcpuPlacement>,
+    pub floating_cpus: Vec<u32>,
+    pub emulator: EmulatorPlacement,
+    pub devices: devices::DevicePlan,
+    pub guest_cells: Vec<GuestCell>,
+}
+
+/// The emulator placement of a dedicated VM, from the PUs [`cells::place_dedicated`] (or the
+/// guest-keeping placement) took for it.
+pub(crate) fn dedicated_emulator(
+    spec: &VmSpec,
+    extra: cells::ExtraPus,
+    vcpus: &[VcpuPlacement],
+    notes: &mut Vec<String>,
+) -> EmulatorPlacement {
+    let emu = extra.emulator;
+    let isolated = spec.cpu.isolate_emulator_thread;
+    let host_cpus = if isolated {
+        if emu.len() == 2 {
+            notes.push(format!(
+                "the isolated emulator thread gets PUs {} to complete the VM's PUs to an even number (EmulatorThreadCompleteToEvenParity)",
+                vmhost_topology::cpulist::format(&emu)
+            ));
+        }
+        emu
+    } else {
+        notes.push(
+            "the emulator thread shares the vCPUs' PUs (isolate_emulator_thread is off)".into(),
+        );
+        sorted(vcpus.iter().filter_map(|v| v.host_cpu))
+    };
+    EmulatorPlacement {
+        host_cpus,
+        isolated,
+    }
+}
+
+/// A shared VM: its vCPUs and emulator float over the PUs no dedicated VM holds.
+pub(crate) fn shared_cpus(
+    host: &HostTopology,
+    opts: &PlanOptions,
+    reasons: &mut Vec<Reason>,
+    notes: &mut Vec<String>,
+) -> (Vec<u32>, EmulatorPlacement) {
+    let float: Vec<u32> = host
+        .allowed_cpus
+        .iter()
+        .copied()
+        .filter(|c| !opts.held_cpus.contains(c))
+        .collect();
+    notes.push(format!(
+        "vCPU threads float over PUs {} (no dedicated placement)",
+        vmhost_topology::cpulist::format(&float)
+    ));
+    if float.is_empty() {
+        reasons.push(Reason::Cpus {
+            needed: 1,
+            available: 0,
+            detail: "a shared VM needs at least one PU that no dedicated VM holds".into(),
+        });
+    }
+    (
+        float.clone(),
+        EmulatorPlacement {
+            host_cpus: float,
+            isolated: false,
+        },
+    )
+}
+
+/// The stages after placement: backing, memory admission, envelope, realtime, the distance
+/// report, and the outcome.
+pub(crate) fn assemble(
+    spec: &VmSpec,
+    host: &HostTopology,
+    opts: &PlanOptions,
+    placed: Placed,
+    mut reasons: Vec<Reason>,
+    mut notes: Vec<String>,
+) -> Outcome {
+    let backing = backing(spec);
     let ram = spec.memory.guest_ram_bytes();
     if ram != spec.memory.guest_bytes {
         notes.push(format!(
@@ -187,8 +280,14 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
             ram / 4096
         ));
     }
-    let hugepages = cells::hugepage_demand(&guest_cells, &backing);
-    cells::admit_memory(host, &guest_cells, &backing, &hugepages, &mut reasons);
+    let hugepages = cells::hugepage_demand(&placed.guest_cells, &backing);
+    cells::admit_memory(
+        host,
+        &placed.guest_cells,
+        &backing,
+        &hugepages,
+        &mut reasons,
+    );
     if host.distances.assumed && host.nodes.len() > 1 {
         notes.push("the host gave no distance matrix: assumed 10 local / 20 remote".into());
     }
@@ -206,29 +305,27 @@ pub fn plan(spec: &VmSpec, host: &HostTopology, opts: &PlanOptions) -> Outcome {
         Envelope::guest_only(opts.overhead_model, spec.memory.guest_bytes, hugepages)
     });
     envelope.guest_memory_bytes = ram;
-    let realtime = realtime_plan(spec, &vcpus, &mut notes);
-    if matches!(spec.boot, vmhost_config::BootSpec::Payload { .. })
-        && (!spec.devices.disks.is_empty()
-            || !spec.devices.interfaces.is_empty()
-            || spec.devices.rng)
-    {
-        notes.push(
-            "virtio devices are attached to Linux guests only: the built-in payload runs without them (and without their I/O threads)"
-                .into(),
-        );
+    let realtime = realtime_plan(spec, &placed.vcpus, &mut notes);
+    payload_devices_note(spec, &mut notes);
+    let distances = distance::CellDistances::of(host, &placed.guest_cells);
+    if opts.same_distances && !distances.diff.is_empty() {
+        reasons.push(Reason::Distances {
+            pairs: distances.diff.clone(),
+        });
     }
     let plan = Plan {
         name: spec.name.clone(),
         guest_topology: spec.cpu.topology,
         envelope,
-        vcpus,
-        floating_cpus,
-        emulator,
-        guest_cells,
+        vcpus: placed.vcpus,
+        floating_cpus: placed.floating_cpus,
+        emulator: placed.emulator,
+        guest_cells: placed.guest_cells,
         backing,
         boot: spec.boot.clone(),
-        devices,
+        devices: placed.devices,
         realtime,
+        distances,
         notes,
     };
     Outcome {
@@ -347,8 +444,34 @@ impl Plan {
             },
             devices: devices::DevicePlan::default(),
             realtime: None,
+            distances: CellDistances::default(),
             notes: Vec::new(),
         }
+    }
+}
+
+/// How guest RAM is backed, from the spec.
+fn backing(spec: &VmSpec) -> Backing {
+    match &spec.memory.hugepages {
+        Some(h) => Backing::Hugetlb {
+            page_size_bytes: h.page_size_bytes,
+            hugetlbfs: h.hugetlbfs.clone(),
+        },
+        None => Backing::Anonymous,
+    }
+}
+
+/// A built-in payload gets no virtio devices: say so when the spec has some.
+fn payload_devices_note(spec: &VmSpec, notes: &mut Vec<String>) {
+    if matches!(spec.boot, vmhost_config::BootSpec::Payload { .. })
+        && (!spec.devices.disks.is_empty()
+            || !spec.devices.interfaces.is_empty()
+            || spec.devices.rng)
+    {
+        notes.push(
+            "virtio devices are attached to Linux guests only: the built-in payload runs without them (and without their I/O threads)"
+                .into(),
+        );
     }
 }
 
@@ -376,6 +499,8 @@ fn sorted(it: impl Iterator<Item = u32>) -> Vec<u32> {
     set.into_iter().collect()
 }
 
+#[cfg(test)]
+mod guest_tests;
 #[cfg(test)]
 mod pod_tests;
 #[cfg(test)]

@@ -31,7 +31,7 @@ pub fn guest_pages(spec: &VmSpec) -> u64 {
 
 /// Free [`unit`]s of `node` (`u64::MAX` when the node's memory size is unknown; 0 on a node
 /// this process's cgroup cpuset does not allow).
-fn capacity(spec: &VmSpec, host: &HostTopology, node: u32) -> u64 {
+pub(crate) fn capacity(spec: &VmSpec, host: &HostTopology, node: u32) -> u64 {
     if !host.node_allowed(node) {
         return 0;
     }

@@ -233,6 +233,10 @@ pub struct Plan {
     pub devices: crate::devices::DevicePlan,
     /// Realtime vCPUs (`cpu.realtime`), if any.
     pub realtime: Option<RealtimePlan>,
+    /// The host's distances between the guest cells' nodes, and where they differ from the
+    /// distances the guest is given (`guest_cells[i].distances`): never for a fresh plan, where
+    /// the guest gets the host's distances; possibly for [`crate::plan_for_guest`].
+    pub distances: crate::CellDistances,
     /// Decisions worth telling the operator (where placement differs from KubeVirt and why).
     pub notes: Vec<String>,
 }
@@ -304,6 +308,19 @@ pub enum Reason {
         /// What overflowed, and the fix.
         detail: String,
     },
+    /// The saved guest ([`crate::GuestIdentity`]) does not match the spec it is planned with.
+    GuestIdentity {
+        /// The spec field (or identity part) that differs.
+        field: String,
+        /// What differs, and the fix.
+        detail: String,
+    },
+    /// `same_distances` was asked and the host's nodes are not as far apart as the guest's
+    /// cells are.
+    Distances {
+        /// The cell pairs whose host distance differs from the guest's.
+        pairs: Vec<crate::DistanceDiff>,
+    },
     /// Anything else, in words.
     Other {
         /// Explanation.
@@ -354,6 +371,14 @@ impl fmt::Display for Reason {
                 size(*page_size_bytes)
             ),
             Reason::Overflow { field, detail } => write!(f, "{field}: {detail}"),
+            Reason::GuestIdentity { field, detail } => {
+                write!(f, "{field} differs from the saved guest's: {detail}")
+            }
+            Reason::Distances { pairs } => write!(
+                f,
+                "the host's node distances differ from the guest's (same_distances is set): {}; accept them by planning without same_distances (check-target: --allow-distance-change), or free host nodes as far apart as the guest's cells are",
+                pairs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            ),
             Reason::NumaSplit { detail } | Reason::Other { detail } => f.write_str(detail),
         }
     }

@@ -213,6 +213,10 @@ fn evaluate(
     req: &Request,
 ) -> Option<(Score, Choice)> {
     let loose: Vec<u32> = stats.iter().map(|s| req.cap_with(s, true)).collect();
+    if !could_hold(stats, &loose, set, req) {
+        // Too few free PUs in the set: its guest cores would be left without PUs.
+        return None;
+    }
     let mut candidates = Vec::new();
     for caps in [caps, &loose] {
         for sockets_first in [true, false] {

@@ -151,6 +151,9 @@ pub fn render_text(o: &Outcome) -> String {
             );
         }
     }
+    for d in &p.distances.diff {
+        let _ = writeln!(s, "  distance differs from the guest's: {d}");
+    }
     if let Some(rt) = &p.realtime {
         let _ = writeln!(
             s,

@@ -1,10 +1,14 @@
 //! Migration target check: can another host hold the same VM with the same guest topology?
+//!
+//! The guest's topology is the source's plan's [`GuestIdentity`]; the target plans the spec
+//! keeping it ([`plan_for_guest`]). When it cannot, and a plan from scratch would give the
+//! guest other cells, the reasons also show both guests' cells side by side.
 
 use serde::Serialize;
 use vmhost_config::{format_bytes, VmSpec};
 use vmhost_topology::{cpulist, HostTopology, HugepagePool};
 
-use crate::{plan, Outcome, PlanOptions};
+use crate::{plan, plan_for_guest, GuestIdentity, Outcome, PlanOptions};
 
 /// A guest cell as the guest sees it: (vCPUs, memory bytes, distances to every cell).
 type Cell = (Vec<u32>, u64, Vec<u32>);
@@ -16,53 +20,85 @@ pub struct TargetCheck {
     pub fits: bool,
     /// Why not.
     pub reasons: Vec<String>,
-    /// The plan on the target (its placement and target memory overhead).
+    /// The plan on the target that keeps the guest's topology (its placement, target memory
+    /// overhead, and `distances`: the host's distances between the nodes it chose).
     pub target: Outcome,
     /// Guest cells on the source: (vCPUs, memory bytes, distances) per cell.
     pub source_cells: Vec<(Vec<u32>, u64, Vec<u32>)>,
+    /// The guest's topology the target must keep.
+    pub identity: GuestIdentity,
 }
 
-/// Plans `spec` on `target` and compares the guest it would see with the guest on `source`.
-///
-/// The guest must see the same NUMA cells (same vCPUs, memory and distances per cell); the
-/// CPU topology and hugepage size come from the spec and so are the same by construction.
+/// Plans `spec` on `target` for the guest `spec` has on `source`, unchanged: same CPU topology
+/// and APIC IDs, same NUMA cells (vCPUs and memory per cell), same page size and the same
+/// distances between cells (the host's distances between the chosen nodes must equal them:
+/// `same_distances` is set whatever `opts` says). [`check_target_identity`] takes a saved
+/// identity and honours `opts.same_distances`.
 pub fn check_target(
     spec: &VmSpec,
     source: &HostTopology,
     target: &HostTopology,
     opts: &PlanOptions,
 ) -> TargetCheck {
-    let src = plan(spec, &with_own_memory(source, spec), opts);
-    let tgt = plan(
-        spec,
-        target,
-        &PlanOptions {
-            held_cpus: Default::default(),
-            ..opts.clone()
-        },
-    );
-    let cells = |o: &Outcome| -> Vec<Cell> {
-        o.plan
+    let identity = source_identity(spec, source, opts);
+    let strict = PlanOptions {
+        same_distances: true,
+        ..opts.clone()
+    };
+    check_target_identity(spec, &identity, target, &strict)
+}
+
+/// The guest `spec` has on `source` (its memory there already: the source's free pools do not
+/// decide its cells).
+pub fn source_identity(spec: &VmSpec, source: &HostTopology, opts: &PlanOptions) -> GuestIdentity {
+    plan(spec, &with_own_memory(source, spec), opts)
+        .plan
+        .guest_identity()
+}
+
+/// Plans `spec` on `target` keeping the guest `identity` ([`plan_for_guest`]); PUs held on
+/// the target are taken from `opts.held_cpus`.
+pub fn check_target_identity(
+    spec: &VmSpec,
+    identity: &GuestIdentity,
+    target: &HostTopology,
+    opts: &PlanOptions,
+) -> TargetCheck {
+    let tgt = plan_for_guest(spec, target, identity, opts);
+    let sc: Vec<Cell> = identity
+        .cells
+        .iter()
+        .map(|c| {
+            let vcpus = c.vcpus.iter().map(|v| v.vcpu).collect();
+            (vcpus, c.memory_bytes, c.distances.clone())
+        })
+        .collect();
+    let mut reasons = Vec::new();
+    if !tgt.fits {
+        // What a guest started afresh there would see, when that differs.
+        let fresh = plan(spec, target, opts);
+        let tc: Vec<Cell> = fresh
+            .plan
             .guest_cells
             .iter()
             .map(|c| (c.vcpus.clone(), c.memory_bytes, c.distances.clone()))
-            .collect()
-    };
-    let (sc, tc) = (cells(&src), cells(&tgt));
-    let mut reasons = tgt.reasons.clone();
-    if tgt.fits && sc != tc {
-        reasons.push(format!(
-            "the target gives the guest {} NUMA cell(s), the source {}; the guest topology would change:\n{}",
-            tc.len(),
-            sc.len(),
-            cell_table(&sc, &tc)
-        ));
+            .collect();
+        if fresh.fits && sc != tc {
+            reasons.push(format!(
+                "the target gives the guest {} NUMA cell(s), the source {}; the guest topology would change:\n{}",
+                tc.len(),
+                sc.len(),
+                cell_table(&sc, &tc)
+            ));
+        }
     }
+    reasons.extend(tgt.reasons.iter().cloned());
     TargetCheck {
-        fits: reasons.is_empty(),
+        fits: tgt.fits,
         reasons,
         target: tgt,
         source_cells: sc,
+        identity: identity.clone(),
     }
 }
 
@@ -160,8 +196,10 @@ mod tests {
         let reason = check.reasons.join("\n");
         assert!(!reason.contains("(["), "{reason}");
         let lines: Vec<&str> = reason.lines().map(str::trim_end).collect();
+        // The table first; then why the target cannot keep the guest's cells as they are.
+        assert!(lines[5].contains("node distances differ"), "{reason}");
         assert_eq!(
-            lines[1..],
+            lines[1..5],
             [
                 "      host    cell  vCPUs  memory  distances",
                 "      source  0     0-3    42Mi    10 20",

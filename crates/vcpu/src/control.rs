@@ -130,8 +130,9 @@ pub(crate) struct Control {
     pub(crate) snapshot: Mutex<Option<crate::snapshot::Source>>,
     /// Numbers capture jobs.
     save_ids: AtomicUsize,
-    /// The VM's dirty page log (live migration), set once the VM is built.
-    dirty: OnceLock<DirtyLog>,
+    /// The VM's dirty page log (live migration), set once the VM is built (weak: the `Vm`
+    /// owns it, and with it a reference to the guest RAM).
+    dirty: OnceLock<Weak<DirtyLog>>,
 }
 
 /// Locks `m`; a panicking holder leaves plain data behind, so keep going with it.
@@ -163,13 +164,13 @@ impl Control {
         }
     }
 
-    /// Gives the VM its dirty page log (once; a second call is ignored).
-    pub fn set_dirty_log(&self, log: DirtyLog) {
-        let _ = self.dirty.set(log);
+    /// Gives the handles the VM's dirty page log (once; a second call is ignored).
+    pub fn set_dirty_log(&self, log: &Arc<DirtyLog>) {
+        let _ = self.dirty.set(Arc::downgrade(log));
     }
 
     /// The VM's dirty page log, once set.
-    pub fn dirty_log(&self) -> Option<&DirtyLog> {
+    pub fn dirty_log(&self) -> Option<&Weak<DirtyLog>> {
         self.dirty.get()
     }
 

@@ -19,6 +19,11 @@
 //!
 //! The payload boot area (page tables, descriptor tables, code, mailboxes) is not RAM and is
 //! not logged: it moves as the payload's state, not as pages.
+//!
+//! **Use.** Start the log, then send all of RAM (writes before the start are in that copy);
+//! each round then takes the dirty pages *before* reading them, so a write made while they
+//! are sent is in the next round's log; the final round takes them with the VM paused and
+//! its device I/O quiesced.
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -33,18 +38,18 @@ use crate::sys;
 /// Why dirty logging could not be started, read or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DirtyLogError {
-    /// The VM has been dropped (its KVM VM is closed).
-    #[error("VM {vm}: the VM is gone; there is no dirty log to read")]
-    VmGone {
-        /// VM name.
-        vm: String,
-    },
+    /// The VM has been dropped (its KVM VM is closed, its RAM released).
+    #[error("the VM is gone; there is no dirty log to read")]
+    VmGone,
     /// The VM has a vhost-vsock device, whose kernel writes to guest memory are not logged.
     #[error("VM {vm}: its vsock device runs on the kernel's vhost-vsock, whose writes to guest memory are not tracked; live migration needs devices.vsock.backend = \"unix\"")]
     VhostVsock {
         /// VM name.
         vm: String,
     },
+    /// The VM was built without a dirty log (every `Vm` constructor gives it one: a bug).
+    #[error("this VM has no dirty log (it was built without one)")]
+    NoLog,
     /// `start_dirty_log` was called while the log is already on.
     #[error("VM {vm}: dirty logging is already on")]
     AlreadyOn {
@@ -112,7 +117,8 @@ pub(crate) struct RamSlot {
     pub cell_offset: u64,
 }
 
-/// What a VM needs to log its dirty pages; held by its [`crate::control::Control`].
+/// What a VM needs to log its dirty pages. The `Vm` owns it (its RAM clone must not outlive
+/// the VM); [`crate::control::Control`] holds it weakly for the handles.
 pub(crate) struct DirtyLog {
     vm_name: String,
     vm: Weak<VmFd>,
@@ -124,6 +130,33 @@ pub(crate) struct DirtyLog {
     vhost_vsock: bool,
     /// Whether the log is on; its lock serializes start, take and stop.
     on: Mutex<bool>,
+}
+
+/// Builds the dirty log of a VM just created for `plan` on `ram` (memslots registered) and
+/// gives `control` weak access to it; the `Vm` keeps the returned `Arc`. Every `Vm`
+/// constructor calls this (`Vm::new`; a restored VM the same way).
+pub(crate) fn attach(
+    plan: &vmhost_plan::Plan,
+    fd: &Arc<VmFd>,
+    ram: &dyn crate::vm::GuestRam,
+    linux: bool,
+    control: &crate::control::Control,
+) -> Arc<DirtyLog> {
+    let vhost = plan
+        .devices
+        .spec
+        .vsock
+        .as_ref()
+        .is_some_and(|v| v.backend == vmhost_config::VsockBackend::Vhost);
+    let log = Arc::new(DirtyLog::new(
+        &plan.name,
+        fd,
+        ram.guest_memory(),
+        ram.guest_layout(),
+        linux && vhost,
+    ));
+    control.set_dirty_log(&log);
+    log
 }
 
 impl DirtyLog {
@@ -166,9 +199,7 @@ impl DirtyLog {
     }
 
     fn vm(&self) -> Result<Arc<VmFd>, DirtyLogError> {
-        self.vm.upgrade().ok_or_else(|| DirtyLogError::VmGone {
-            vm: self.vm_name.clone(),
-        })
+        self.vm.upgrade().ok_or(DirtyLogError::VmGone)
     }
 
     fn start(&self) -> Result<(), DirtyLogError> {
@@ -302,12 +333,44 @@ impl VmHandle {
 
     /// Whether dirty logging is on.
     pub fn dirty_logging(&self) -> bool {
-        self.0.dirty_log().is_some_and(|d| *lock(&d.on))
+        self.dirty_log().is_ok_and(|d| *lock(&d.on))
     }
 
-    fn dirty_log(&self) -> Result<&DirtyLog, DirtyLogError> {
-        self.0.dirty_log().ok_or_else(|| DirtyLogError::VmGone {
-            vm: String::from("(unknown)"),
-        })
+    /// The VM's dirty log, held for one call (the `Vm` owns it).
+    fn dirty_log(&self) -> Result<Arc<DirtyLog>, DirtyLogError> {
+        self.0
+            .dirty_log()
+            .ok_or(DirtyLogError::NoLog)?
+            .upgrade()
+            .ok_or(DirtyLogError::VmGone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vmhost_memory::layout::CellSpan;
+    use vmhost_memory::{MMIO_HOLE_END, MMIO_HOLE_START};
+
+    use super::*;
+
+    #[test]
+    fn a_vm_with_vhost_vsock_refuses_to_start_the_dirty_log() {
+        if !vmhost_testsupport::need_kvm("a_vm_with_vhost_vsock_refuses_to_start_the_dirty_log") {
+            return;
+        }
+        let kvm = kvm_ioctls::Kvm::new().expect("/dev/kvm");
+        let vm = Arc::new(kvm.create_vm().expect("KVM_CREATE_VM"));
+        let cells = [CellSpan {
+            cell: 0,
+            host_node: None,
+            size_bytes: 4 << 20,
+        }];
+        let layout = GuestLayout::new(&cells, MMIO_HOLE_START..MMIO_HOLE_END, 4096).unwrap();
+        let ram = layout.anonymous_memory().unwrap();
+        let log = DirtyLog::new("vsock-vm", &vm, &ram, &layout, true);
+        let err = log.start().unwrap_err();
+        assert!(matches!(err, DirtyLogError::VhostVsock { .. }), "{err}");
+        assert!(err.to_string().contains("devices.vsock.backend = \"unix\""));
+        assert!(!*lock(&log.on));
     }
 }

@@ -12,8 +12,10 @@
 //! Flow: spec → plan → guest memory → [`Vm::new`] → [`Vm::run`] → [`RunReport`]. Stopping
 //! early: [`Vm::stop_handle`] (or [`stop_on_signals`] for SIGINT/SIGTERM); pausing, resuming
 //! and the VM's state: [`Vm::handle`]. Snapshot and restore: [`VmHandle::capture`] (of a paused
-//! VM) gives a [`persist::SavedVm`], [`Vm::restore`] builds a VM that continues from one. Placement audit: [`thread_placements`]; the binary's
-//! main thread: [`pin_current_thread_to_emulator`].
+//! VM) gives a [`persist::SavedVm`], [`Vm::restore`] builds a VM that continues from one. Live
+//! migration's pre-copy: [`VmHandle::start_dirty_log`], [`VmHandle::take_dirty`] and
+//! [`VmHandle::stop_dirty_log`] ([`dirty`]). Placement audit: [`thread_placements`]; the
+//! binary's main thread: [`pin_current_thread_to_emulator`].
 //!
 //! A Linux guest's VM ends when the guest powers off (ACPI S5 through the FADT's sleep control
 //! register) or reboots (FADT reset register, i8042 0xfe, port 0xcf9, or a triple fault):

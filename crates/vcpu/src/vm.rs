@@ -336,6 +336,8 @@ pub struct Vm {
     // Field order is drop order: the VM fd closes before the memory it maps goes away.
     fd: Arc<VmFd>,
     _kvm: Kvm,
+    /// The dirty page log; it holds a clone of the RAM, so the `Vm` owns it.
+    _dirty: Arc<DirtyLog>,
     name: String,
     guest: Guest,
     configs: Option<Vec<VcpuConfig>>,
@@ -431,16 +433,11 @@ impl Vm {
             control.set_power_button(&fd);
         }
         *crate::control::lock(&control.snapshot) = Some(Source::new(&fd, &prepared.guest));
-        control.set_dirty_log(DirtyLog::new(
-            &plan.name,
-            &fd,
-            ram.guest_memory(),
-            ram.guest_layout(),
-            linux && vhost_vsock(plan),
-        ));
+        let dirty = crate::dirty::attach(plan, &fd, &ram, linux, &control);
         Ok(Vm {
             fd,
             _kvm: prepared.kvm,
+            _dirty: dirty,
             name: plan.name.clone(),
             guest: prepared.guest,
             configs: Some(prepared.configs),
@@ -598,15 +595,6 @@ impl Vm {
             ),
         }
     }
-}
-
-/// Whether the plan gives the guest a vsock device on the kernel's vhost-vsock.
-fn vhost_vsock(plan: &Plan) -> bool {
-    plan.devices
-        .spec
-        .vsock
-        .as_ref()
-        .is_some_and(|v| v.backend == vmhost_config::VsockBackend::Vhost)
 }
 
 /// Lets the guest's last serial output reach the writer (bounded: a writer nobody reads does

@@ -212,6 +212,162 @@ fn dirty_log_reports_exactly_the_pages_written_by_the_guest_and_the_vmm() {
     drop(vm);
     assert!(matches!(
         handle.start_dirty_log(),
-        Err(DirtyLogError::VmGone { .. })
+        Err(DirtyLogError::VmGone)
     ));
+}
+
+/// Plans `toml` against a synthetic two-node host, then remaps it onto this one: vCPU `i` on
+/// CPU `i % 2`, both cells on node 0, in 2 MiB hugepages (`hugepages`) or anonymous shared
+/// memory. The guest still has two cells, each its own memslot and backing file.
+fn two_cell_plan(toml: &str, hugepages: bool) -> vmhost_plan::Plan {
+    let spec = vmhost_config::from_toml_str(toml, "dirty.toml")
+        .expect("spec")
+        .spec;
+    let mut host = vmhost_topology::load_synthetic("package:2 numa:1 core:1 pu:1").expect("host");
+    let pools = vmhost_topology::parse_hugepages_arg("node0:2Mi=64,node1:2Mi=64").expect("pools");
+    vmhost_topology::apply_hugepages(&mut host, &pools).expect("pools");
+    let mut plan = vmhost_plan::plan(&spec, &host, &Default::default())
+        .into_result()
+        .expect("plan");
+    assert_eq!(plan.guest_cells.len(), 2, "{plan:#?}");
+    for v in &mut plan.vcpus {
+        v.host_cpu = Some(v.vcpu % 2);
+        v.host_node = Some(0);
+    }
+    for c in &mut plan.guest_cells {
+        c.host_node = Some(0);
+        c.prefault_cpus = vec![0, 1];
+    }
+    plan.emulator.host_cpus = vec![0, 1];
+    plan.floating_cpus.clear();
+    let pages: u64 = plan.envelope.hugepages.iter().map(|d| d.count).sum();
+    plan.envelope.hugepages.clear();
+    if hugepages {
+        plan.envelope.hugepages.push(vmhost_plan::HugepageDemand {
+            node: Some(0),
+            page_size_bytes: 2 << 20,
+            count: pages,
+        });
+    } else {
+        plan.backing = vmhost_plan::Backing::Anonymous;
+    }
+    plan
+}
+
+#[test]
+fn take_dirty_maps_each_cells_memslot_and_sees_vmm_writes_while_the_guest_runs() {
+    let test = "take_dirty_maps_each_cells_memslot_and_sees_vmm_writes_while_the_guest_runs";
+    if !kvm_available(test) {
+        return;
+    }
+    let _cpus = lock_cpus();
+    check_two_cells("dirty-cells", false);
+}
+
+#[test]
+fn take_dirty_reports_4k_pages_of_2m_hugepage_backed_cells() {
+    let test = "take_dirty_reports_4k_pages_of_2m_hugepage_backed_cells";
+    if !kvm_available(test) || !hugepages_wanted(test) {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_hugepages();
+    require_2m_hugepages(test, 32);
+    check_two_cells("dirty-huge", true);
+}
+
+/// An idle two-cell guest (64 MiB, 32 MiB per cell) with the dirty log on: VMM writes show in
+/// their own cell at their offset, at 4 KiB granularity whatever the backing page size.
+fn check_two_cells(name: &str, hugepages: bool) {
+    let toml = format!(
+        "name = \"{name}\"\n[cpu]\ncores = 2\ndedicated_cpu_placement = true\n\
+         numa = {{ guest_mapping_passthrough = true }}\n\
+         [memory]\nguest = \"64Mi\"\nhugepages = {{ page_size = \"2Mi\" }}\n\
+         [boot]\npayload = \"idle\"\n"
+    );
+    let plan = two_cell_plan(&toml, hugepages);
+    // File-backed RAM, as vmhost runs guests: one region per cell, each with its bitmap.
+    let ram = memory(&plan);
+    let mem = ram.memory().clone();
+    let cells: Vec<_> = ram.layout().regions.clone();
+    assert_eq!(cells.len(), 2, "{cells:?}");
+    assert_eq!((cells[1].cell, cells[1].file_offset), (1, 0));
+    let mut vm = Vm::new(&plan, ram, VmOptions::default()).expect("VM");
+    let handle = vm.handle();
+    let stop = vm.stop_handle();
+    let runner = std::thread::spawn(move || vm.run());
+    assert!(wait_for(60, || stop.ready_vcpus() == 2), "vCPUs ready");
+
+    handle.start_dirty_log().expect("start the dirty log");
+    let p = DIRTY_PAGE_BYTES;
+    // The idle guest writes no RAM: nothing is dirty while it runs.
+    assert!(handle.take_dirty(0).expect("cell 0").is_empty());
+    assert!(handle.take_dirty(1).expect("cell 1").is_empty());
+    // A VMM write at the end of cell 0 and one 5 pages into cell 1 (guest-physical: after
+    // cell 0): each reported in its own cell, at its offset in that cell.
+    let end0 = cells[0].gpa + cells[0].size_bytes;
+    mem.write_obj(7u64, GuestAddress(end0 - 8)).expect("write");
+    mem.write_obj(9u16, GuestAddress(cells[1].gpa + 5 * p + 2))
+        .expect("write");
+    let d0 = handle.take_dirty(0).expect("cell 0");
+    let d1 = handle.take_dirty(1).expect("cell 1");
+    let size0 = cells[0].size_bytes;
+    assert_eq!(runs(&d0), vec![size0 - p..size0]);
+    assert_eq!(runs(&d1), vec![5 * p..6 * p]);
+    assert_eq!(d1.size_bytes(), cells[1].size_bytes);
+    assert!(handle.take_dirty(1).expect("cell 1").is_empty(), "cleared");
+
+    handle.stop_dirty_log().expect("stop the dirty log");
+    assert_eq!(handle.state(), vmhost_vcpu::VmState::Running);
+    handle.stop();
+    let report = runner.join().expect("runner").expect("run");
+    assert_eq!(
+        report.status,
+        RunStatus::Stopped,
+        "{}",
+        report.render_text()
+    );
+
+    // The VM was dropped at the end of its run: a live handle does not keep its RAM mapped.
+    drop(mem);
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+    assert!(
+        !maps.contains(&format!("vmhost:{name}:cell")),
+        "guest RAM still mapped:\n{maps}"
+    );
+    assert!(matches!(handle.take_dirty(0), Err(DirtyLogError::VmGone)));
+}
+
+#[test]
+fn guest_writes_to_hugepage_backed_ram_are_logged_page_by_page() {
+    let test = "guest_writes_to_hugepage_backed_ram_are_logged_page_by_page";
+    if !kvm_available(test) || !hugepages_wanted(test) {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_hugepages();
+    require_2m_hugepages(test, 16);
+    let plan = plan_toml(
+        "name = \"dirty-touch-huge\"\n[cpu]\ncores = 1\n[memory]\nguest = \"32Mi\"\n\
+         hugepages = { page_size = \"2Mi\" }\n[boot]\npayload = \"touch\"\n",
+    );
+    let ram = memory(&plan);
+    let size = ram.layout().ram_bytes();
+    let mut vm = Vm::new(&plan, ram, VmOptions::default()).expect("VM");
+    let handle = vm.handle();
+    // On before the guest starts: every page `touch` writes (all of RAM) is in the log, each
+    // 4 KiB page on its own although a 2 MiB page backs it.
+    handle.start_dirty_log().expect("start the dirty log");
+    let report = vm.run().expect("run");
+    assert_eq!(
+        report.status,
+        RunStatus::Completed,
+        "{}",
+        report.render_text()
+    );
+    let d = handle.take_dirty(0).expect("take_dirty after the run");
+    assert_eq!(d.dirty_pages(), size / DIRTY_PAGE_BYTES);
+    assert_eq!(runs(&d), vec![0..size]);
+    assert!(handle.take_dirty(0).expect("take_dirty").is_empty());
+    handle.stop_dirty_log().expect("stop the dirty log");
 }

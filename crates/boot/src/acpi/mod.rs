@@ -37,7 +37,7 @@
 //! #     vcpus: vec![vcpu(0, 0), vcpu(1, 1)], floating_cpus: vec![],
 //! #     emulator: EmulatorPlacement { host_cpus: vec![], isolated: false },
 //! #     guest_cells: vec![cell(0, vec![0]), cell(1, vec![1])], backing: Backing::Anonymous,
-//! #     boot: BootSpec::Payload { payload: Payload::Touch }, realtime: None, notes: vec![],
+//! #     boot: BootSpec::Payload { payload: Payload::Touch }, realtime: None, distances: Default::default(), notes: vec![],
 //! #     devices: Default::default(),
 //! # };
 //! // A plan with two vCPUs in two guest cells of 64 MiB each.

@@ -7,9 +7,8 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use vm_memory::bitmap::BitmapSlice;
-use vm_memory::{
-    Bytes, GuestAddress, GuestMemoryMmap, ReadVolatile, VolatileMemoryError, VolatileSlice,
-};
+use vm_memory::{Bytes, GuestAddress, ReadVolatile, VolatileMemoryError, VolatileSlice};
+use vmhost_memory::GuestMemoryMmap;
 
 use super::image::{self, le32, le64};
 use super::{load_initrd, load_kernel, low_ram_end, sparse};

@@ -185,7 +185,8 @@ mod tests {
     use linux_loader::loader::elf::Elf;
     use linux_loader::loader::KernelLoader;
     use std::fs::File;
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use vm_memory::{Bytes, GuestAddress};
+    use vmhost_memory::GuestMemoryMmap;
 
     const PADDR: u64 = 0x100_0000;
     const VADDR: u64 = 0xffff_ffff_8100_0000;
@@ -251,7 +252,7 @@ mod tests {
         std::fs::write(&path, bytes).unwrap();
         let mut file = File::open(&path).unwrap();
         let holes = nobits_file_ranges(&mut file).unwrap();
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 32 << 20)]).unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 32 << 20)]).unwrap();
         let mut sparse = SparseElf::new(&mut file, holes).unwrap();
         let r = Elf::load(&mem, None, &mut sparse, Some(GuestAddress(0x10_0000))).unwrap();
         assert_eq!(r.kernel_load, GuestAddress(PADDR));

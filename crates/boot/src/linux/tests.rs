@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use linux_loader::loader::elf::start_info::{
     hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info,
 };
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
+use vmhost_memory::GuestMemoryMmap;
 
 use super::image::fake;
 use super::*;
