@@ -176,6 +176,29 @@ pub fn save_cell<W: Write>(
     regions: &[MappedRegion],
     cell: u32,
     out: &mut Writer<W>,
+    skip: impl FnMut(u64, &[u8]) -> bool,
+) -> Result<CellSaved, CellIoError> {
+    save_cell_with(regions, cell, out, None, skip)
+}
+
+/// A pre-copy dirty round of live migration: writes the pages of cell `cell` that `dirty`
+/// marks, all-zero ones included (a page the guest cleared since the last round must be sent:
+/// the receiver already holds its old bytes). Pages `dirty` leaves clean are not read.
+pub fn save_cell_dirty<W: Write>(
+    regions: &[MappedRegion],
+    cell: u32,
+    out: &mut Writer<W>,
+    dirty: &crate::dirty::DirtyBitmap,
+) -> Result<CellSaved, CellIoError> {
+    save_cell_with(regions, cell, out, Some(dirty), |_, _| false)
+}
+
+/// [`save_cell`]; with `dirty`, only its dirty pages, all-zero ones included.
+fn save_cell_with<W: Write>(
+    regions: &[MappedRegion],
+    cell: u32,
+    out: &mut Writer<W>,
+    dirty: Option<&crate::dirty::DirtyBitmap>,
     mut skip: impl FnMut(u64, &[u8]) -> bool,
 ) -> Result<CellSaved, CellIoError> {
     let start = Instant::now();
@@ -192,7 +215,13 @@ pub fn save_cell<W: Write>(
         let mut at = 0usize;
         while at < r.len() {
             let n = chunk.min(r.len() - at);
-            let resident = resident(r, at, n, page)?;
+            let base = r.layout.file_offset + at as u64;
+            let mut resident = resident(r, at, n, page)?;
+            if let Some(d) = dirty {
+                for (i, res) in resident.iter_mut().enumerate() {
+                    *res = *res && d.any_dirty(base + (i * page) as u64, page as u64);
+                }
+            }
             for (i, _) in resident.iter().enumerate().filter(|(_, res)| **res) {
                 let dst = &mut buf[i * page..(i + 1) * page];
                 r.region
@@ -204,10 +233,11 @@ pub fn save_cell<W: Write>(
                         source,
                     })?;
             }
-            let base = r.layout.file_offset + at as u64;
             let stats = write_pages(out, &geometry, base, &buf[..n], |off, p| {
                 let i = usize::try_from((off - base) / page as u64).unwrap_or(usize::MAX);
-                !resident.get(i).copied().unwrap_or(false) || is_zero_page(p) || skip(off, p)
+                !resident.get(i).copied().unwrap_or(false)
+                    || (dirty.is_none() && is_zero_page(p))
+                    || skip(off, p)
             })
             .map_err(|source| CellIoError::Pages { cell, source })?;
             saved.pages += stats.pages;
@@ -259,6 +289,16 @@ pub fn load_cell<R: Read>(
     }
     reader.expect_eof().map_err(rec_err)?;
     Ok((bytes, records))
+}
+
+/// Writes one page run (the payload of a [`RecordKind::PAGES`] record, as a migration stream
+/// carries it) into cell `cell` of `regions`. Returns the bytes written.
+pub fn load_run(regions: &[MappedRegion], cell: u32, payload: &[u8]) -> Result<u64, CellIoError> {
+    let (mine, geometry) = cell_regions(regions, cell)?;
+    let run =
+        decode_run(payload, &geometry).map_err(|source| CellIoError::Pages { cell, source })?;
+    write_run(&mine, cell, run.offset, run.bytes)?;
+    Ok(run.bytes.len() as u64)
 }
 
 /// Writes `bytes` at `offset` of the cell into the regions that hold it.
