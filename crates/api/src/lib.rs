@@ -76,6 +76,13 @@ pub use fuzzing::{fuzz_read_request, fuzz_serve_connection};
 pub use server::{serve, ApiListener, ApiServer, ServeError, ThreadStartHook};
 pub use socket::BindError;
 
+/// Binds and listens on a new Unix stream socket at `path` created with mode `0600` from its
+/// first moment (`fchmod` on the unbound socket, no umask change): for other listeners of
+/// vmhost (`vmhost receive`). Fails with `EADDRINUSE` when anything exists at `path`.
+pub fn bind_unix_0600(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    sys::bind_unix_with_mode(path, 0o600)
+}
+
 /// The VM side of the API, implemented by the binary.
 ///
 /// Methods run on the API thread (the emulator thread when the binary pins it) and block it
