@@ -7,6 +7,7 @@ use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use vmhost_persist::auth::{handshake, AuthKey, Role};
@@ -46,60 +47,57 @@ impl std::fmt::Display for Endpoint {
     }
 }
 
-/// One connection.
+/// The socket of one connection.
 #[derive(Debug)]
-pub enum Stream {
-    /// Over a Unix socket.
+enum Socket {
     Unix(UnixStream),
-    /// Over TCP.
     Tcp(TcpStream),
 }
+
+/// One connection; clones share the socket (no `dup`: the sender's syscall filter has no
+/// `fcntl(F_DUPFD)`).
+#[derive(Debug, Clone)]
+pub struct Stream(Arc<Socket>);
 
 impl Stream {
     /// Connects to `to`.
     pub fn connect(to: &Endpoint) -> Result<Stream> {
-        match to {
-            Endpoint::Unix(p) => Ok(Stream::Unix(
-                UnixStream::connect(p).with_context(|| format!("connecting to {to}"))?,
-            )),
+        let socket = match to {
+            Endpoint::Unix(p) => {
+                Socket::Unix(UnixStream::connect(p).with_context(|| format!("connecting to {to}"))?)
+            }
             Endpoint::Tcp(a) => {
                 let s = TcpStream::connect(a).with_context(|| format!("connecting to {to}"))?;
                 s.set_nodelay(true).context("setting TCP_NODELAY")?;
-                Ok(Stream::Tcp(s))
+                Socket::Tcp(s)
             }
-        }
-    }
-
-    fn try_clone(&self) -> std::io::Result<Stream> {
-        Ok(match self {
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-        })
+        };
+        Ok(Stream(Arc::new(socket)))
     }
 
     /// Closes both directions (the peer's reads end).
     pub fn shutdown(&self) {
-        let _ = match self {
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+        let _ = match &*self.0 {
+            Socket::Unix(s) => s.shutdown(Shutdown::Both),
+            Socket::Tcp(s) => s.shutdown(Shutdown::Both),
         };
     }
 }
 
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.read(buf),
-            Stream::Tcp(s) => s.read(buf),
+        match &*self.0 {
+            Socket::Unix(s) => (&*s).read(buf),
+            Socket::Tcp(s) => (&*s).read(buf),
         }
     }
 }
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.write(buf),
-            Stream::Tcp(s) => s.write(buf),
+        match &*self.0 {
+            Socket::Unix(s) => (&*s).write(buf),
+            Socket::Tcp(s) => (&*s).write(buf),
         }
     }
 
@@ -136,12 +134,15 @@ impl Listener {
         match self {
             Listener::Unix(l, p) => {
                 let (s, _) = l.accept().context("accepting a connection")?;
-                Ok((Stream::Unix(s), format!("unix:{}", p.display())))
+                Ok((
+                    Stream(Arc::new(Socket::Unix(s))),
+                    format!("unix:{}", p.display()),
+                ))
             }
             Listener::Tcp(l) => {
                 let (s, peer) = l.accept().context("accepting a connection")?;
                 s.set_nodelay(true).context("setting TCP_NODELAY")?;
-                Ok((Stream::Tcp(s), format!("tcp:{peer}")))
+                Ok((Stream(Arc::new(Socket::Tcp(s))), format!("tcp:{peer}")))
             }
         }
     }
@@ -173,8 +174,7 @@ impl Channel {
         reads: &[RecordKind],
     ) -> Result<Self> {
         let session = handshake(&mut stream, key, role).context("authenticating the peer")?;
-        let raw = stream.try_clone().context("cloning the connection")?;
-        let input = stream.try_clone().context("cloning the connection")?;
+        let (raw, input) = (stream.clone(), stream.clone());
         let tx = Writer::authenticated(stream, env!("CARGO_PKG_VERSION"), session.send)
             .context("opening the stream to the peer")?;
         let rx = Reader::authenticated(BufReader::new(input), reads, session.recv)

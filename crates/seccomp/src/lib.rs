@@ -81,9 +81,10 @@ pub enum ThreadKind {
     /// A restore's guest memory loader (`load-c<cell>`): reads its cell's memory file into
     /// guest RAM.
     Loader,
-    /// A live migration's sender (`vmhost-mig`): pauses and resumes the vCPUs and reads and
+    /// A live migration's sender (`vmhost-mig`): pauses and resumes the vCPUs, reads and
     /// clears the dirty page log (`KVM_GET_DIRTY_LOG`, memslots registered again with or
-    /// without `KVM_MEM_LOG_DIRTY_PAGES`). The stream it writes adds its own calls.
+    /// without `KVM_MEM_LOG_DIRTY_PAGES`), reads resident guest pages, captures the VM's
+    /// state, and talks to the target over its Unix or TCP connection.
     Migration,
 }
 
