@@ -324,6 +324,7 @@ fn migrate(
 ) -> Result<()> {
     set_phase(shared, "precopy");
     let (round, mut dirty) = precopy(source, ch, limits, shared)?;
+    super::test_hook(round, "source");
     set_phase(shared, "pause");
     let paused_at = Instant::now();
     if source.handle.state() == VmState::Running {

@@ -474,6 +474,8 @@ const MIGRATION: &[&[(i64, Rule)]] = &[
         (SYS_sendto, Rule::Any),
         (SYS_shutdown, Rule::Any),
         (SYS_mincore, Rule::Any),
+        // `abort` (`raise`: `gettid`, then `tgkill`) of `VMHOST_TEST_MIGRATION_FAIL_AT`.
+        (SYS_gettid, Rule::Any),
         // The dirty log (start, read and clear, stop) and the capture, in one `ioctl` rule.
         ioctl(&[
             KVM_GET_DIRTY_LOG,
