@@ -352,6 +352,9 @@ fn the_source_killed_ends_the_target_non_zero_with_its_pages_back() {
     let (code, log) = target.wait();
     assert_ne!(code, Some(0), "{log}");
     assert!(log.contains("receiving the migrating VM"), "{log}");
-    assert!(ledger_names(&d.join("run")).is_empty(), "the target released its entry");
+    assert!(
+        ledger_names(&d.join("run")).is_empty(),
+        "the target released its entry"
+    );
     assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
 }
