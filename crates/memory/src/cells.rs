@@ -547,4 +547,42 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, CellIoError::Pages { cell: 1, .. }), "{err:?}");
     }
+
+    /// Reads the page-run records of a container and writes each with [`load_run`], as a
+    /// migration target does.
+    fn apply_runs(mem: &GuestMemory, cell: u32, bytes: &[u8]) -> u64 {
+        let mut r = Reader::new(bytes, &[RecordKind::PAGES]).unwrap();
+        let mut n = 0;
+        while let Some(rec) = r.next_record().unwrap() {
+            n += load_run(mem.regions(), cell, &rec.payload).unwrap();
+        }
+        n
+    }
+
+    #[test]
+    fn a_dirty_round_sends_only_dirty_pages_zeroed_ones_included() {
+        let (_, src) = memory("cells-dirty-src");
+        let (_, dst) = memory("cells-dirty-dst");
+        let g = src.memory();
+        g.write_obj(0xaaaa_u32, GuestAddress(0x1000)).unwrap();
+        g.write_obj(0xbbbb_u32, GuestAddress(0x2000)).unwrap();
+        // Round 0: every resident non-zero page.
+        let mut w = Writer::new(Vec::new(), "test").unwrap();
+        src.save_cell(0, &mut w, |_, _| false).unwrap();
+        assert_eq!(apply_runs(&dst, 0, &w.finish().unwrap()), 8192);
+        // The guest clears one page and writes another; a third stays clean.
+        g.write_obj(0u32, GuestAddress(0x1000)).unwrap();
+        g.write_obj(0xcccc_u32, GuestAddress(0x5000)).unwrap();
+        let mut dirty = crate::DirtyBitmap::new(0, 8 * MIB);
+        dirty.mark_page(1);
+        dirty.mark_page(5);
+        let mut w = Writer::new(Vec::new(), "test").unwrap();
+        let saved = src.save_cell_dirty(0, &mut w, &dirty).unwrap();
+        assert_eq!(saved.pages, 2, "the zeroed page is sent too");
+        assert_eq!(apply_runs(&dst, 0, &w.finish().unwrap()), 8192);
+        let d = dst.memory();
+        assert_eq!(d.read_obj::<u32>(GuestAddress(0x1000)).unwrap(), 0);
+        assert_eq!(d.read_obj::<u32>(GuestAddress(0x2000)).unwrap(), 0xbbbb);
+        assert_eq!(d.read_obj::<u32>(GuestAddress(0x5000)).unwrap(), 0xcccc);
+    }
 }
