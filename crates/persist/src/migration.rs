@@ -21,12 +21,13 @@ use crate::container::RecordKind;
 pub const PROTOCOL_VERSION: u32 = 1;
 
 /// The record kinds the target reads on the control stream.
-pub const TARGET_READS: [RecordKind; 5] = [
+pub const TARGET_READS: [RecordKind; 6] = [
     RecordKind::MIG_HELLO,
     RecordKind::MIG_ROUND,
     RecordKind::PAGES,
     RecordKind::MIG_ROUND_END,
     RecordKind::VM_STATE,
+    RecordKind::MIG_CANCEL,
 ];
 
 /// The record kinds the source reads on the control stream.
