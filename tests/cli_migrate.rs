@@ -8,8 +8,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -17,6 +18,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use vmhost_persist::auth::{handshake, AuthKey, Role};
+use vmhost_persist::container::{Reader, RecordKind, Writer};
+use vmhost_persist::migration::{self, Answer, Hello};
 use vmhost_testsupport::{lock_cpus, lock_pool, need_kvm, need_pages, pool};
 
 const PAGE_2M: u64 = 2 << 20;
@@ -357,4 +361,77 @@ fn the_source_killed_ends_the_target_non_zero_with_its_pages_back() {
         "the target released its entry"
     );
     assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
+}
+
+/// Pretends to be a source: connects, authenticates with `key`, sends `hello` as the hello
+/// record (with its last byte flipped when `corrupt`); the target's answer, if it sent one.
+fn fake_source(sock: &Path, key: &Path, hello: &Hello, corrupt: bool) -> Option<Answer> {
+    let mut s = UnixStream::connect(sock).unwrap();
+    let key = AuthKey::load(key).unwrap();
+    let session = handshake(&mut s, &key, Role::Source).unwrap();
+    let mut w = Writer::authenticated(Vec::new(), "test", session.send).unwrap();
+    w.write_record(RecordKind::MIG_HELLO, &migration::encode(hello))
+        .unwrap();
+    let at = usize::try_from(w.offset()).unwrap();
+    let mut bytes = w.finish().unwrap();
+    bytes.truncate(at);
+    if corrupt {
+        // The last byte of the hello's MAC.
+        bytes[at - 1] ^= 0x40;
+    }
+    s.write_all(&bytes).unwrap();
+    let mut r = Reader::authenticated(
+        s.try_clone().unwrap(),
+        &migration::SOURCE_READS,
+        session.recv,
+    )
+    .ok()?;
+    let rec = r.next_record().ok()??;
+    migration::decode("answer", &rec.payload).ok()
+}
+
+#[test]
+fn a_bad_hello_is_refused_with_exit_2_before_anything_is_allocated() {
+    let _pool = lock_pool();
+    let before = pool(PAGE_2M);
+    let d = dir("bad-hello");
+    let sock = d.join("mig.sock");
+    let unix = format!("unix:{}", sock.display());
+    let spec = std::fs::read_to_string(d.join("vm.toml")).unwrap();
+    let hello = Hello {
+        protocol: 99,
+        vmhost_version: "test".into(),
+        spec: serde_json::json!({"format": "toml", "origin": "vm.toml", "text": spec}),
+        identity: Value::Null,
+        source_plan: Value::Null,
+        tsc_khz: 0,
+        cpu_vendor: String::new(),
+        same_distances: false,
+    };
+    // Another protocol version: refused with the reason, exit 2.
+    let target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &[]);
+    let answer = fake_source(&sock, &d.join("key"), &hello, false);
+    let (code, log) = target.wait();
+    assert_eq!(code, Some(2), "{log}");
+    assert!(log.contains("migration protocol 99"), "{log}");
+    match answer {
+        Some(Answer::Refused { reason }) => assert!(reason.contains("protocol 99"), "{reason}"),
+        other => panic!("no refusal: {other:?}"),
+    }
+    // A hello whose MAC does not match (a corrupted stream): exit 2.
+    let target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &[]);
+    let hello = Hello {
+        protocol: migration::PROTOCOL_VERSION,
+        ..hello
+    };
+    let _ = fake_source(&sock, &d.join("key"), &hello, true);
+    let (code, log) = target.wait();
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains("authentication") || log.contains("MAC"),
+        "{log}"
+    );
+    assert!(!log.contains("/dev/kvm"), "{log}");
+    assert!(ledger_names(&d.join("run")).is_empty());
+    assert_eq!(pool(PAGE_2M), before, "nothing was allocated");
 }

@@ -104,7 +104,9 @@ fn read_hello(
     channel: &mut Channel,
     same_distances: bool,
 ) -> Result<(vmhost_config::LoadedSpec, SpecSource, Hello, GuestIdentity)> {
-    let rec = channel.recv("the source's hello")?;
+    let rec = channel
+        .recv("the source's hello")
+        .map_err(|e| invalid(format!("{e:#}")))?;
     let mut hello: Hello = expect(&rec, RecordKind::MIG_HELLO, "hello").map_err(invalid)?;
     if hello.protocol != msg::PROTOCOL_VERSION {
         return Err(invalid(format!(
