@@ -207,7 +207,9 @@ fn fill_memory(memory: &GuestMemory, plan: &Plan, start: &mut Start, json: bool)
     match start {
         Start::Boot => Ok(()),
         Start::Restore(r) => crate::restore::load_memory(memory, plan, r, json),
-        Start::Incoming(inc) => inc.receive(memory).context("receiving the migrating VM"),
+        Start::Incoming(inc) => inc
+            .receive(memory, plan)
+            .context("receiving the migrating VM"),
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod report;
 pub mod source;
+pub mod streams;
 pub mod target;
 pub mod wire;
 

@@ -253,12 +253,19 @@ fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared) -> Result<()>
         ),
         timeout: req.timeout_s.map_or(DEFAULT_TIMEOUT, Duration::from_secs),
     };
+    let mut cells = match open_cells(&to, &key, &source.plan) {
+        Ok(c) => c,
+        Err(e) => {
+            ch.close();
+            return Err(e);
+        }
+    };
     source
         .handle
         .start_dirty_log()
         .context("starting the dirty log")?;
     let mut paused = false;
-    let moved = migrate(source, &mut ch, limits, shared, &mut paused);
+    let moved = migrate(source, &mut ch, &mut cells, limits, shared, &mut paused);
     if let Err(e) = source.handle.stop_dirty_log() {
         tracing::warn!(error = %e, "cannot stop the dirty log");
     }
@@ -273,6 +280,7 @@ fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared) -> Result<()>
             &msg::encode(&msg::Cancel { reason }),
         );
         ch.close();
+        cells.iter().for_each(|(_, c)| c.close());
         if paused && was_running {
             set_phase(shared, "resume");
             source.handle.resume().context("resuming the vCPUs")?;
@@ -293,6 +301,27 @@ fn hello(source: &Source) -> Result<Hello> {
         cpu_vendor: super::cpu_vendor(),
         same_distances: false,
     })
+}
+
+/// Opens one authenticated page stream per guest cell, each announcing its cell.
+fn open_cells(
+    to: &Endpoint,
+    key: &AuthKey,
+    plan: &vmhost_plan::Plan,
+) -> Result<Vec<(u32, Channel)>> {
+    cells(plan)
+        .into_iter()
+        .map(|cell| {
+            let stream = Stream::connect(to)?;
+            let mut ch = Channel::open(stream, key, Role::Source, &msg::SOURCE_READS)
+                .with_context(|| format!("opening the page stream of cell {cell}"))?;
+            ch.send(
+                RecordKind::MIG_CELL,
+                &msg::encode(&msg::CellStream { cell }),
+            )?;
+            Ok((cell, ch))
+        })
+        .collect()
 }
 
 /// Decodes `rec` as a message of `kind`; a cancel from the peer is an error with its reason.
@@ -318,12 +347,13 @@ pub(super) fn expect<T: serde::de::DeserializeOwned>(
 fn migrate(
     source: &Source,
     ch: &mut Channel,
+    cells: &mut [(u32, Channel)],
     limits: PrecopyLimits,
     shared: &Shared,
     paused: &mut bool,
 ) -> Result<()> {
     set_phase(shared, "precopy");
-    let (round, mut dirty) = precopy(source, ch, limits, shared)?;
+    let (round, mut dirty) = precopy(source, cells, limits, shared)?;
     super::test_hook(round, "source");
     set_phase(shared, "pause");
     let paused_at = Instant::now();
@@ -336,7 +366,7 @@ fn migrate(
         d.union(&source.handle.take_dirty(d.cell())?);
     }
     let started = Instant::now();
-    let bytes = send_round(source, ch, round, Some(&dirty), true, &shared.bytes)?;
+    let bytes = send_round(source, cells, round, Some(&dirty), true, &shared.bytes)?;
     record_round(shared, round, true, bytes, started.elapsed(), 0, None);
     set_phase(shared, "state");
     let state = crate::vmstate::capture(&source.handle).context("capturing the VM's state")?;
@@ -357,7 +387,7 @@ fn migrate(
 /// last round.
 fn precopy(
     source: &Source,
-    ch: &mut Channel,
+    cells: &mut [(u32, Channel)],
     limits: PrecopyLimits,
     shared: &Shared,
 ) -> Result<(u32, Vec<DirtyBitmap>)> {
@@ -366,7 +396,7 @@ fn precopy(
     for round in 0u32.. {
         super::test_hook(round, "source");
         let started = Instant::now();
-        let bytes = send_round(source, ch, round, dirty.as_deref(), false, &shared.bytes)?;
+        let bytes = send_round(source, cells, round, dirty.as_deref(), false, &shared.bytes)?;
         let maps = take_all(source)?;
         let dirty_bytes: u64 = maps.iter().map(DirtyBitmap::dirty_bytes).sum();
         let elapsed = started.elapsed();
@@ -434,49 +464,69 @@ fn record_round(
     });
 }
 
-/// Sends one round of every cell: all resident non-zero pages (`dirty` None), else the
-/// pages `dirty` marks. Returns the bytes sent.
+/// Sends one round of every cell, each on its own stream by its own thread (`mig-c<cell>`,
+/// under this thread's filter and on its PUs, the emulator PUs): all resident non-zero pages
+/// (`dirty` None), else the pages `dirty` marks. Returns the bytes sent.
 fn send_round(
     source: &Source,
-    ch: &mut Channel,
+    cells: &mut [(u32, Channel)],
     round: u32,
     dirty: Option<&[DirtyBitmap]>,
     last: bool,
     total: &AtomicU64,
 ) -> Result<u64> {
-    let mut sent = 0u64;
-    for cell in cells(&source.plan) {
-        let head = Round { round, cell, last };
-        ch.send(RecordKind::MIG_ROUND, &msg::encode(&head))?;
-        let saved = match dirty.and_then(|d| d.iter().find(|m| m.cell() == cell)) {
-            Some(map) => save_dirty(&source.regions, cell, ch, map)?,
-            None => {
-                vmhost_memory::cells::save_cell(&source.regions, cell, ch.writer(), |_, _| false)
-                    .with_context(|| format!("sending cell {cell} (round {round})"))?
-                    .bytes
+    std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for (cell, ch) in cells.iter_mut() {
+            let cell = *cell;
+            let map = dirty.and_then(|d| d.iter().find(|m| m.cell() == cell));
+            let regions = &source.regions[..];
+            let head = Round { round, cell, last };
+            let h = std::thread::Builder::new()
+                .name(format!("mig-c{cell}"))
+                .spawn_scoped(scope, move || send_cell(regions, ch, head, map, total))
+                .with_context(|| format!("starting the sender of cell {cell}"))?;
+            handles.push(h);
+        }
+        let mut sent = 0u64;
+        let mut first_err = None;
+        for h in handles {
+            match h.join() {
+                Ok(Ok(n)) => sent += n,
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(anyhow::anyhow!("a page sender panicked"));
+                }
             }
-        };
-        total.fetch_add(saved, Ordering::Relaxed);
-        sent += saved;
-        let end = RoundEnd {
-            round,
-            cell,
-            bytes: saved,
-        };
-        ch.send(RecordKind::MIG_ROUND_END, &msg::encode(&end))?;
-    }
-    Ok(sent)
+        }
+        first_err.map_or(Ok(sent), Err)
+    })
 }
 
-fn save_dirty(
+/// One cell's round on its stream: the round's head, its page runs, its end.
+fn send_cell(
     regions: &[MappedRegion],
-    cell: u32,
     ch: &mut Channel,
-    map: &DirtyBitmap,
+    head: Round,
+    dirty: Option<&DirtyBitmap>,
+    total: &AtomicU64,
 ) -> Result<u64> {
-    Ok(
-        vmhost_memory::cells::save_cell_dirty(regions, cell, ch.writer(), map)
-            .with_context(|| format!("sending the dirty pages of cell {cell}"))?
-            .bytes,
-    )
+    let (round, cell) = (head.round, head.cell);
+    ch.send(RecordKind::MIG_ROUND, &msg::encode(&head))?;
+    let saved = match dirty {
+        Some(map) => vmhost_memory::cells::save_cell_dirty(regions, cell, ch.writer(), map),
+        None => vmhost_memory::cells::save_cell(regions, cell, ch.writer(), |_, _| false),
+    }
+    .with_context(|| format!("sending cell {cell} (round {round})"))?
+    .bytes;
+    total.fetch_add(saved, Ordering::Relaxed);
+    let end = RoundEnd {
+        round,
+        cell,
+        bytes: saved,
+    };
+    ch.send(RecordKind::MIG_ROUND_END, &msg::encode(&end))?;
+    Ok(saved)
 }

@@ -19,7 +19,7 @@ use serde::Serialize;
 use vmhost_memory::GuestMemory;
 use vmhost_persist::auth::{AuthKey, Role};
 use vmhost_persist::container::RecordKind;
-use vmhost_persist::migration::{self as msg, Answer, Commit, Hello, Round, RoundEnd};
+use vmhost_persist::migration::{self as msg, Answer, Commit, Hello};
 use vmhost_plan::{GuestIdentity, Plan};
 
 use super::source::expect;
@@ -43,6 +43,9 @@ pub struct Received {
 /// A migration coming in: the authenticated connection and what the source said.
 pub struct Incoming {
     channel: Channel,
+    /// Kept until the page streams are accepted.
+    listener: Option<Listener>,
+    key: AuthKey,
     hello: Hello,
     identity: GuestIdentity,
     started: Instant,
@@ -78,13 +81,14 @@ pub fn accept(
             Err(e) => eprintln!("vmhost: receive: refused a connection on {peer}: {e:#}"),
         }
     };
-    drop(listener);
     match read_hello(&mut channel, args.same_distances) {
         Ok((spec, source, hello, identity)) => Ok((
             spec,
             source,
             Incoming {
                 channel,
+                listener: Some(listener),
+                key,
                 hello,
                 identity,
                 started: Instant::now(),
@@ -166,56 +170,29 @@ impl Incoming {
         send_answer(&mut self.channel, outcome);
     }
 
-    /// Fills `memory` from the rounds until the VM state arrives; checks that this host can
-    /// run the saved vCPUs (CPUID, TSC). Before `/dev/kvm` is opened for the VM.
-    pub fn receive(&mut self, memory: &GuestMemory) -> Result<()> {
-        let mut current: Option<Round> = None;
-        let mut bytes = 0u64;
-        loop {
-            let rec = self.channel.recv("the next round or the VM state")?;
+    /// Accepts the page streams, then fills `memory` from them (one pinned worker per cell)
+    /// until the VM state arrives on the control connection; checks that this host can run
+    /// the saved vCPUs (CPUID, TSC). Before `/dev/kvm` is opened for the VM.
+    pub fn receive(&mut self, memory: &GuestMemory, plan: &Plan) -> Result<()> {
+        let listener = self
+            .listener
+            .take()
+            .context("the page streams were accepted already")?;
+        let cells = super::streams::accept_cells(&listener, &self.key, plan)?;
+        drop(listener);
+        let control = self.channel.stream();
+        let rounds = super::streams::receive_all(memory, plan, cells, &control, || {
+            let rec = self.channel.recv("the VM state")?;
             match rec.kind {
-                RecordKind::MIG_ROUND => {
-                    let r: Round = expect(&rec, RecordKind::MIG_ROUND, "round")?;
-                    super::test_hook(r.round, "target");
-                    current = Some(r);
-                    bytes = 0;
-                }
-                RecordKind::PAGES => {
-                    let r = current.context("the source sent pages outside a round")?;
-                    bytes += vmhost_memory::cells::load_run(memory.regions(), r.cell, &rec.payload)
-                        .with_context(|| format!("writing round {} of cell {}", r.round, r.cell))?;
-                }
-                RecordKind::MIG_ROUND_END => self.end_round(&rec, current.take(), bytes)?,
-                RecordKind::VM_STATE => return self.take_state(&rec.payload),
-                _ => {
-                    expect::<Round>(&rec, RecordKind::MIG_ROUND, "round")?;
-                }
+                RecordKind::VM_STATE => self.take_state(&rec.payload),
+                _ => Err(
+                    expect::<msg::Cancel>(&rec, RecordKind::VM_STATE, "VM state")
+                        .err()
+                        .unwrap_or_else(|| anyhow::anyhow!("the source sent no VM state")),
+                ),
             }
-        }
-    }
-
-    fn end_round(
-        &mut self,
-        rec: &vmhost_persist::Record,
-        round: Option<Round>,
-        bytes: u64,
-    ) -> Result<()> {
-        let end: RoundEnd = expect(rec, RecordKind::MIG_ROUND_END, "round end")?;
-        let r = round.context("the source ended a round it never began")?;
-        if end.round != r.round || end.cell != r.cell || end.bytes != bytes {
-            bail!(
-                "round {} of cell {}: the source says it sent {} bytes, {bytes} arrived",
-                end.round,
-                end.cell,
-                end.bytes
-            );
-        }
-        self.rounds.push(Received {
-            round: r.round,
-            cell: r.cell,
-            last: r.last,
-            bytes,
-        });
+        })?;
+        self.rounds = rounds;
         Ok(())
     }
 

@@ -129,6 +129,16 @@ impl Listener {
         }
     }
 
+    /// Makes [`Listener::accept`] fail after `timeout` without a connection.
+    pub fn set_accept_timeout(&self, timeout: std::time::Duration) -> Result<()> {
+        use std::os::fd::AsFd;
+        let fd = match self {
+            Listener::Unix(l, _) => l.as_fd(),
+            Listener::Tcp(l) => l.as_fd(),
+        };
+        crate::sys::set_accept_timeout(fd, timeout).context("setting the accept timeout")
+    }
+
     /// Waits for the next connection; the peer's address for the log.
     pub fn accept(&self) -> Result<(Stream, String)> {
         match self {
@@ -202,6 +212,11 @@ impl Channel {
             Err(e) => Err(anyhow::Error::new(e))
                 .with_context(|| format!("reading the peer's stream (waiting for {waiting_for})")),
         }
+    }
+
+    /// The connection, to close it from another thread ([`Stream::shutdown`]).
+    pub fn stream(&self) -> Stream {
+        self.raw.clone()
     }
 
     /// Closes the connection both ways.

@@ -334,7 +334,7 @@ fn write_run(
 }
 
 /// The host PUs a cell's loader runs on: those of every node the plan binds the cell to.
-fn loader_cpus(plan: &Plan, cell: u32) -> Vec<u32> {
+pub fn loader_cpus(plan: &Plan, cell: u32) -> Vec<u32> {
     let mut cpus: Vec<u32> = plan
         .guest_cells
         .iter()

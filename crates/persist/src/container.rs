@@ -84,6 +84,9 @@ impl RecordKind {
     pub const MIG_COMMIT: RecordKind = RecordKind(36);
     /// Live migration, either way: the sender gives up ([`crate::migration::Cancel`], JSON).
     pub const MIG_CANCEL: RecordKind = RecordKind(37);
+    /// Live migration, source → target: the first record of a cell's page stream
+    /// ([`crate::migration::CellStream`], JSON).
+    pub const MIG_CELL: RecordKind = RecordKind(38);
 }
 
 impl std::fmt::Display for RecordKind {
@@ -101,6 +104,7 @@ impl std::fmt::Display for RecordKind {
             RecordKind::MIG_ROUND_END => "migration round end",
             RecordKind::MIG_COMMIT => "migration commit",
             RecordKind::MIG_CANCEL => "migration cancel",
+            RecordKind::MIG_CELL => "migration cell stream",
             _ => return write!(f, "kind {}", self.0),
         };
         write!(f, "{name} (kind {})", self.0)

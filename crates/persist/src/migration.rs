@@ -2,15 +2,23 @@
 //! on the control stream, an authenticated container ([`crate::auth`], [`crate::container`])
 //! in each direction. Pure data (JSON records); the VMM decides what they mean.
 //!
-//! The order (docs/migration.md, "Live migration"):
+//! The order (docs/migration.md, "Live migration"), on the control connection:
 //!
 //! ```text
 //! source → target   MIG_HELLO   Hello { protocol, spec, identity, tsc_khz, cpu_vendor, … }
 //! target → source   MIG_ANSWER  Answer::Accepted { placement } | Answer::Refused { reason }
-//! source → target   per round and cell: MIG_ROUND Round, PAGES…, MIG_ROUND_END RoundEnd
-//! source → target   VM_STATE    (the vCPU crate's SavedVm, JSON: the final round came first)
+//!                   (then one more connection per guest cell, see below)
+//! source → target   VM_STATE    (the vCPU crate's SavedVm, JSON: every final round came first)
 //! target → source   MIG_COMMIT  Commit { … }   (the commit point)
 //! either way        MIG_CANCEL  Cancel { reason } (before the commit point only)
+//! ```
+//!
+//! and on each cell's connection (authenticated on its own):
+//!
+//! ```text
+//! source → target   MIG_CELL    CellStream { cell }
+//! source → target   per round:  MIG_ROUND Round, PAGES…, MIG_ROUND_END RoundEnd
+//!                   (the stream ends after the round with `last`)
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -21,12 +29,18 @@ use crate::container::RecordKind;
 pub const PROTOCOL_VERSION: u32 = 1;
 
 /// The record kinds the target reads on the control stream.
-pub const TARGET_READS: [RecordKind; 6] = [
+pub const TARGET_READS: [RecordKind; 3] = [
     RecordKind::MIG_HELLO,
+    RecordKind::VM_STATE,
+    RecordKind::MIG_CANCEL,
+];
+
+/// The record kinds the target reads on a cell's page stream.
+pub const CELL_READS: [RecordKind; 5] = [
+    RecordKind::MIG_CELL,
     RecordKind::MIG_ROUND,
     RecordKind::PAGES,
     RecordKind::MIG_ROUND_END,
-    RecordKind::VM_STATE,
     RecordKind::MIG_CANCEL,
 ];
 
@@ -87,6 +101,14 @@ pub struct Round {
     pub cell: u32,
     /// Whether the guest is paused for this round (the final round).
     pub last: bool,
+}
+
+/// The opening of a cell's page stream: which guest cell it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellStream {
+    /// The guest cell.
+    pub cell: u32,
 }
 
 /// The end of a [`Round`]'s page runs.

@@ -454,12 +454,16 @@ const PREFAULT_AUDIT: &[&[(i64, Rule)]] = &[
     ],
 ];
 
-/// The migration sender (`vmhost-mig`): the dirty log, pause and resume (kicks), reading the
+/// The migration sender (`vmhost-mig`, and its per-cell senders `mig-c<cell>`, started under
+/// it; `gettid` of [`SPAWN`] also serves the test hook's `abort`): the dirty log, pause and
+/// resume (kicks), reading the
 /// key file and `/proc/cpuinfo`, its connection to the target (Unix or TCP: `socket`,
 /// `connect`, `TCP_NODELAY`, the handshake's nonce, stream bytes, the close), the resident
 /// pages of guest RAM (`mincore`) and the capture of the VM's irqchip, PIT and clock.
 const MIGRATION: &[&[(i64, Rule)]] = &[
     KICK,
+    // One sender thread per guest cell and round (`mig-c<cell>`, under this filter).
+    SPAWN,
     READ_FILES,
     &CLOSE,
     &[
@@ -474,8 +478,6 @@ const MIGRATION: &[&[(i64, Rule)]] = &[
         (SYS_sendto, Rule::Any),
         (SYS_shutdown, Rule::Any),
         (SYS_mincore, Rule::Any),
-        // `abort` (`raise`: `gettid`, then `tgkill`) of `VMHOST_TEST_MIGRATION_FAIL_AT`.
-        (SYS_gettid, Rule::Any),
         // The dirty log (start, read and clear, stop) and the capture, in one `ioctl` rule.
         ioctl(&[
             KVM_GET_DIRTY_LOG,
