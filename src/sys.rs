@@ -174,7 +174,7 @@ pub fn set_accept_timeout(
     use std::os::fd::AsRawFd;
     let tv = libc::timeval {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_usec: libc::suseconds_t::try_from(timeout.subsec_micros()).unwrap_or(0),
+        tv_usec: libc::suseconds_t::from(timeout.subsec_micros()),
     };
     let len = libc::socklen_t::try_from(std::mem::size_of::<libc::timeval>())
         .unwrap_or(libc::socklen_t::MAX);
