@@ -145,10 +145,16 @@ impl Target {
     }
 
     /// Waits for the end; its status and every stderr line.
-    fn wait(mut self) -> (Option<i32>, String) {
+    fn wait(self) -> (Option<i32>, String) {
+        let (status, log) = self.wait_status();
+        (status.code(), log)
+    }
+
+    /// [`Target::wait`] with the whole status.
+    fn wait_status(mut self) -> (std::process::ExitStatus, String) {
         let status = self.child.wait().unwrap();
         self.seen.extend(self.lines.iter());
-        (status.code(), self.seen.join("\n"))
+        (status, self.seen.join("\n"))
     }
 }
 
@@ -303,8 +309,12 @@ fn the_target_killed_at_round_1_leaves_the_source_running() {
     let target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &hook);
     let o = migrate(&sock, &unix, &d.join("key"));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    let (code, log) = target.wait();
-    assert_eq!(code, None, "killed by the hook: {log}");
+    let (status, log) = target.wait_status();
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGABRT),
+        "killed by the hook: {log}"
+    );
     assert!(log.contains("killed now (test hook)"), "{log}");
     let (_, t) = progress(&sock);
     ticks_pass(&sock, t);

@@ -132,6 +132,7 @@ fn receive_cell(
         vmhost_topology::affinity::pin_current_thread(cpus)
             .with_context(|| format!("pinning the receiver of cell {cell} to PUs {cpus:?}"))?;
     }
+    vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Receiver);
     let mut rounds = Vec::new();
     let mut current: Option<(Round, u64)> = None;
     loop {

@@ -454,6 +454,19 @@ const PREFAULT_AUDIT: &[&[(i64, Rule)]] = &[
     ],
 ];
 
+/// A migration target's page receiver: reads its stream (`recvfrom`), closes the control
+/// connection when it fails (`shutdown`), and the test hook's `abort` (`gettid`, `tgkill`).
+const RECEIVER: &[&[(i64, Rule)]] = &[
+    KICK,
+    &CLOSE,
+    &[
+        (SYS_read, Rule::Any),
+        (SYS_recvfrom, Rule::Any),
+        (SYS_shutdown, Rule::Any),
+        (SYS_gettid, Rule::Any),
+    ],
+];
+
 /// The migration sender (`vmhost-mig`, and its per-cell senders `mig-c<cell>`, started under
 /// it; `gettid` of [`SPAWN`] also serves the test hook's `abort`): the dirty log, pause and
 /// resume (kicks), reading the
@@ -533,6 +546,7 @@ pub(crate) fn parts(kind: ThreadKind) -> &'static [&'static [(i64, Rule)]] {
         ThreadKind::PrefaultAudit => PREFAULT_AUDIT,
         ThreadKind::Snapshot => SNAPSHOT,
         ThreadKind::Loader => LOADER,
+        ThreadKind::Receiver => RECEIVER,
         ThreadKind::Migration => MIGRATION,
     }
 }
