@@ -32,6 +32,9 @@ use crate::snapshot::Source;
 const RESULT_GRACE: Duration = Duration::from_secs(5);
 /// `--timeout`'s default.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long one read or write on a connection may wait for a target that hangs (the answer,
+/// a full socket buffer, the commit) before the migration is cancelled.
+const PEER_WAIT: Duration = Duration::from_secs(60);
 
 /// Set once the target committed: the source's run ends with exit status 0.
 pub static MIGRATED: AtomicBool = AtomicBool::new(false);
@@ -238,6 +241,7 @@ fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared) -> Result<()>
     let to: Endpoint = req.to.parse().map_err(anyhow::Error::msg)?;
     set_phase(shared, "connect");
     let stream = Stream::connect(&to)?;
+    stream.set_timeouts(PEER_WAIT)?;
     let mut ch = Channel::open(stream, &key, Role::Source, &msg::SOURCE_READS)?;
     set_phase(shared, "hello");
     ch.send(RecordKind::MIG_HELLO, &msg::encode(&hello(source)?))?;
@@ -313,6 +317,7 @@ fn open_cells(
         .into_iter()
         .map(|cell| {
             let stream = Stream::connect(to)?;
+            stream.set_timeouts(PEER_WAIT)?;
             let mut ch = Channel::open(stream, key, Role::Source, &msg::SOURCE_READS)
                 .with_context(|| format!("opening the page stream of cell {cell}"))?;
             ch.send(

@@ -21,6 +21,8 @@ use super::wire::{Channel, Listener, Stream};
 
 /// How long the target waits for each page stream once it accepted the VM.
 const CELL_STREAM_WAIT: Duration = Duration::from_secs(10);
+/// How long a page stream may stay silent (a read) or full (a write) before it fails.
+const PEER_WAIT: Duration = Duration::from_secs(60);
 
 /// Accepts one page stream per cell of `plan` (a connection without the key is refused and
 /// logged); fails when one does not come within [`CELL_STREAM_WAIT`].
@@ -49,6 +51,8 @@ pub fn accept_cells(
                 continue;
             }
         };
+        // A source that hangs mid-copy ends the migration instead of holding the pages.
+        ch.stream().set_timeouts(PEER_WAIT)?;
         let rec = ch.recv("a page stream's cell")?;
         let cs: CellStream = expect(&rec, RecordKind::MIG_CELL, "cell stream")?;
         if !want.contains(&cs.cell) || got.contains_key(&cs.cell) {

@@ -75,6 +75,17 @@ impl Stream {
         Ok(Stream(Arc::new(socket)))
     }
 
+    /// Makes a read or a write that waits longer than `timeout` fail (a peer that hangs
+    /// without closing the connection).
+    pub fn set_timeouts(&self, timeout: std::time::Duration) -> Result<()> {
+        let t = Some(timeout);
+        match &*self.0 {
+            Socket::Unix(s) => s.set_read_timeout(t).and_then(|()| s.set_write_timeout(t)),
+            Socket::Tcp(s) => s.set_read_timeout(t).and_then(|()| s.set_write_timeout(t)),
+        }
+        .context("setting the connection's timeouts")
+    }
+
     /// Closes both directions (the peer's reads end).
     pub fn shutdown(&self) {
         let _ = match &*self.0 {
