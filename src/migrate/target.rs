@@ -66,8 +66,10 @@ fn invalid(what: impl std::fmt::Display) -> anyhow::Error {
 pub fn accept(
     args: &crate::cli::ReceiveArgs,
 ) -> Result<(vmhost_config::LoadedSpec, SpecSource, Incoming)> {
-    let key = AuthKey::load(&args.auth_key)
-        .map_err(|e| invalid(format!("--auth-key {}: {e}", args.auth_key.display())))?;
+    let key = AuthKey::load(&args.auth_key).map_err(|e| {
+        let e = anyhow::Error::new(e);
+        invalid(format!("--auth-key {}: {e:#}", args.auth_key.display()))
+    })?;
     let at: super::wire::Endpoint = args.listen.parse().map_err(invalid)?;
     let listener = Listener::bind(&at)?;
     eprintln!("vmhost: receive: listening on {at}");
