@@ -84,6 +84,28 @@ fn ticks_pass(sock: &Path, past: u64) -> u64 {
     }
 }
 
+/// Kills the processes it names when a test panics, so that a failing test leaves no VM
+/// holding hugepages.
+struct KillOnPanic(Vec<u32>);
+
+impl Drop for KillOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for pid in &self.0 {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.child.kill();
+        }
+    }
+}
+
 /// A running `vmhost receive` and its stderr lines.
 struct Target {
     child: Child,
@@ -238,9 +260,11 @@ fn an_idle_vm_migrates_over_a_unix_socket_then_back_over_tcp() {
     let before = pool(PAGE_2M);
     let d = dir("flow");
     let (mut source, sock) = common::start_with_api(&d, &d.join("vm.toml"), &[], Stdio::null());
+    let mut _guard = KillOnPanic(vec![source.id()]);
     let unix = format!("unix:{}", d.join("mig.sock").display());
     let api2 = d.join("api2.sock");
     let mut second = migrate_ok(&d, &mut source, &sock, &unix, &api2);
+    _guard.0.push(second.child.id());
     assert!(
         !d.join("mig.sock").exists(),
         "the listener's socket is removed"
@@ -249,6 +273,7 @@ fn an_idle_vm_migrates_over_a_unix_socket_then_back_over_tcp() {
     let tcp = format!("tcp:127.0.0.1:{}", free_tcp_port());
     let api3 = d.join("api3.sock");
     let third = migrate_ok(&d, &mut second.child, &api2, &tcp, &api3);
+    _guard.0.push(third.child.id());
     drop(second);
     assert_eq!(common::ctl(&api3, "shutdown").0, 0);
     let (code, log) = third.wait();
@@ -270,8 +295,10 @@ fn a_wrong_key_is_refused_on_both_sides_and_the_source_runs_on() {
     let before = pool(PAGE_2M);
     let d = dir("key");
     let (mut source, sock) = common::start_with_api(&d, &d.join("vm.toml"), &[], Stdio::null());
+    let mut _guard = KillOnPanic(vec![source.id()]);
     let unix = format!("unix:{}", d.join("mig.sock").display());
     let mut target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &[]);
+    _guard.0.push(target.child.id());
     let o = migrate(&sock, &unix, &d.join("other-key"));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let job: Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -304,9 +331,11 @@ fn the_target_killed_at_round_1_leaves_the_source_running() {
     let before = pool(PAGE_2M);
     let d = dir("target-killed");
     let (mut source, sock) = common::start_with_api(&d, &d.join("vm.toml"), &[], Stdio::null());
+    let mut _guard = KillOnPanic(vec![source.id()]);
     let unix = format!("unix:{}", d.join("mig.sock").display());
     let hook = [("VMHOST_TEST_MIGRATION_FAIL_AT", "round:1:target")];
     let target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &hook);
+    _guard.0.push(target.child.id());
     let o = migrate(&sock, &unix, &d.join("key"));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let (status, log) = target.wait_status();
@@ -347,6 +376,7 @@ fn the_source_killed_ends_the_target_non_zero_with_its_pages_back() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let mut _guard = KillOnPanic(vec![source.id()]);
     let sock = d.join("api.sock");
     let deadline = Instant::now() + Duration::from_secs(60);
     while common::ctl(&sock, "info").1["state"] != "running" {
@@ -355,6 +385,7 @@ fn the_source_killed_ends_the_target_non_zero_with_its_pages_back() {
     }
     let unix = format!("unix:{}", d.join("mig.sock").display());
     let target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &[]);
+    _guard.0.push(target.child.id());
     let o = migrate(&sock, &unix, &d.join("key"));
     assert_ne!(o.status.code(), Some(0), "{}", text(&o));
     let status = source.wait().unwrap();
