@@ -85,6 +85,48 @@ pub struct RestoreArgs {
     pub run: RunArgs,
 }
 
+/// `vmhost ctl`.
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// `info` (GET /vm), `placement`, `resources`, `pause`, `resume`, `shutdown`,
+    /// `snapshot DIR [--stop]` or `migrate unix:PATH|tcp:ADDR:PORT --auth-key FILE` (jobs:
+    /// polled until they end, progress on stderr, the report on stdout).
+    #[arg(value_parser = ["info", "placement", "resources", "pause", "resume", "shutdown", "snapshot", "migrate"])]
+    pub command: String,
+    /// `snapshot`: the directory to create (it must not exist); `migrate`: where the target
+    /// listens.
+    pub dir: Option<PathBuf>,
+    /// `snapshot`: end the VM after the snapshot instead of resuming it.
+    #[arg(long)]
+    pub stop: bool,
+    /// `migrate`: the pre-shared key file (at least 32 bytes; the same on both sides).
+    #[arg(long)]
+    pub auth_key: Option<PathBuf>,
+    /// `migrate`: the longest pause accepted for the final round, ms.
+    #[arg(long, default_value_t = 300)]
+    pub max_downtime: u64,
+    /// `migrate`: give up pre-copy after this many seconds (the VM runs on here).
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+}
+
+/// `vmhost receive`.
+#[derive(Debug, Args)]
+pub struct ReceiveArgs {
+    /// Where to listen: `unix:PATH` (created 0600) or `tcp:ADDR:PORT` (that address only).
+    #[arg(long)]
+    pub listen: String,
+    /// The pre-shared key file (the source's).
+    #[arg(long)]
+    pub auth_key: PathBuf,
+    /// Refuse the VM unless the guest keeps the NUMA distances it was given.
+    #[arg(long)]
+    pub same_distances: bool,
+    /// How the received VM runs.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
 /// `--seccomp`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SeccompArg {
@@ -133,23 +175,18 @@ pub enum Command {
         which: BenchCommand,
     },
     /// Talk to a running VM's control API (`--api-socket PATH` of that VM).
-    Ctl {
-        /// `info` (GET /vm), `placement`, `resources`, `pause`, `resume`, `shutdown`, or
-        /// `snapshot DIR [--stop]` (a job: polled until it ends, progress on stderr).
-        #[arg(value_parser = ["info", "placement", "resources", "pause", "resume", "shutdown", "snapshot"])]
-        command: String,
-        /// `snapshot`: the directory to create (it must not exist).
-        dir: Option<PathBuf>,
-        /// `snapshot`: end the VM after the snapshot instead of resuming it.
-        #[arg(long)]
-        stop: bool,
-    },
+    Ctl(CtlArgs),
     /// Start a VM again from a snapshot directory: checked whole before anything is
     /// allocated, re-planned on this host as it is now, memory loaded on the new plan's
     /// nodes, then run like a normal start. Without --config the snapshot's spec is used;
     /// with it, the two specs must be the same. Exit 2 for a damaged snapshot or a
     /// different spec.
     Restore(RestoreArgs),
+    /// The target of a live migration: listen on `unix:PATH` or `tcp:ADDR:PORT`, authenticate
+    /// the source with the pre-shared key, plan the same guest topology on this host, receive
+    /// the memory and the state, then run the VM like a normal start (docs/migration.md).
+    /// Exit non-zero when the migration fails before the guest runs here.
+    Receive(ReceiveArgs),
     /// The Kubernetes objects (a ConfigMap with the spec and the Pod) that run this VM under
     /// vmhost: resources from the plan's envelope, devices, volumes and capabilities. YAML, or
     /// a JSON `v1 List` with --json.

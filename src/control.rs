@@ -30,6 +30,8 @@ pub struct Control {
     grace: Option<Mutex<Sender<()>>>,
     /// The snapshot jobs (`PUT /vm/snapshot`).
     snapshots: Option<crate::snapshot::Jobs>,
+    /// The migration jobs (`PUT /vm/migrate`).
+    migrations: Option<crate::migrate::source::Jobs>,
 }
 
 impl Control {
@@ -59,7 +61,14 @@ impl Control {
             envelope_guard,
             grace,
             snapshots: None,
+            migrations: None,
         })
+    }
+
+    /// Lets `PUT /vm/migrate` start migration jobs.
+    pub fn with_migrations(mut self, jobs: Option<crate::migrate::source::Jobs>) -> Self {
+        self.migrations = jobs;
+        self
     }
 
     /// Lets `PUT /vm/snapshot` start snapshot jobs.
@@ -310,6 +319,28 @@ impl VmControl for Control {
                 self.state()
             ))),
         }
+    }
+
+    fn start_migration(&self, request: vmhost_api::MigrateRequest) -> Result<Value, ControlError> {
+        let Some(jobs) = &self.migrations else {
+            return Err(ControlError::Conflict(
+                "this VM cannot migrate (started without its spec text)".into(),
+            ));
+        };
+        match self.handle.state() {
+            VmState::Running | VmState::Paused => jobs.request(request, &self.plan),
+            _ => Err(ControlError::Conflict(format!(
+                "the VM is {}: only a running or paused VM can migrate",
+                self.state()
+            ))),
+        }
+    }
+
+    fn migration_job(&self) -> Value {
+        self.migrations.as_ref().map_or_else(
+            || json!({"state": "none"}),
+            crate::migrate::source::Jobs::progress,
+        )
     }
 
     fn snapshot_job(&self) -> Value {

@@ -8,6 +8,7 @@ mod enforce;
 mod host;
 mod iothreads;
 mod logging;
+mod migrate;
 mod output;
 mod overhead;
 mod pod;
@@ -105,8 +106,9 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Result<u8> {
     match &cli.command {
         None => cmd_run(cli),
-        Some(Command::Ctl { command, dir, stop }) => cmd_ctl(cli, command, dir.as_deref(), *stop),
+        Some(Command::Ctl(args)) => cmd_ctl(cli, args),
         Some(Command::Restore(args)) => cmd_restore(cli, args),
+        Some(Command::Receive(args)) => cmd_receive(cli, args),
         Some(Command::Bench {
             which: cli::BenchCommand::Numa(args),
         }) => cmd_bench_numa(cli, args),
@@ -339,6 +341,24 @@ fn cmd_restore(cli: &Cli, args: &cli::RestoreArgs) -> Result<u8> {
     start_vm(cli, &args.run, spec, source, start, timeline)
 }
 
+/// `vmhost receive`: an authenticated source's hello checked, then the normal start path.
+fn cmd_receive(cli: &Cli, args: &cli::ReceiveArgs) -> Result<u8> {
+    let timeline = timeline::Timeline::start();
+    if cli.run != RunArgs::default() {
+        return Err(Exit {
+            code: EXIT_INVALID,
+            message: "receive: give the run options after `receive`".into(),
+        }
+        .into());
+    }
+    let (spec, source, incoming) = migrate::target::accept(args)?;
+    for w in &spec.warnings {
+        eprintln!("{w}");
+    }
+    let start = run::Start::Incoming(Box::new(incoming));
+    start_vm(cli, &args.run, spec, source, start, timeline)
+}
+
 /// The spec's text, kept for snapshots.
 fn spec_source(cli: &Cli) -> Result<SpecSource> {
     match &cli.config {
@@ -354,7 +374,7 @@ fn start_vm(
     args: &RunArgs,
     mut spec: LoadedSpec,
     source: SpecSource,
-    start: run::Start,
+    mut start: run::Start,
     mut timeline: timeline::Timeline,
 ) -> Result<u8> {
     check_boot_inputs(&spec.spec.boot)?;
@@ -365,14 +385,13 @@ fn start_vm(
     timeline.host_discovered_ns = timeline::now_ns();
     let run_dir = vms::run_dir(cli.run_dir.as_deref());
     resolve_vsock_socket(&mut spec.spec, &run_dir);
-    let opts = plan_options(&PlanArgs::default());
     let api = cli.api_socket.clone();
-    let (plan, admission) = vms::admit(&run_dir, &spec.spec, &host, &opts, api.clone())?;
+    let (plan, admission) = admit(&run_dir, &spec.spec, &host, api.clone(), &mut start)?;
     timeline.admitted_ns = timeline::now_ns();
     if !cli.json {
         let held = PlanOptions {
             held_cpus: vms::held_cpus(&run_dir)?,
-            ..opts.clone()
+            ..plan_options(&PlanArgs::default())
         };
         let alt = output::dedicated_alternative(&spec.spec, &host, &held);
         print!("{}", output::plan_summary(&plan, &host, alt.as_ref()));
@@ -389,6 +408,28 @@ fn start_vm(
         spec_source: Some(source),
     };
     run::run(&spec.spec, &plan, &admission, &run_opts, timeline, start)
+}
+
+/// Admits the VM through the ledger; an incoming migration as an incoming entry planned for
+/// the source's guest identity, answering the source either way.
+fn admit(
+    run_dir: &Path,
+    spec: &vmhost_config::VmSpec,
+    host: &vmhost_topology::HostTopology,
+    api: Option<std::path::PathBuf>,
+    start: &mut run::Start,
+) -> Result<(vmhost_plan::Plan, vms::Admission)> {
+    let mut opts = plan_options(&PlanArgs::default());
+    let run::Start::Incoming(incoming) = start else {
+        return vms::admit(run_dir, spec, host, &opts, api, None);
+    };
+    opts.same_distances = incoming.same_distances();
+    let admitted = vms::admit(run_dir, spec, host, &opts, api, Some(incoming.identity()));
+    match &admitted {
+        Ok((plan, _)) => incoming.answer(Ok(plan)),
+        Err(e) => incoming.answer(Err(&format!("{e:#}"))),
+    }
+    admitted
 }
 
 /// A Linux guest's kernel, initramfs and command line, checked from their headers before the
@@ -418,24 +459,43 @@ fn check_boot_inputs(boot: &vmhost_config::BootSpec) -> Result<()> {
     Ok(())
 }
 
-/// `vmhost ctl`: one request to a running VM's control API, or a snapshot job followed to
-/// its end.
-fn cmd_ctl(cli: &Cli, command: &str, dir: Option<&Path>, stop: bool) -> Result<u8> {
+/// `vmhost ctl`: one request to a running VM's control API, or a snapshot or migration job
+/// followed to its end.
+fn cmd_ctl(cli: &Cli, args: &cli::CtlArgs) -> Result<u8> {
     let socket = cli.api_socket.as_deref().ok_or_else(|| {
         anyhow::anyhow!("vmhost ctl needs --api-socket PATH (the socket the VM was started with)")
     })?;
+    let command = args.command.as_str();
+    let usage = |m: &str| Exit {
+        code: EXIT_INVALID,
+        message: m.into(),
+    };
     if command == "snapshot" {
-        let dir = dir.ok_or_else(|| Exit {
-            code: EXIT_INVALID,
-            message: "vmhost ctl snapshot needs the directory to create: snapshot DIR".into(),
+        let dir = args.dir.as_deref().ok_or_else(|| {
+            usage("vmhost ctl snapshot needs the directory to create: snapshot DIR")
         })?;
-        return ctl::snapshot(socket, dir, stop);
+        return ctl::snapshot(socket, dir, args.stop);
     }
-    if dir.is_some() || stop {
-        return Err(Exit {
-            code: EXIT_INVALID,
-            message: format!("vmhost ctl {command} takes no directory and no --stop"),
-        }
+    if command == "migrate" {
+        let (Some(to), Some(key)) = (args.dir.as_deref(), args.auth_key.as_deref()) else {
+            return Err(usage(
+                "vmhost ctl migrate needs the target and the key: migrate unix:PATH|tcp:ADDR:PORT --auth-key FILE",
+            )
+            .into());
+        };
+        return ctl::migrate(
+            socket,
+            &to.to_string_lossy(),
+            key,
+            args.max_downtime,
+            args.timeout,
+            cli.json,
+        );
+    }
+    if args.dir.is_some() || args.stop || args.auth_key.is_some() {
+        return Err(usage(&format!(
+            "vmhost ctl {command} takes no directory, endpoint, --stop or --auth-key"
+        ))
         .into());
     }
     let (method, uri) = match command {

@@ -73,6 +73,8 @@ pub enum Start {
     Boot,
     /// Continued from a snapshot (`vmhost restore DIR`).
     Restore(Box<crate::restore::Restored>),
+    /// Received from a live migration's source (`vmhost receive`).
+    Incoming(Box<crate::migrate::target::Incoming>),
 }
 
 /// Runs the VM of `plan` and returns the process exit status. A restore takes the same path:
@@ -83,7 +85,7 @@ pub fn run(
     admission: &crate::vms::Admission,
     opts: &RunOptions,
     mut timeline: Timeline,
-    start: Start,
+    mut start: Start,
 ) -> Result<u8> {
     let sec_at_start = crate::overhead::sec_page_tables();
     // The stop signals are blocked since `main` (see `signals`): one that came during setup
@@ -105,9 +107,7 @@ pub fn run(
         Ok(memory) => memory,
         Err(stopped) => return Ok(stopped_before_start(plan, &stopped)),
     };
-    if let Start::Restore(r) = &start {
-        crate::restore::load_memory(&memory, plan, r, opts.json)?;
-    }
+    fill_memory(&memory, plan, &mut start, opts.json)?;
     let background = Background::start(&mut memory, plan, enforcement.as_ref(), !opts.json)
         .context("starting the background prefault")?;
     if background.is_none() {
@@ -124,8 +124,11 @@ pub fn run(
     let final_audit = background.is_none().then(|| audit.clone());
     let options = vm_options(plan, opts, final_audit, &started);
     let regions = memory.regions().to_vec();
-    let mut vm = create_vm(plan, memory, options, start)?;
+    let (mut vm, incoming) = create_vm(plan, memory, options, start)?;
     timeline.vm_created_ns = now_ns();
+    if let Some(mut inc) = incoming {
+        inc.commit(plan, &audit, admission, opts.json)?;
+    }
     let api = serve_api(spec, plan, &audit, &vm, enforcement.as_ref(), opts, regions)?;
     signals.attach(vm.stop_handle());
     if let Some(bg) = &background {
@@ -199,12 +202,38 @@ fn vm_options(
     }
 }
 
-/// Boots the VM, or builds it to continue from the snapshot's state.
-fn create_vm(plan: &Plan, memory: GuestMemory, options: VmOptions, start: Start) -> Result<Vm> {
+/// Fills guest memory from the snapshot or the migration source before the VM exists.
+fn fill_memory(memory: &GuestMemory, plan: &Plan, start: &mut Start, json: bool) -> Result<()> {
     match start {
-        Start::Boot => Ok(Vm::new(plan, memory, options)?),
-        Start::Restore(r) => crate::vmstate::restore(plan, memory, options, r.saved)
-            .context("continuing the VM from the snapshot's state"),
+        Start::Boot => Ok(()),
+        Start::Restore(r) => crate::restore::load_memory(memory, plan, r, json),
+        Start::Incoming(inc) => inc
+            .receive(memory, plan)
+            .context("receiving the migrating VM"),
+    }
+}
+
+/// Boots the VM, or builds it to continue from the snapshot's or the migration's state; an
+/// incoming migration is handed back for its commit.
+fn create_vm(
+    plan: &Plan,
+    memory: GuestMemory,
+    options: VmOptions,
+    start: Start,
+) -> Result<(Vm, Option<Box<crate::migrate::target::Incoming>>)> {
+    match start {
+        Start::Boot => Ok((Vm::new(plan, memory, options)?, None)),
+        Start::Restore(r) => Ok((
+            crate::vmstate::restore(plan, memory, options, r.saved)
+                .context("continuing the VM from the snapshot's state")?,
+            None,
+        )),
+        Start::Incoming(mut inc) => {
+            let saved = inc.take_saved()?;
+            let vm = crate::vmstate::restore(plan, memory, options, saved)
+                .context("continuing the VM from the migration's state")?;
+            Ok((vm, Some(inc)))
+        }
     }
 }
 
@@ -225,6 +254,14 @@ fn finish(
     mut timeline: Timeline,
 ) -> Result<u8> {
     let mut code = exit_code(&ended.report);
+    if crate::migrate::source::MIGRATED.load(std::sync::atomic::Ordering::SeqCst) {
+        // The guest runs on at the migration's target: this end is the orderly one.
+        eprintln!(
+            "vmhost: VM {}: migrated; it runs on at the target",
+            plan.name
+        );
+        code = 0;
+    }
     let mut audit = ended.audit;
     if let Some(outcome) = background.map(Background::outcome) {
         timeline.memory_ready_ns = outcome.done_ns;
@@ -267,18 +304,25 @@ fn serve_api(
         return Ok(None);
     };
     // Started here, on the main thread: the API thread's filter lets it start no thread.
-    let jobs = match &opts.spec_source {
-        Some(spec) => Some(
-            crate::snapshot::Jobs::start(crate::snapshot::Source {
-                spec: spec.absolute(),
-                plan: plan.clone(),
-                regions,
-                handle: vm.handle(),
-                stop: vm.stop_handle(),
-            })
-            .context("starting the snapshot job thread")?,
+    let source = |spec: &crate::snapshot::SpecSource| crate::snapshot::Source {
+        spec: spec.absolute(),
+        plan: plan.clone(),
+        regions: regions.clone(),
+        handle: vm.handle(),
+        stop: vm.stop_handle(),
+    };
+    let (jobs, migrations) = match &opts.spec_source {
+        Some(spec) => (
+            Some(
+                crate::snapshot::Jobs::start(source(spec))
+                    .context("starting the snapshot job thread")?,
+            ),
+            Some(
+                crate::migrate::source::Jobs::start(source(spec))
+                    .context("starting the migration job thread")?,
+            ),
         ),
-        None => None,
+        None => (None, None),
     };
     let control = Control::new(
         spec.clone(),
@@ -289,7 +333,8 @@ fn serve_api(
         enforcement.cloned(),
     )
     .context("starting the control API's grace-period timer")?
-    .with_snapshots(jobs);
+    .with_snapshots(jobs)
+    .with_migrations(migrations);
     let server = vmhost_api::serve(path, Arc::new(control), ServerLimits::default(), None)
         .with_context(|| format!("serving the control API on {}", path.display()))?;
     if let Some(e) = enforcement {

@@ -164,3 +164,34 @@ pub fn restore_terminal(t: &libc::termios) {
 pub fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, Iterator::count)
 }
+
+/// Makes `accept` on the listening socket `fd` fail with `EAGAIN`/`EWOULDBLOCK` after
+/// `timeout` without a connection (Linux applies `SO_RCVTIMEO` to `accept`).
+pub fn set_accept_timeout(
+    fd: std::os::fd::BorrowedFd<'_>,
+    timeout: std::time::Duration,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let tv = libc::timeval {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_usec: libc::suseconds_t::from(timeout.subsec_micros()),
+    };
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::timeval>())
+        .unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: `tv` is a valid timeval that outlives the call and `len` is its size; `fd` is a
+    // socket kept open by the borrow.
+    let ret = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            std::ptr::addr_of!(tv).cast::<libc::c_void>(),
+            len,
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

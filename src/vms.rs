@@ -10,7 +10,7 @@ use vmhost_config::{format_bytes, VmSpec};
 use vmhost_ledger::{
     AdmitError, EntryRole, Held, Ledger, LedgerError, Liveness, LockWait, Snapshot, VmState,
 };
-use vmhost_plan::{plan, Plan, PlanOptions, Rejection};
+use vmhost_plan::{plan, plan_for_guest, GuestIdentity, Plan, PlanOptions, Rejection};
 use vmhost_topology::{cpulist, HostTopology};
 
 use crate::Exit;
@@ -34,6 +34,18 @@ impl Admission {
     pub fn running(&self) -> Result<()> {
         self.ledger
             .update_state(&self.name, self.pid, VmState::Running)?;
+        Ok(())
+    }
+}
+
+impl Admission {
+    /// The switch of a migration on the target: this incoming entry becomes the VM's and the
+    /// source's entry is removed ([`Ledger::hand_over`]).
+    pub fn hand_over(&self) -> Result<()> {
+        let done = self.ledger.hand_over(&self.name, self.pid)?;
+        for p in &done.replaced {
+            tracing::info!(entry = %p.display(), "the migration source's ledger entry removed");
+        }
         Ok(())
     }
 }
@@ -71,31 +83,39 @@ fn subtract_promised(host: &mut HostTopology, held: &Held) {
 /// Plans `spec` on this host under the ledger lock, against the PUs and hugepages other live
 /// VMs hold, and records the VM. Exit status 3 when it does not fit; 130 when a stop signal
 /// comes while it waits for the lock (nothing recorded).
+///
+/// With `incoming` (the guest identity a migration source sent), the VM is admitted as the
+/// incoming target of a migration ([`Ledger::admit_incoming`]: a live VM of the same name, its
+/// source on this host, is allowed and counted) and planned with `plan_for_guest`, which keeps
+/// the guest topology exactly.
 pub fn admit(
     run_dir: &Path,
     spec: &VmSpec,
     host: &HostTopology,
     opts: &PlanOptions,
     api_socket: Option<PathBuf>,
+    incoming: Option<&GuestIdentity>,
 ) -> Result<(Plan, Admission)> {
     let ledger = Ledger::open_with(run_dir, crate::signals::ledger_lock_wait())
         .map_err(lock_wait_interrupted)
         .with_context(|| format!("opening the host ledger in {}", run_dir.display()))?;
     let pid = std::process::id();
-    let admitted = ledger.admit(
-        &spec.name,
-        pid,
-        api_socket,
-        |held: &Held| -> Result<Plan, Rejection> {
-            let mut host = host.clone();
-            subtract_promised(&mut host, held);
-            let opts = PlanOptions {
-                held_cpus: held.cpus.clone(),
-                ..opts.clone()
-            };
-            plan(spec, &host, &opts).into_result()
-        },
-    );
+    let planner = |held: &Held| -> Result<Plan, Rejection> {
+        let mut host = host.clone();
+        subtract_promised(&mut host, held);
+        let opts = PlanOptions {
+            held_cpus: held.cpus.clone(),
+            ..opts.clone()
+        };
+        match incoming {
+            Some(identity) => plan_for_guest(spec, &host, identity, &opts).into_result(),
+            None => plan(spec, &host, &opts).into_result(),
+        }
+    };
+    let admitted = match incoming {
+        Some(_) => ledger.admit_incoming(&spec.name, pid, api_socket, planner),
+        None => ledger.admit(&spec.name, pid, api_socket, planner),
+    };
     match admitted {
         Ok(a) => {
             for r in &a.reclaimed {

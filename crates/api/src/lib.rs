@@ -19,9 +19,12 @@
 //! | `PUT`  | `/vm/shutdown`   | [`VmControl::shutdown`]                                      |
 //! | `PUT`  | `/vm/snapshot`   | [`VmControl::start_snapshot`]: starts the job, answers 202   |
 //! | `GET`  | `/vm/snapshot`   | [`VmControl::snapshot_job`]: the job's progress              |
+//! | `PUT`  | `/vm/migrate`    | [`VmControl::start_migration`]: starts the job, answers 202  |
+//! | `GET`  | `/vm/migrate`    | [`VmControl::migration_job`]: the job's progress             |
 //!
 //! A query string is ignored. A request body must be absent, empty or the JSON object `{}`,
-//! except on `PUT /vm/snapshot`, whose body is a [`SnapshotRequest`].
+//! except on `PUT /vm/snapshot`, whose body is a [`SnapshotRequest`], and `PUT /vm/migrate`,
+//! whose body is a [`MigrateRequest`].
 //! Every answer, errors included, is a JSON document (`Content-Type: application/json`); errors
 //! are `{"error": "..."}`. Each connection carries one request (`Connection: close`).
 //!
@@ -73,6 +76,13 @@ pub use fuzzing::{fuzz_read_request, fuzz_serve_connection};
 pub use server::{serve, ApiListener, ApiServer, ServeError, ThreadStartHook};
 pub use socket::BindError;
 
+/// Binds and listens on a new Unix stream socket at `path` created with mode `0600` from its
+/// first moment (`fchmod` on the unbound socket, no umask change): for other listeners of
+/// vmhost (`vmhost receive`). Fails with `EADDRINUSE` when anything exists at `path`.
+pub fn bind_unix_0600(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    sys::bind_unix_with_mode(path, 0o600)
+}
+
 /// The VM side of the API, implemented by the binary.
 ///
 /// Methods run on the API thread (the emulator thread when the binary pins it) and block it
@@ -108,6 +118,54 @@ pub trait VmControl: Send + Sync + 'static {
     /// was none (see the binary's job for the other fields).
     fn snapshot_job(&self) -> serde_json::Value {
         serde_json::json!({"state": "none"})
+    }
+    /// `PUT /vm/migrate`: start a live migration job and return at once (answered with 202)
+    /// with its first progress report; [`ControlError::Conflict`] when a job is running or the
+    /// VM cannot migrate. The default refuses.
+    fn start_migration(&self, request: MigrateRequest) -> Result<serde_json::Value, ControlError> {
+        let _ = request;
+        Err(ControlError::Conflict("this VM cannot migrate".into()))
+    }
+    /// `GET /vm/migrate`: the last migration job's progress, `{"state": "none"}` when there
+    /// was none.
+    fn migration_job(&self) -> serde_json::Value {
+        serde_json::json!({"state": "none"})
+    }
+}
+
+/// The body of `PUT /vm/migrate`: `{"to": "unix:/path" | "tcp:ADDR:PORT", "auth_key":
+/// "/path/key", "max_downtime_ms": 300, "timeout_s": 120}` (the last two optional).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateRequest {
+    /// Where the target (`vmhost receive`) listens.
+    pub to: String,
+    /// The pre-shared key file (absolute; read by the VM's process).
+    pub auth_key: std::path::PathBuf,
+    /// The longest pause accepted for the final round, in milliseconds (default 300).
+    #[serde(default)]
+    pub max_downtime_ms: Option<u64>,
+    /// How long pre-copy may go on before the migration is cancelled, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_s: Option<u64>,
+}
+
+impl MigrateRequest {
+    /// Parses the body (no other field; `to` must start with `unix:` or `tcp:`).
+    pub fn from_json(body: &[u8]) -> Result<Self, String> {
+        let r: MigrateRequest = serde_json::from_slice(body).map_err(|err| {
+            format!(
+                "the body must be {{\"to\": \"unix:/path\"|\"tcp:ADDR:PORT\", \"auth_key\": \"/path\", \
+                 \"max_downtime_ms\": 300, \"timeout_s\": 120}}: {err}"
+            )
+        })?;
+        if !(r.to.starts_with("unix:") || r.to.starts_with("tcp:")) {
+            return Err(format!(
+                "\"to\" is {:?}: give unix:/path or tcp:ADDR:PORT",
+                r.to
+            ));
+        }
+        Ok(r)
     }
 }
 

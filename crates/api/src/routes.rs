@@ -17,6 +17,14 @@ enum Action {
     Shutdown,
     StartSnapshot,
     SnapshotJob,
+    StartMigration,
+    MigrationJob,
+}
+
+/// A job request parsed from a body.
+enum Job {
+    Snapshot(crate::SnapshotRequest),
+    Migrate(crate::MigrateRequest),
 }
 
 /// Every route: path, the one method it accepts, and its action.
@@ -29,6 +37,8 @@ const ROUTES: &[(&str, &str, Action)] = &[
     ("/vm/shutdown", "PUT", Action::Shutdown),
     ("/vm/snapshot", "PUT", Action::StartSnapshot),
     ("/vm/snapshot", "GET", Action::SnapshotJob),
+    ("/vm/migrate", "PUT", Action::StartMigration),
+    ("/vm/migrate", "GET", Action::MigrationJob),
 ];
 
 /// Answers one request.
@@ -68,20 +78,24 @@ pub(crate) fn route(request: &Request, control: &dyn VmControl) -> Response {
         });
         return response;
     }
-    let snapshot = match action {
+    let job = match action {
         Action::StartSnapshot => match crate::SnapshotRequest::from_json(&request.body) {
-            Ok(r) => Some(r),
+            Ok(r) => Some(Job::Snapshot(r)),
+            Err(message) => return Response::error(400, message),
+        },
+        Action::StartMigration => match crate::MigrateRequest::from_json(&request.body) {
+            Ok(r) => Some(Job::Migrate(r)),
             Err(message) => return Response::error(400, message),
         },
         _ => None,
     };
-    if snapshot.is_none() {
+    if job.is_none() {
         if let Err(message) = check_body(&request.body) {
             return Response::error(400, message);
         }
     }
-    match catch_unwind(AssertUnwindSafe(|| call(control, action, snapshot))) {
-        Ok(Ok(body)) if matches!(action, Action::StartSnapshot) => {
+    match catch_unwind(AssertUnwindSafe(|| call(control, action, job))) {
+        Ok(Ok(body)) if matches!(action, Action::StartSnapshot | Action::StartMigration) => {
             let mut r = Response::ok(body);
             r.status = 202;
             r
@@ -104,14 +118,26 @@ pub(crate) fn route(request: &Request, control: &dyn VmControl) -> Response {
 fn call(
     control: &dyn VmControl,
     action: Action,
-    snapshot: Option<crate::SnapshotRequest>,
+    job: Option<Job>,
 ) -> Result<serde_json::Value, ControlError> {
+    match (action, job) {
+        (Action::StartSnapshot, Some(Job::Snapshot(r))) => control.start_snapshot(r),
+        (Action::StartMigration, Some(Job::Migrate(r))) => control.start_migration(r),
+        (Action::StartSnapshot | Action::StartMigration, _) => {
+            Err(ControlError::Conflict("no job request".into()))
+        }
+        (action, _) => call_plain(control, action),
+    }
+}
+
+/// Calls the [`VmControl`] method of an action without a request body.
+fn call_plain(control: &dyn VmControl, action: Action) -> Result<serde_json::Value, ControlError> {
     match action {
-        Action::StartSnapshot => match snapshot {
-            Some(r) => control.start_snapshot(r),
-            None => Err(ControlError::Conflict("no snapshot request".into())),
-        },
         Action::SnapshotJob => Ok(control.snapshot_job()),
+        Action::MigrationJob => Ok(control.migration_job()),
+        Action::StartSnapshot | Action::StartMigration => {
+            Err(ControlError::Conflict("no job request".into()))
+        }
         Action::Info => Ok(control.info()),
         Action::Placement => Ok(control.placement()),
         Action::Resources => Ok(control.resources()),

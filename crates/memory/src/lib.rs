@@ -408,6 +408,17 @@ impl GuestMemory {
         cells::save_cell(&self.regions, cell, out, skip)
     }
 
+    /// A live migration's dirty round of cell `cell`: the pages `dirty` marks, zero ones
+    /// included ([`cells::save_cell_dirty`]).
+    pub fn save_cell_dirty<W: std::io::Write>(
+        &self,
+        cell: u32,
+        out: &mut vmhost_persist::container::Writer<W>,
+        dirty: &DirtyBitmap,
+    ) -> Result<CellSaved, CellIoError> {
+        cells::save_cell_dirty(&self.regions, cell, out, dirty)
+    }
+
     /// Loads every cell of `plan` (the plan this memory was made for) from its memory file,
     /// `(cell, reader)` for each, by one worker per cell pinned to the PUs of the cell's
     /// node(s), so the pages are written where the new plan put them ([`cells::load_cells`]).

@@ -68,6 +68,25 @@ impl RecordKind {
     /// the VM's irqchip/PIT/clock, a built-in payload's boot area, the devices). The first of
     /// the VMM's kinds; 17 and up are reserved for later state records.
     pub const VM_STATE: RecordKind = RecordKind(16);
+    /// Live migration, source → target: the [`crate::migration::Hello`] (JSON), first record of
+    /// the control stream.
+    pub const MIG_HELLO: RecordKind = RecordKind(32);
+    /// Live migration, target → source: the [`crate::migration::Answer`] (JSON).
+    pub const MIG_ANSWER: RecordKind = RecordKind(33);
+    /// Live migration, source → target: a pre-copy round of one cell begins
+    /// ([`crate::migration::Round`], JSON); its page runs follow as [`RecordKind::PAGES`].
+    pub const MIG_ROUND: RecordKind = RecordKind(34);
+    /// Live migration, source → target: the round of [`RecordKind::MIG_ROUND`] ended
+    /// ([`crate::migration::RoundEnd`], JSON).
+    pub const MIG_ROUND_END: RecordKind = RecordKind(35);
+    /// Live migration, target → source: the [`crate::migration::Commit`] (JSON): the target
+    /// loaded the state and resumes the guest. The commit point.
+    pub const MIG_COMMIT: RecordKind = RecordKind(36);
+    /// Live migration, either way: the sender gives up ([`crate::migration::Cancel`], JSON).
+    pub const MIG_CANCEL: RecordKind = RecordKind(37);
+    /// Live migration, source → target: the first record of a cell's page stream
+    /// ([`crate::migration::CellStream`], JSON).
+    pub const MIG_CELL: RecordKind = RecordKind(38);
 }
 
 impl std::fmt::Display for RecordKind {
@@ -79,6 +98,13 @@ impl std::fmt::Display for RecordKind {
             RecordKind::PLAN => "plan",
             RecordKind::PAGES => "pages",
             RecordKind::VM_STATE => "vm state",
+            RecordKind::MIG_HELLO => "migration hello",
+            RecordKind::MIG_ANSWER => "migration answer",
+            RecordKind::MIG_ROUND => "migration round",
+            RecordKind::MIG_ROUND_END => "migration round end",
+            RecordKind::MIG_COMMIT => "migration commit",
+            RecordKind::MIG_CANCEL => "migration cancel",
+            RecordKind::MIG_CELL => "migration cell stream",
             _ => return write!(f, "kind {}", self.0),
         };
         write!(f, "{name} (kind {})", self.0)

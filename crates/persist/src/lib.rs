@@ -6,6 +6,8 @@
 //! - [`auth`]: the pre-shared key, the mutual handshake, and the per-record MAC of a stream;
 //! - [`pages`]: guest memory as runs of pages, zero and untouched pages left out;
 //! - [`dir`]: the snapshot directory, created safely and checked whole before a restore;
+//! - [`migration`]: the live migration protocol's messages (versioned, JSON records on an
+//!   authenticated stream);
 //! - [`precopy`]: when live migration's pre-copy rounds stop (estimated downtime against
 //!   `--max-downtime`, giving up after `--timeout`).
 //!
@@ -29,6 +31,7 @@
 pub mod auth;
 pub mod container;
 pub mod dir;
+pub mod migration;
 pub mod pages;
 pub mod precopy;
 

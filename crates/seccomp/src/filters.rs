@@ -454,12 +454,53 @@ const PREFAULT_AUDIT: &[&[(i64, Rule)]] = &[
     ],
 ];
 
-/// Live migration's dirty page log: start, read and clear, stop. Named so that the filter
-/// of whichever thread runs the pre-copy rounds can include it.
-const DIRTY_LOG: &[(i64, Rule)] = &[ioctl(&[KVM_GET_DIRTY_LOG, KVM_SET_USER_MEMORY_REGION])];
+/// A migration target's page receiver: reads its stream (`recvfrom`), closes the control
+/// connection when it fails (`shutdown`), and the test hook's `abort` (`gettid`, `tgkill`).
+const RECEIVER: &[&[(i64, Rule)]] = &[
+    KICK,
+    &CLOSE,
+    &[
+        (SYS_read, Rule::Any),
+        (SYS_recvfrom, Rule::Any),
+        (SYS_shutdown, Rule::Any),
+        (SYS_gettid, Rule::Any),
+    ],
+];
 
-/// The migration sender: the dirty log, pause and resume (kicks).
-const MIGRATION: &[&[(i64, Rule)]] = &[DIRTY_LOG, KICK];
+/// The migration sender (`vmhost-mig`, and its per-cell senders `mig-c<cell>`, started under
+/// it; `gettid` of [`SPAWN`] also serves the test hook's `abort`): the dirty log, pause and
+/// resume (kicks), reading the
+/// key file and `/proc/cpuinfo`, its connection to the target (Unix or TCP: `socket`,
+/// `connect`, `TCP_NODELAY`, the handshake's nonce, stream bytes, the close), the resident
+/// pages of guest RAM (`mincore`) and the capture of the VM's irqchip, PIT and clock.
+const MIGRATION: &[&[(i64, Rule)]] = &[
+    KICK,
+    // One sender thread per guest cell and round (`mig-c<cell>`, under this filter).
+    SPAWN,
+    READ_FILES,
+    &CLOSE,
+    &[
+        (SYS_socket, Rule::Any),
+        (SYS_connect, Rule::Any),
+        (SYS_setsockopt, Rule::Any),
+        // The handshake's nonce: `getrandom`, which first polls `/dev/random` once to wait
+        // for the entropy pool when it cannot tell it is ready.
+        (SYS_getrandom, Rule::Any),
+        (SYS_poll, Rule::Any),
+        (SYS_recvfrom, Rule::Any),
+        (SYS_sendto, Rule::Any),
+        (SYS_shutdown, Rule::Any),
+        (SYS_mincore, Rule::Any),
+        // The dirty log (start, read and clear, stop) and the capture, in one `ioctl` rule.
+        ioctl(&[
+            KVM_GET_DIRTY_LOG,
+            KVM_SET_USER_MEMORY_REGION,
+            KVM_VM_STATE_GETS[0],
+            KVM_VM_STATE_GETS[1],
+            KVM_VM_STATE_GETS[2],
+        ]),
+    ],
+];
 
 /// The rules of `kind`: [`BASE`] and its own parts, sorted by call number, one entry per call.
 pub(crate) fn rules(kind: ThreadKind) -> &'static [(i64, Rule)] {
@@ -505,6 +546,7 @@ pub(crate) fn parts(kind: ThreadKind) -> &'static [&'static [(i64, Rule)]] {
         ThreadKind::PrefaultAudit => PREFAULT_AUDIT,
         ThreadKind::Snapshot => SNAPSHOT,
         ThreadKind::Loader => LOADER,
+        ThreadKind::Receiver => RECEIVER,
         ThreadKind::Migration => MIGRATION,
     }
 }

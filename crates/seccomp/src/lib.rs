@@ -81,15 +81,19 @@ pub enum ThreadKind {
     /// A restore's guest memory loader (`load-c<cell>`): reads its cell's memory file into
     /// guest RAM.
     Loader,
-    /// A live migration's sender (`vmhost-mig`): pauses and resumes the vCPUs and reads and
+    /// A live migration's sender (`vmhost-mig`): pauses and resumes the vCPUs, reads and
     /// clears the dirty page log (`KVM_GET_DIRTY_LOG`, memslots registered again with or
-    /// without `KVM_MEM_LOG_DIRTY_PAGES`). The stream it writes adds its own calls.
+    /// without `KVM_MEM_LOG_DIRTY_PAGES`), reads resident guest pages, captures the VM's
+    /// state, and talks to the target over its Unix or TCP connection.
     Migration,
+    /// A live migration target's page receiver (`recv-c<cell>`): reads its cell's page
+    /// stream (already open) into guest RAM, pinned to the cell's node before its filter.
+    Receiver,
 }
 
 impl ThreadKind {
     /// Every kind, in the order of the published table.
-    pub const ALL: [ThreadKind; 19] = [
+    pub const ALL: [ThreadKind; 20] = [
         ThreadKind::Vcpu,
         ThreadKind::Vmm,
         ThreadKind::Emulator,
@@ -109,6 +113,7 @@ impl ThreadKind {
         ThreadKind::Snapshot,
         ThreadKind::Loader,
         ThreadKind::Migration,
+        ThreadKind::Receiver,
     ];
 
     /// The kind's name (`VMHOST_SECCOMP_SELFTEST`, messages, docs).
@@ -133,6 +138,7 @@ impl ThreadKind {
             ThreadKind::Snapshot => "snapshot",
             ThreadKind::Loader => "loader",
             ThreadKind::Migration => "migration",
+            ThreadKind::Receiver => "receiver",
         }
     }
 
@@ -425,6 +431,7 @@ fn thread_names(kind: ThreadKind) -> &'static str {
         ThreadKind::Snapshot => "vmhost-snap",
         ThreadKind::Loader => "load-c<C>",
         ThreadKind::Migration => "vmhost-mig",
+        ThreadKind::Receiver => "recv-c<C>",
     }
 }
 

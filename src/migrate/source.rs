@@ -1,0 +1,537 @@
+//! The source side of a live migration: the job behind `PUT /vm/migrate` and `vmhost ctl …
+//! migrate`, on its own thread (`vmhost-mig`, started with the control API on the emulator PUs
+//! and with its own syscall filter).
+//!
+//! connect → handshake → `Hello` → the target's `Answer` → dirty log on → round 0 (every
+//! resident non-zero page of each cell) → dirty rounds until [`Convergence`] says the final
+//! round fits `--max-downtime` (or gives up after `--timeout`) → pause → final dirty round →
+//! capture → `VM_STATE` → the target's `Commit` (the commit point) → the VM ends, exit 0.
+//! Any failure before the commit point cancels: the dirty log stops, a VM this job paused
+//! resumes, and the guest runs on here.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use serde_json::Value;
+use vmhost_api::{ControlError, MigrateRequest};
+use vmhost_memory::{DirtyBitmap, MappedRegion};
+use vmhost_persist::auth::{AuthKey, Role};
+use vmhost_persist::container::RecordKind;
+use vmhost_persist::migration::{self as msg, Answer, Commit, Hello, Round, RoundEnd};
+use vmhost_persist::precopy::{Convergence, Decision, PrecopyLimits, RoundStats};
+use vmhost_vcpu::VmState;
+
+use super::wire::{Channel, Endpoint, Stream};
+use crate::snapshot::Source;
+
+/// How long the source waits for its result to be read before it ends.
+const RESULT_GRACE: Duration = Duration::from_secs(5);
+/// `--timeout`'s default.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long one read or write on a connection may wait for a target that hangs (the answer,
+/// a full socket buffer, the commit) before the migration is cancelled.
+const PEER_WAIT: Duration = Duration::from_secs(60);
+
+/// Set once the target committed: the source's run ends with exit status 0.
+pub static MIGRATED: AtomicBool = AtomicBool::new(false);
+
+/// A job's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Running.
+    Running,
+    /// The target committed; the VM runs there and ends here.
+    Succeeded,
+    /// Ended with `error`; the VM runs on here.
+    Failed,
+}
+
+/// One pre-copy round, as the source measured it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoundReport {
+    /// The round (0: every resident non-zero page).
+    pub round: u32,
+    /// Whether the guest was paused (the final round).
+    pub last: bool,
+    /// Bytes of guest memory sent.
+    pub bytes: u64,
+    /// Seconds it took.
+    pub seconds: f64,
+    /// Bytes dirty when it ended (the next round's work).
+    pub dirty_bytes_after: u64,
+    /// The downtime a final round would then have cost, ms.
+    pub estimated_downtime_ms: Option<f64>,
+}
+
+/// `GET /vm/migrate`: the source's report (KubeVirt's migration status fields in
+/// docs/migration.md).
+#[derive(Debug, Clone, Serialize)]
+pub struct Progress {
+    /// The job's state.
+    pub state: JobState,
+    /// `connect`, `hello`, `precopy`, `pause`, `final-round`, `state`, `commit`, `resume`,
+    /// `done`.
+    pub phase: String,
+    /// Where the target listens.
+    pub to: String,
+    /// The rounds so far.
+    pub rounds: Vec<RoundReport>,
+    /// Guest memory bytes sent so far.
+    pub bytes_sent: u64,
+    /// Seconds since the job started.
+    pub seconds: f64,
+    /// From pause to the target's commit, ms.
+    pub downtime_ms: Option<f64>,
+    /// The source's placement (its plan).
+    pub source_plan: Value,
+    /// The target's placement (its plan), once it accepted.
+    pub target_plan: Value,
+    /// The target's residency audit, once it committed.
+    pub target_audit: Value,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+#[derive(Default)]
+struct Shared {
+    progress: Mutex<Option<(Progress, Instant)>>,
+    read: Condvar,
+    bytes: AtomicU64,
+}
+
+/// The migration jobs of one VM: one at a time.
+pub struct Jobs {
+    tx: Mutex<Sender<MigrateRequest>>,
+    shared: Arc<Shared>,
+}
+
+impl Jobs {
+    /// Starts the `vmhost-mig` thread, idle until a job is requested.
+    pub fn start(source: Source) -> std::io::Result<Jobs> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let for_thread = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("vmhost-mig".into())
+            .spawn(move || {
+                vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Migration);
+                job_thread(&source, &rx, &for_thread);
+            })?;
+        Ok(Jobs {
+            tx: Mutex::new(tx),
+            shared,
+        })
+    }
+
+    /// `PUT /vm/migrate`: queues the job unless one is running; its first progress report.
+    pub fn request(
+        &self,
+        req: MigrateRequest,
+        plan: &vmhost_plan::Plan,
+    ) -> Result<Value, ControlError> {
+        let mut slot = lock(&self.shared.progress);
+        if matches!(slot.as_ref(), Some((p, _)) if p.state != JobState::Failed) {
+            return Err(ControlError::Conflict(
+                "a migration job is running or has moved the VM; poll GET /vm/migrate".into(),
+            ));
+        }
+        let progress = Progress {
+            state: JobState::Running,
+            phase: "queued".into(),
+            to: req.to.clone(),
+            rounds: Vec::new(),
+            bytes_sent: 0,
+            seconds: 0.0,
+            downtime_ms: None,
+            source_plan: serde_json::to_value(plan).unwrap_or_default(),
+            target_plan: Value::Null,
+            target_audit: Value::Null,
+            error: None,
+        };
+        self.shared.bytes.store(0, Ordering::Relaxed);
+        if lock(&self.tx).send(req).is_err() {
+            return Err(ControlError::Conflict(
+                "the VM is stopping: no migration".into(),
+            ));
+        }
+        let value = serde_json::to_value(&progress).unwrap_or_default();
+        *slot = Some((progress, Instant::now()));
+        Ok(value)
+    }
+
+    /// `GET /vm/migrate`.
+    pub fn progress(&self) -> Value {
+        let mut slot = lock(&self.shared.progress);
+        let Some((p, started)) = slot.as_mut() else {
+            return serde_json::json!({"state": "none"});
+        };
+        if p.state == JobState::Running {
+            p.bytes_sent = self.shared.bytes.load(Ordering::Relaxed);
+            p.seconds = started.elapsed().as_secs_f64();
+        } else {
+            self.shared.read.notify_all();
+        }
+        serde_json::to_value(&*p).unwrap_or_default()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn update(shared: &Shared, f: impl FnOnce(&mut Progress)) {
+    if let Some((p, _)) = lock(&shared.progress).as_mut() {
+        f(p);
+    }
+}
+
+fn set_phase(shared: &Shared, phase: &str) {
+    update(shared, |p| p.phase = phase.to_string());
+}
+
+fn job_thread(source: &Source, rx: &Receiver<MigrateRequest>, shared: &Shared) {
+    while let Ok(req) = rx.recv() {
+        let outcome = run_job(source, &req, shared);
+        let mut slot = lock(&shared.progress);
+        if let Some((p, started)) = slot.as_mut() {
+            p.bytes_sent = shared.bytes.load(Ordering::Relaxed);
+            p.seconds = started.elapsed().as_secs_f64();
+            match &outcome {
+                Ok(()) => {
+                    p.state = JobState::Succeeded;
+                    p.phase = "done".into();
+                }
+                Err(e) => {
+                    p.state = JobState::Failed;
+                    p.error = Some(format!("{e:#}"));
+                }
+            }
+        }
+        match outcome {
+            Ok(()) => {
+                MIGRATED.store(true, Ordering::SeqCst);
+                // Let a poller read the result before the VM (and its API) ends.
+                let _ = shared.read.wait_timeout(slot, RESULT_GRACE);
+                tracing::info!(to = %req.to, "migrated: the VM ends here");
+                source.stop.stop();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(to = %req.to, error = %format!("{e:#}"), "migration failed; the VM runs on here")
+            }
+        }
+    }
+}
+
+/// One job: the connection, the target's answer, pre-copy, the switch; on a failure before
+/// the commit point the guest runs on here.
+fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared) -> Result<()> {
+    let was_running = match source.handle.state() {
+        VmState::Running => true,
+        VmState::Paused => false,
+        s => bail!("the VM is {s:?}: only a running or paused VM can migrate"),
+    };
+    let key = AuthKey::load(&req.auth_key)
+        .with_context(|| format!("reading the key {}", req.auth_key.display()))?;
+    let to: Endpoint = req.to.parse().map_err(anyhow::Error::msg)?;
+    set_phase(shared, "connect");
+    let stream = Stream::connect(&to)?;
+    stream.set_timeouts(PEER_WAIT)?;
+    let mut ch = Channel::open(stream, &key, Role::Source, &msg::SOURCE_READS)?;
+    set_phase(shared, "hello");
+    ch.send(RecordKind::MIG_HELLO, &msg::encode(&hello(source)?))?;
+    let answer = ch.recv("the target's answer")?;
+    match expect::<Answer>(&answer, RecordKind::MIG_ANSWER, "answer")? {
+        Answer::Refused { reason } => bail!("the target refused the VM: {reason}"),
+        Answer::Accepted { placement } => update(shared, |p| p.target_plan = placement),
+    }
+    let limits = PrecopyLimits {
+        max_downtime: req.max_downtime_ms.map_or(
+            vmhost_persist::precopy::DEFAULT_MAX_DOWNTIME,
+            Duration::from_millis,
+        ),
+        timeout: req.timeout_s.map_or(DEFAULT_TIMEOUT, Duration::from_secs),
+    };
+    let mut cells = match open_cells(&to, &key, &source.plan) {
+        Ok(c) => c,
+        Err(e) => {
+            ch.close();
+            return Err(e);
+        }
+    };
+    source
+        .handle
+        .start_dirty_log()
+        .context("starting the dirty log")?;
+    let mut paused = false;
+    let moved = migrate(source, &mut ch, &mut cells, limits, shared, &mut paused);
+    if let Err(e) = source.handle.stop_dirty_log() {
+        tracing::warn!(error = %e, "cannot stop the dirty log");
+    }
+    if moved.is_err() {
+        let reason = moved
+            .as_ref()
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        let _ = ch.send(
+            RecordKind::MIG_CANCEL,
+            &msg::encode(&msg::Cancel { reason }),
+        );
+        ch.close();
+        cells.iter().for_each(|(_, c)| c.close());
+        if paused && was_running {
+            set_phase(shared, "resume");
+            source.handle.resume().context("resuming the vCPUs")?;
+        }
+    }
+    moved
+}
+
+/// The opening message: the spec, the guest identity, the source's plan and CPU.
+fn hello(source: &Source) -> Result<Hello> {
+    Ok(Hello {
+        protocol: msg::PROTOCOL_VERSION,
+        vmhost_version: env!("CARGO_PKG_VERSION").into(),
+        spec: serde_json::to_value(&source.spec)?,
+        identity: serde_json::to_value(source.plan.guest_identity())?,
+        source_plan: serde_json::to_value(&source.plan)?,
+        tsc_khz: 0,
+        cpu_vendor: super::cpu_vendor(),
+        same_distances: false,
+    })
+}
+
+/// Opens one authenticated page stream per guest cell, each announcing its cell.
+fn open_cells(
+    to: &Endpoint,
+    key: &AuthKey,
+    plan: &vmhost_plan::Plan,
+) -> Result<Vec<(u32, Channel)>> {
+    cells(plan)
+        .into_iter()
+        .map(|cell| {
+            let stream = Stream::connect(to)?;
+            stream.set_timeouts(PEER_WAIT)?;
+            let mut ch = Channel::open(stream, key, Role::Source, &msg::SOURCE_READS)
+                .with_context(|| format!("opening the page stream of cell {cell}"))?;
+            ch.send(
+                RecordKind::MIG_CELL,
+                &msg::encode(&msg::CellStream { cell }),
+            )?;
+            Ok((cell, ch))
+        })
+        .collect()
+}
+
+/// Decodes `rec` as a message of `kind`; a cancel from the peer is an error with its reason.
+pub(super) fn expect<T: serde::de::DeserializeOwned>(
+    rec: &vmhost_persist::Record,
+    kind: RecordKind,
+    what: &str,
+) -> Result<T> {
+    if rec.kind == RecordKind::MIG_CANCEL {
+        let c: msg::Cancel = msg::decode("cancel", &rec.payload).map_err(anyhow::Error::msg)?;
+        bail!("the peer cancelled the migration: {}", c.reason);
+    }
+    if rec.kind != kind {
+        bail!(
+            "the peer sent a {} record where the {what} belongs",
+            rec.kind
+        );
+    }
+    msg::decode(what, &rec.payload).map_err(anyhow::Error::msg)
+}
+
+/// Pre-copy, the pause, the final round, the state and the commit.
+fn migrate(
+    source: &Source,
+    ch: &mut Channel,
+    cells: &mut [(u32, Channel)],
+    limits: PrecopyLimits,
+    shared: &Shared,
+    paused: &mut bool,
+) -> Result<()> {
+    set_phase(shared, "precopy");
+    let (round, mut dirty) = precopy(source, cells, limits, shared)?;
+    super::test_hook(round, "source");
+    set_phase(shared, "pause");
+    let paused_at = Instant::now();
+    if source.handle.state() == VmState::Running {
+        source.handle.pause().context("pausing the vCPUs")?;
+        *paused = true;
+    }
+    set_phase(shared, "final-round");
+    for d in &mut dirty {
+        d.union(&source.handle.take_dirty(d.cell())?);
+    }
+    let started = Instant::now();
+    let bytes = send_round(source, cells, round, Some(&dirty), true, &shared.bytes)?;
+    record_round(shared, round, true, bytes, started.elapsed(), 0, None);
+    set_phase(shared, "state");
+    let state = crate::vmstate::capture(&source.handle).context("capturing the VM's state")?;
+    ch.send(RecordKind::VM_STATE, &state)?;
+    set_phase(shared, "commit");
+    let rec = ch.recv("the target's commit")?;
+    let commit: Commit = expect(&rec, RecordKind::MIG_COMMIT, "commit")?;
+    let downtime = paused_at.elapsed().as_secs_f64() * 1000.0;
+    update(shared, |p| {
+        p.downtime_ms = Some(downtime);
+        p.target_audit = commit.audit;
+    });
+    Ok(())
+}
+
+/// Round 0 and the dirty rounds with the guest running, until the convergence estimate
+/// allows the final round. Returns the final round's number and the pages dirty since the
+/// last round.
+fn precopy(
+    source: &Source,
+    cells: &mut [(u32, Channel)],
+    limits: PrecopyLimits,
+    shared: &Shared,
+) -> Result<(u32, Vec<DirtyBitmap>)> {
+    let mut conv = Convergence::new(limits);
+    let mut dirty: Option<Vec<DirtyBitmap>> = None;
+    for round in 0u32.. {
+        super::test_hook(round, "source");
+        let started = Instant::now();
+        let bytes = send_round(source, cells, round, dirty.as_deref(), false, &shared.bytes)?;
+        let maps = take_all(source)?;
+        let dirty_bytes: u64 = maps.iter().map(DirtyBitmap::dirty_bytes).sum();
+        let elapsed = started.elapsed();
+        let decision = conv.record(RoundStats {
+            bytes_sent: bytes,
+            elapsed,
+            dirty_bytes,
+        });
+        let estimate = match decision {
+            Decision::Continue { estimated_downtime } => estimated_downtime,
+            Decision::FinalRound { estimated_downtime } => Some(estimated_downtime),
+            Decision::GiveUp {
+                estimated_downtime, ..
+            } => estimated_downtime,
+        };
+        record_round(shared, round, false, bytes, elapsed, dirty_bytes, estimate);
+        match decision {
+            Decision::Continue { .. } => dirty = Some(maps),
+            Decision::FinalRound { .. } => return Ok((round + 1, maps)),
+            Decision::GiveUp { rounds, .. } => bail!(
+                "pre-copy did not converge: after {rounds} rounds in {:.1} s, {dirty_bytes} bytes \
+                 stay dirty, more than --max-downtime {} ms allows; the VM runs on here \
+                 (raise --max-downtime or --timeout, or migrate when the guest writes less)",
+                conv.elapsed().as_secs_f64(),
+                limits.max_downtime.as_millis()
+            ),
+        }
+    }
+    bail!("too many pre-copy rounds")
+}
+
+/// The dirty pages of every cell since the last take.
+fn take_all(source: &Source) -> Result<Vec<DirtyBitmap>> {
+    cells(&source.plan)
+        .into_iter()
+        .map(|c| Ok(source.handle.take_dirty(c)?))
+        .collect()
+}
+
+fn cells(plan: &vmhost_plan::Plan) -> Vec<u32> {
+    let mut cells: Vec<u32> = plan.guest_cells.iter().map(|c| c.cell).collect();
+    cells.sort_unstable();
+    cells.dedup();
+    cells
+}
+
+fn record_round(
+    shared: &Shared,
+    round: u32,
+    last: bool,
+    bytes: u64,
+    elapsed: Duration,
+    dirty_bytes_after: u64,
+    estimate: Option<Duration>,
+) {
+    update(shared, |p| {
+        p.rounds.push(RoundReport {
+            round,
+            last,
+            bytes,
+            seconds: elapsed.as_secs_f64(),
+            dirty_bytes_after,
+            estimated_downtime_ms: estimate.map(|d| d.as_secs_f64() * 1000.0),
+        })
+    });
+}
+
+/// Sends one round of every cell, each on its own stream by its own thread (`mig-c<cell>`,
+/// under this thread's filter and on its PUs, the emulator PUs): all resident non-zero pages
+/// (`dirty` None), else the pages `dirty` marks. Returns the bytes sent.
+fn send_round(
+    source: &Source,
+    cells: &mut [(u32, Channel)],
+    round: u32,
+    dirty: Option<&[DirtyBitmap]>,
+    last: bool,
+    total: &AtomicU64,
+) -> Result<u64> {
+    std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for (cell, ch) in cells.iter_mut() {
+            let cell = *cell;
+            let map = dirty.and_then(|d| d.iter().find(|m| m.cell() == cell));
+            let regions = &source.regions[..];
+            let head = Round { round, cell, last };
+            let h = std::thread::Builder::new()
+                .name(format!("mig-c{cell}"))
+                .spawn_scoped(scope, move || send_cell(regions, ch, head, map, total))
+                .with_context(|| format!("starting the sender of cell {cell}"))?;
+            handles.push(h);
+        }
+        let mut sent = 0u64;
+        let mut first_err = None;
+        for h in handles {
+            match h.join() {
+                Ok(Ok(n)) => sent += n,
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(anyhow::anyhow!("a page sender panicked"));
+                }
+            }
+        }
+        first_err.map_or(Ok(sent), Err)
+    })
+}
+
+/// One cell's round on its stream: the round's head, its page runs, its end.
+fn send_cell(
+    regions: &[MappedRegion],
+    ch: &mut Channel,
+    head: Round,
+    dirty: Option<&DirtyBitmap>,
+    total: &AtomicU64,
+) -> Result<u64> {
+    let (round, cell) = (head.round, head.cell);
+    ch.send(RecordKind::MIG_ROUND, &msg::encode(&head))?;
+    let saved = match dirty {
+        Some(map) => vmhost_memory::cells::save_cell_dirty(regions, cell, ch.writer(), map),
+        None => vmhost_memory::cells::save_cell(regions, cell, ch.writer(), |_, _| false),
+    }
+    .with_context(|| format!("sending cell {cell} (round {round})"))?
+    .bytes;
+    total.fetch_add(saved, Ordering::Relaxed);
+    let end = RoundEnd {
+        round,
+        cell,
+        bytes: saved,
+    };
+    ch.send(RecordKind::MIG_ROUND_END, &msg::encode(&end))?;
+    Ok(saved)
+}

@@ -1,0 +1,253 @@
+//! The target side of a live migration: `vmhost receive --listen … --auth-key F [run options]`.
+//!
+//! Listens (a Unix socket 0600, or TCP on the given address only), authenticates each
+//! connection (a peer without the key is refused and logged, and the target keeps
+//! listening), reads the source's `Hello` and checks it before anything is allocated or
+//! `/dev/kvm` is opened: protocol version, spec, CPU vendor. Then the normal start path runs
+//! (`main::start_vm`) with [`crate::run::Start::Incoming`]: admission as an incoming ledger
+//! entry planned with `plan_for_guest` (same guest topology), the `Answer`, guest memory
+//! allocated and bound per the target's plan and filled by the rounds ([`Incoming::receive`]),
+//! the state checked (CPUID, TSC) and restored, then the `Commit` — the commit point — the
+//! ledger hand-over, and the guest runs here. Before the commit point the guest never runs
+//! here: a source that goes away or cancels ends the target with a non-zero status, its
+//! hugepages, cgroup and ledger entry released.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use vmhost_memory::GuestMemory;
+use vmhost_persist::auth::{AuthKey, Role};
+use vmhost_persist::container::RecordKind;
+use vmhost_persist::migration::{self as msg, Answer, Commit, Hello};
+use vmhost_plan::{GuestIdentity, Plan};
+
+use super::source::expect;
+use super::wire::{Channel, Listener};
+use crate::snapshot::SpecSource;
+use crate::{Exit, EXIT_INVALID};
+
+/// A round as the target received it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Received {
+    /// The round.
+    pub round: u32,
+    /// The cell.
+    pub cell: u32,
+    /// Whether it was the final round (guest paused on the source).
+    pub last: bool,
+    /// Bytes of pages written into guest RAM.
+    pub bytes: u64,
+}
+
+/// A migration coming in: the authenticated connection and what the source said.
+pub struct Incoming {
+    channel: Channel,
+    /// Kept until the page streams are accepted.
+    listener: Option<Listener>,
+    key: AuthKey,
+    hello: Hello,
+    identity: GuestIdentity,
+    started: Instant,
+    rounds: Vec<Received>,
+    saved: Option<crate::vmstate::Saved>,
+}
+
+/// An invalid-input refusal (exit status 2).
+fn invalid(what: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::Error::new(Exit {
+        code: EXIT_INVALID,
+        message: format!("receive: {what}"),
+    })
+}
+
+/// Listens on `args.listen` until an authenticated source says hello; returns the spec to
+/// run and the incoming migration.
+pub fn accept(
+    args: &crate::cli::ReceiveArgs,
+) -> Result<(vmhost_config::LoadedSpec, SpecSource, Incoming)> {
+    let key = AuthKey::load(&args.auth_key).map_err(|e| {
+        let e = anyhow::Error::new(e);
+        invalid(format!("--auth-key {}: {e:#}", args.auth_key.display()))
+    })?;
+    let at: super::wire::Endpoint = args.listen.parse().map_err(invalid)?;
+    let listener = Listener::bind(&at)?;
+    eprintln!("vmhost: receive: listening on {at}");
+    let mut channel = loop {
+        let (stream, peer) = listener.accept()?;
+        match Channel::open(stream, &key, Role::Target, &msg::TARGET_READS) {
+            Ok(ch) => {
+                eprintln!("vmhost: receive: {peer}: authenticated");
+                break ch;
+            }
+            Err(e) => eprintln!("vmhost: receive: refused a connection on {peer}: {e:#}"),
+        }
+    };
+    match read_hello(&mut channel, args.same_distances) {
+        Ok((spec, source, hello, identity)) => Ok((
+            spec,
+            source,
+            Incoming {
+                channel,
+                listener: Some(listener),
+                key,
+                hello,
+                identity,
+                started: Instant::now(),
+                rounds: Vec::new(),
+                saved: None,
+            },
+        )),
+        Err(e) => {
+            send_answer(&mut channel, Err(&format!("{e:#}")));
+            Err(e)
+        }
+    }
+}
+
+/// Reads and checks the `Hello`: protocol, spec, identity, CPU vendor.
+fn read_hello(
+    channel: &mut Channel,
+    same_distances: bool,
+) -> Result<(vmhost_config::LoadedSpec, SpecSource, Hello, GuestIdentity)> {
+    let rec = channel
+        .recv("the source's hello")
+        .map_err(|e| invalid(format!("{e:#}")))?;
+    let mut hello: Hello = expect(&rec, RecordKind::MIG_HELLO, "hello").map_err(invalid)?;
+    if hello.protocol != msg::PROTOCOL_VERSION {
+        return Err(invalid(format!(
+            "the source speaks migration protocol {}, this vmhost {}: use the same vmhost \
+             version on both hosts",
+            hello.protocol,
+            msg::PROTOCOL_VERSION
+        )));
+    }
+    let vendor = super::cpu_vendor();
+    if hello.cpu_vendor != vendor {
+        return Err(invalid(format!(
+            "the source's CPU vendor is {:?}, this host's {vendor:?}: a guest cannot move \
+             between them",
+            hello.cpu_vendor
+        )));
+    }
+    let source: SpecSource = serde_json::from_value(hello.spec.clone())
+        .map_err(|e| invalid(format!("the source's spec record is not valid: {e}")))?;
+    let spec = source
+        .load()
+        .map_err(|e| invalid(format!("the source's spec: {e}")))?;
+    let identity = serde_json::from_value(hello.identity.clone())
+        .map_err(|e| invalid(format!("the source's guest identity is not valid: {e}")))?;
+    hello.same_distances |= same_distances;
+    Ok((spec, source, hello, identity))
+}
+
+/// Answers the source: accepted with the target's plan, or refused with the reason.
+fn send_answer(channel: &mut Channel, outcome: Result<&Plan, &str>) {
+    let answer = match outcome {
+        Ok(plan) => Answer::Accepted {
+            placement: serde_json::to_value(plan).unwrap_or_default(),
+        },
+        Err(reason) => Answer::Refused {
+            reason: reason.to_string(),
+        },
+    };
+    if let Err(e) = channel.send(RecordKind::MIG_ANSWER, &msg::encode(&answer)) {
+        tracing::warn!(error = %format!("{e:#}"), "cannot answer the migration source");
+    }
+}
+
+impl Incoming {
+    /// The guest identity the target must keep.
+    pub fn identity(&self) -> &GuestIdentity {
+        &self.identity
+    }
+
+    /// Whether the guest must get the same NUMA distances.
+    pub fn same_distances(&self) -> bool {
+        self.hello.same_distances
+    }
+
+    /// Answers the source: accepted with the target's plan, or refused with the reason.
+    pub fn answer(&mut self, outcome: Result<&Plan, &str>) {
+        send_answer(&mut self.channel, outcome);
+    }
+
+    /// Accepts the page streams, then fills `memory` from them (one pinned worker per cell)
+    /// until the VM state arrives on the control connection; checks that this host can run
+    /// the saved vCPUs (CPUID, TSC). Before `/dev/kvm` is opened for the VM.
+    pub fn receive(&mut self, memory: &GuestMemory, plan: &Plan) -> Result<()> {
+        let listener = self
+            .listener
+            .take()
+            .context("the page streams were accepted already")?;
+        let cells = super::streams::accept_cells(&listener, &self.key, plan)?;
+        drop(listener);
+        let control = self.channel.stream();
+        let rounds = super::streams::receive_all(memory, plan, cells, &control, || {
+            let rec = self.channel.recv("the VM state")?;
+            match rec.kind {
+                RecordKind::VM_STATE => self.take_state(&rec.payload),
+                _ => Err(
+                    expect::<msg::Cancel>(&rec, RecordKind::VM_STATE, "VM state")
+                        .err()
+                        .unwrap_or_else(|| anyhow::anyhow!("the source sent no VM state")),
+                ),
+            }
+        })?;
+        self.rounds = rounds;
+        Ok(())
+    }
+
+    fn take_state(&mut self, payload: &[u8]) -> Result<()> {
+        let saved = crate::vmstate::decode(payload).context("decoding the source's VM state")?;
+        if let Err(e) = crate::vmstate::check_target(&saved) {
+            let reason = format!("this host cannot run the guest's vCPUs: {e:#}");
+            let cancel = msg::Cancel {
+                reason: reason.clone(),
+            };
+            let _ = self
+                .channel
+                .send(RecordKind::MIG_CANCEL, &msg::encode(&cancel));
+            bail!(reason);
+        }
+        self.saved = Some(saved);
+        Ok(())
+    }
+
+    /// The saved state [`Incoming::receive`] took.
+    pub fn take_saved(&mut self) -> Result<crate::vmstate::Saved> {
+        self.saved.take().context("the source sent no VM state")
+    }
+
+    /// The commit point: tells the source the state is loaded and the guest resumes here,
+    /// takes over the VM's ledger name, and reports the migration on stderr.
+    pub fn commit(
+        &mut self,
+        plan: &Plan,
+        audit: &vmhost_memory::Audit,
+        admission: &crate::vms::Admission,
+        json: bool,
+    ) -> Result<()> {
+        let bytes_received: u64 = self.rounds.iter().map(|r| r.bytes).sum();
+        let commit = Commit {
+            bytes_received,
+            audit: serde_json::to_value(audit).unwrap_or_default(),
+        };
+        self.channel
+            .send(RecordKind::MIG_COMMIT, &msg::encode(&commit))
+            .context("sending the commit to the source (the guest does not run here)")?;
+        admission
+            .hand_over()
+            .context("taking over the VM's ledger entry")?;
+        let report = super::report::TargetReport {
+            source_plan: &self.hello.source_plan,
+            target_plan: plan,
+            rounds: &self.rounds,
+            bytes_received,
+            seconds: self.started.elapsed().as_secs_f64(),
+            audit,
+        };
+        eprint!("{}", report.render(json));
+        Ok(())
+    }
+}

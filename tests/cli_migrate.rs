@@ -1,0 +1,478 @@
+//! Live migration end to end with the real binaries, real `/dev/kvm` and 2 MiB hugepages:
+//! `vmhost receive` and `vmhost ctl … migrate` over a Unix socket and over TCP on 127.0.0.1
+//! (the guest continues on the target, the source exits 0, one ledger entry, every hugepage
+//! back), a wrong key refused while the source runs on, and the failure rules with the test
+//! hook `VMHOST_TEST_MIGRATION_FAIL_AT` (the target killed at a round: the source runs on; the
+//! source killed: the target ends non-zero with its pages back).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vmhost_persist::auth::{handshake, AuthKey, Role};
+use vmhost_persist::container::{Reader, RecordKind, Writer};
+use vmhost_persist::migration::{self, Answer, Hello};
+use vmhost_testsupport::{lock_cpus, lock_pool, need_kvm, need_pages, pool};
+
+const PAGE_2M: u64 = 2 << 20;
+
+const IDLE: &str = "name = \"mig-vm\"\n[cpu]\ncores = 1\n\
+     [memory]\nguest = \"32Mi\"\nhugepages = { page_size = \"2Mi\" }\n[boot]\npayload = \"idle\"\n";
+
+fn dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vmhost-mig-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("vm.toml"), IDLE).unwrap();
+    for (name, byte) in [("key", 7u8), ("other-key", 9u8)] {
+        let p = d.join(name);
+        std::fs::write(&p, [byte; 48]).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    d
+}
+
+fn vmhost(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        common::stdout(o),
+        common::stderr(o)
+    )
+}
+
+/// The idle payload's `(tsc_start, ticks)` of vCPU 0, from `GET /vm`.
+fn progress(sock: &Path) -> (u64, u64) {
+    let (_, info) = common::ctl(sock, "info");
+    let p = &info["payload"][0];
+    (
+        p["tsc_start"].as_u64().unwrap_or(0),
+        p["ticks"].as_u64().unwrap_or(0),
+    )
+}
+
+/// Waits (polling the API) until vCPU 0's tick count passes `past`.
+fn ticks_pass(sock: &Path, past: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, t) = progress(sock);
+        if t > past {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ticks stay at {t}, not past {past}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills the processes it names when a test panics, so that a failing test leaves no VM
+/// holding hugepages.
+struct KillOnPanic(Vec<u32>);
+
+impl Drop for KillOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for pid in &self.0 {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.child.kill();
+        }
+    }
+}
+
+/// A running `vmhost receive` and its stderr lines.
+struct Target {
+    child: Child,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Target {
+    /// Starts `vmhost receive` with its own API socket; waits for its "listening" line.
+    fn start(d: &Path, listen: &str, key: &str, api: &Path, env: &[(&str, &str)]) -> Target {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+            .args(["--run-dir", d.join("run").to_str().unwrap()])
+            .args(["--api-socket", api.to_str().unwrap()])
+            .args(["receive", "--listen", listen, "--auth-key"])
+            .arg(d.join(key))
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut t = Target {
+            child,
+            lines,
+            seen: Vec::new(),
+        };
+        t.wait_line("listening on");
+        t
+    }
+
+    /// Waits for a stderr line containing `what` (the target's own event, no sleep).
+    fn wait_line(&mut self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let hit = l.contains(what);
+                    self.seen.push(l);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => panic!("no {what:?} line: {:#?}", self.seen),
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("the target ended without {what:?}: {:#?}", self.seen)
+                }
+            }
+        }
+    }
+
+    /// Waits for the end; its status and every stderr line.
+    fn wait(self) -> (Option<i32>, String) {
+        let (status, log) = self.wait_status();
+        (status.code(), log)
+    }
+
+    /// [`Target::wait`] with the whole status.
+    fn wait_status(mut self) -> (std::process::ExitStatus, String) {
+        let status = self.child.wait().unwrap();
+        self.seen.extend(self.lines.iter());
+        (status, self.seen.join("\n"))
+    }
+}
+
+fn migrate(sock: &Path, to: &str, key: &Path) -> Output {
+    vmhost(&[
+        "ctl",
+        "--api-socket",
+        sock.to_str().unwrap(),
+        "--json",
+        "migrate",
+        to,
+        "--auth-key",
+        key.to_str().unwrap(),
+    ])
+}
+
+/// The names of the ledger's entries whose process runs (`vmhost ps --json`).
+fn ledger_names(run_dir: &Path) -> Vec<String> {
+    let o = vmhost(&["--run-dir", run_dir.to_str().unwrap(), "ps", "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    v["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["liveness"] == "alive")
+        .map(|e| e["entry"]["name"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One successful migration from the VM at `from` to a new target listening on `listen`:
+/// checks the job's report, the guest going on at the target and the source's end.
+fn migrate_ok(d: &Path, source: &mut Child, from: &Path, listen: &str, api: &Path) -> Target {
+    let (stamp, _) = progress(from);
+    let mut target = Target::start(d, listen, "key", api, &[]);
+    let before = ticks_pass(from, 1);
+    let o = migrate(from, listen, &d.join("key"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let job: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(job["state"], "succeeded", "{job:#}");
+    let rounds = job["rounds"].as_array().unwrap();
+    assert!(rounds.len() >= 2, "round 0 and a final round: {job:#}");
+    assert_eq!(rounds.last().unwrap()["last"], true, "{job:#}");
+    assert!(job["downtime_ms"].as_f64().is_some(), "{job:#}");
+    assert!(job["target_plan"]["vcpus"].is_array(), "{job:#}");
+    assert!(job["target_audit"].is_object(), "{job:#}");
+    target.wait_line("migration committed");
+    assert_eq!(
+        source.wait().unwrap().code(),
+        Some(0),
+        "the source ends with 0"
+    );
+    let (id, at_switch) = progress(api);
+    assert_eq!(
+        id, stamp,
+        "the guest continued: its start stamp is the same"
+    );
+    assert!(at_switch >= before, "ticks {at_switch} go on from {before}");
+    ticks_pass(api, at_switch);
+    assert_eq!(ledger_names(&d.join("run")), ["mig-vm"], "one ledger entry");
+    target
+}
+
+#[test]
+fn an_idle_vm_migrates_over_a_unix_socket_then_back_over_tcp() {
+    if !need_kvm("cli_migrate") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_pool();
+    if !need_pages("cli_migrate", PAGE_2M, 32) {
+        return;
+    }
+    let before = pool(PAGE_2M);
+    let d = dir("flow");
+    let (mut source, sock) = common::start_with_api(&d, &d.join("vm.toml"), &[], Stdio::null());
+    let mut _guard = KillOnPanic(vec![source.id()]);
+    let unix = format!("unix:{}", d.join("mig.sock").display());
+    let api2 = d.join("api2.sock");
+    let mut second = migrate_ok(&d, &mut source, &sock, &unix, &api2);
+    _guard.0.push(second.child.id());
+    assert!(
+        !d.join("mig.sock").exists(),
+        "the listener's socket is removed"
+    );
+
+    let tcp = format!("tcp:127.0.0.1:{}", free_tcp_port());
+    let api3 = d.join("api3.sock");
+    let third = migrate_ok(&d, &mut second.child, &api2, &tcp, &api3);
+    _guard.0.push(third.child.id());
+    drop(second);
+    assert_eq!(common::ctl(&api3, "shutdown").0, 0);
+    let (code, log) = third.wait();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(ledger_names(&d.join("run")).is_empty());
+    assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
+}
+
+#[test]
+fn a_wrong_key_is_refused_on_both_sides_and_the_source_runs_on() {
+    if !need_kvm("cli_migrate") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_pool();
+    if !need_pages("cli_migrate", PAGE_2M, 32) {
+        return;
+    }
+    let before = pool(PAGE_2M);
+    let d = dir("key");
+    let (mut source, sock) = common::start_with_api(&d, &d.join("vm.toml"), &[], Stdio::null());
+    let mut _guard = KillOnPanic(vec![source.id()]);
+    let unix = format!("unix:{}", d.join("mig.sock").display());
+    let mut target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &[]);
+    _guard.0.push(target.child.id());
+    let o = migrate(&sock, &unix, &d.join("other-key"));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let job: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(job["state"], "failed", "{job:#}");
+    assert!(
+        job["error"].as_str().unwrap().contains("authenticat"),
+        "{job:#}"
+    );
+    target.wait_line("refused a connection");
+    let (_, t) = progress(&sock);
+    ticks_pass(&sock, t);
+    assert_eq!(common::ctl(&sock, "info").1["state"], "running");
+    target.child.kill().unwrap();
+    let _ = target.wait();
+    assert_eq!(common::ctl(&sock, "shutdown").0, 0);
+    assert_eq!(source.wait().unwrap().code(), Some(0));
+    assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
+}
+
+#[test]
+fn the_target_killed_at_round_1_leaves_the_source_running() {
+    if !need_kvm("cli_migrate") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_pool();
+    if !need_pages("cli_migrate", PAGE_2M, 32) {
+        return;
+    }
+    let before = pool(PAGE_2M);
+    let d = dir("target-killed");
+    let (mut source, sock) = common::start_with_api(&d, &d.join("vm.toml"), &[], Stdio::null());
+    let mut _guard = KillOnPanic(vec![source.id()]);
+    let unix = format!("unix:{}", d.join("mig.sock").display());
+    let hook = [("VMHOST_TEST_MIGRATION_FAIL_AT", "round:1:target")];
+    let target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &hook);
+    _guard.0.push(target.child.id());
+    let o = migrate(&sock, &unix, &d.join("key"));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let (status, log) = target.wait_status();
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGABRT),
+        "killed by the hook: {log}"
+    );
+    assert!(log.contains("killed now (test hook)"), "{log}");
+    let (_, t) = progress(&sock);
+    ticks_pass(&sock, t);
+    assert_eq!(common::ctl(&sock, "info").1["state"], "running");
+    assert_eq!(common::ctl(&sock, "shutdown").0, 0);
+    assert_eq!(source.wait().unwrap().code(), Some(0));
+    assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
+}
+
+#[test]
+fn the_source_killed_ends_the_target_non_zero_with_its_pages_back() {
+    if !need_kvm("cli_migrate") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_pool();
+    if !need_pages("cli_migrate", PAGE_2M, 32) {
+        return;
+    }
+    let before = pool(PAGE_2M);
+    let d = dir("source-killed");
+    let spec = d.join("vm.toml");
+    let mut source = Command::new(env!("CARGO_BIN_EXE_vmhost"))
+        .args(["--run-dir", d.join("run").to_str().unwrap()])
+        .args(["--api-socket", d.join("api.sock").to_str().unwrap()])
+        .args(["--config", spec.to_str().unwrap()])
+        .env("VMHOST_TEST_MIGRATION_FAIL_AT", "round:1:source")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut _guard = KillOnPanic(vec![source.id()]);
+    let sock = d.join("api.sock");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while common::ctl(&sock, "info").1["state"] != "running" {
+        assert!(Instant::now() < deadline, "the VM never reported running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let unix = format!("unix:{}", d.join("mig.sock").display());
+    let target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &[]);
+    _guard.0.push(target.child.id());
+    let o = migrate(&sock, &unix, &d.join("key"));
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    let status = source.wait().unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGABRT),
+        "killed by the hook: {status:?}"
+    );
+    let (code, log) = target.wait();
+    assert_ne!(code, Some(0), "{log}");
+    assert!(log.contains("receiving the migrating VM"), "{log}");
+    assert!(
+        ledger_names(&d.join("run")).is_empty(),
+        "the target released its entry"
+    );
+    assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
+}
+
+/// Pretends to be a source: connects, authenticates with `key`, sends `hello` as the hello
+/// record (with its last byte flipped when `corrupt`); the target's answer, if it sent one.
+fn fake_source(sock: &Path, key: &Path, hello: &Hello, corrupt: bool) -> Option<Answer> {
+    let mut s = UnixStream::connect(sock).unwrap();
+    let key = AuthKey::load(key).unwrap();
+    let session = handshake(&mut s, &key, Role::Source).unwrap();
+    let mut w = Writer::authenticated(Vec::new(), "test", session.send).unwrap();
+    w.write_record(RecordKind::MIG_HELLO, &migration::encode(hello))
+        .unwrap();
+    let at = usize::try_from(w.offset()).unwrap();
+    let mut bytes = w.finish().unwrap();
+    bytes.truncate(at);
+    if corrupt {
+        // The last byte of the hello's MAC.
+        bytes[at - 1] ^= 0x40;
+    }
+    s.write_all(&bytes).unwrap();
+    let mut r = Reader::authenticated(
+        s.try_clone().unwrap(),
+        &migration::SOURCE_READS,
+        session.recv,
+    )
+    .ok()?;
+    let rec = r.next_record().ok()??;
+    migration::decode("answer", &rec.payload).ok()
+}
+
+#[test]
+fn a_bad_hello_is_refused_with_exit_2_before_anything_is_allocated() {
+    let _pool = lock_pool();
+    let before = pool(PAGE_2M);
+    let d = dir("bad-hello");
+    let sock = d.join("mig.sock");
+    let unix = format!("unix:{}", sock.display());
+    let spec = std::fs::read_to_string(d.join("vm.toml")).unwrap();
+    let hello = Hello {
+        protocol: 99,
+        vmhost_version: "test".into(),
+        spec: serde_json::json!({"format": "toml", "origin": "vm.toml", "text": spec}),
+        identity: Value::Null,
+        source_plan: Value::Null,
+        tsc_khz: 0,
+        cpu_vendor: String::new(),
+        same_distances: false,
+    };
+    // Another protocol version: refused with the reason, exit 2.
+    let target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &[]);
+    let answer = fake_source(&sock, &d.join("key"), &hello, false);
+    let (code, log) = target.wait();
+    assert_eq!(code, Some(2), "{log}");
+    assert!(log.contains("migration protocol 99"), "{log}");
+    match answer {
+        Some(Answer::Refused { reason }) => assert!(reason.contains("protocol 99"), "{reason}"),
+        other => panic!("no refusal: {other:?}"),
+    }
+    // A hello whose MAC does not match (a corrupted stream): exit 2.
+    let target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &[]);
+    let hello = Hello {
+        protocol: migration::PROTOCOL_VERSION,
+        ..hello
+    };
+    let _ = fake_source(&sock, &d.join("key"), &hello, true);
+    let (code, log) = target.wait();
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains("authentication") || log.contains("MAC"),
+        "{log}"
+    );
+    assert!(!log.contains("/dev/kvm"), "{log}");
+    assert!(ledger_names(&d.join("run")).is_empty());
+    assert_eq!(pool(PAGE_2M), before, "nothing was allocated");
+}
