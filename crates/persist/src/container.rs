@@ -66,8 +66,12 @@ impl RecordKind {
     pub const PAGES: RecordKind = RecordKind(4);
     /// The VM's state without its memory: the JSON of the vCPU crate's `SavedVm` (every vCPU,
     /// the VM's irqchip/PIT/clock, a built-in payload's boot area, the devices). The first of
-    /// the VMM's kinds; 17 and up are reserved for later state records.
+    /// the VMM's kinds; 18 and up are reserved for later state records.
     pub const VM_STATE: RecordKind = RecordKind(16);
+    /// What the guest has seen of its topology and where its cells were on the source host:
+    /// the JSON of the binary's `vmstate::GuestRecord` (the plan crate's `GuestIdentity` and
+    /// each cell's source node). A restore plans for this guest, not afresh.
+    pub const GUEST_IDENTITY: RecordKind = RecordKind(17);
 }
 
 impl std::fmt::Display for RecordKind {
@@ -79,6 +83,7 @@ impl std::fmt::Display for RecordKind {
             RecordKind::PLAN => "plan",
             RecordKind::PAGES => "pages",
             RecordKind::VM_STATE => "vm state",
+            RecordKind::GUEST_IDENTITY => "guest identity",
             _ => return write!(f, "kind {}", self.0),
         };
         write!(f, "{name} (kind {})", self.0)
