@@ -335,7 +335,10 @@ fn cmd_restore(cli: &Cli, args: &cli::RestoreArgs) -> Result<u8> {
     for w in &spec.warnings {
         eprintln!("{w}");
     }
-    let start = run::Start::Restore(Box::new(restored));
+    let start = run::Start::Restore {
+        restored: Box::new(restored),
+        same_distances: args.same_distances,
+    };
     start_vm(cli, &args.run, spec, source, start, timeline)
 }
 
@@ -365,10 +368,24 @@ fn start_vm(
     timeline.host_discovered_ns = timeline::now_ns();
     let run_dir = vms::run_dir(cli.run_dir.as_deref());
     resolve_vsock_socket(&mut spec.spec, &run_dir);
-    let opts = plan_options(&PlanArgs::default());
+    let mut opts = plan_options(&PlanArgs::default());
+    let mut identity = None;
+    if let run::Start::Restore {
+        restored,
+        same_distances,
+    } = &start
+    {
+        opts.same_distances = *same_distances;
+        identity = Some(&restored.guest.identity);
+    }
     let api = cli.api_socket.clone();
-    let (plan, admission) = vms::admit(&run_dir, &spec.spec, &host, &opts, api.clone())?;
+    let (plan, admission) = vms::admit(&run_dir, &spec.spec, &host, &opts, api.clone(), identity)?;
     timeline.admitted_ns = timeline::now_ns();
+    if let (run::Start::Restore { restored, .. }, false) = (&start, cli.json) {
+        for line in restore::placement_report(&plan, restored) {
+            eprintln!("vmhost: restore: {line}");
+        }
+    }
     if !cli.json {
         let held = PlanOptions {
             held_cpus: vms::held_cpus(&run_dir)?,

@@ -72,7 +72,12 @@ pub enum Start {
     /// Booted from the plan (`vmhost --config F`).
     Boot,
     /// Continued from a snapshot (`vmhost restore DIR`).
-    Restore(Box<crate::restore::Restored>),
+    Restore {
+        /// The checked snapshot.
+        restored: Box<crate::restore::Restored>,
+        /// `--same-distances`: refuse host nodes not as far apart as the guest's cells.
+        same_distances: bool,
+    },
 }
 
 /// Runs the VM of `plan` and returns the process exit status. A restore takes the same path:
@@ -98,14 +103,14 @@ pub fn run(
             "vmhost: warning: cannot start the diagnostics writer ({e}); writing them directly"
         );
     }
-    if let Start::Restore(r) = &start {
+    if let Start::Restore { restored: r, .. } = &start {
         crate::restore::check_this_host(r)?;
     }
     let mut memory = match guest_memory(plan, enforcement.as_deref(), &signals, opts.prefault)? {
         Ok(memory) => memory,
         Err(stopped) => return Ok(stopped_before_start(plan, &stopped)),
     };
-    if let Start::Restore(r) = &start {
+    if let Start::Restore { restored: r, .. } = &start {
         crate::restore::load_memory(&memory, plan, r, opts.json)?;
     }
     let background = Background::start(&mut memory, plan, enforcement.as_ref(), !opts.json)
@@ -203,8 +208,10 @@ fn vm_options(
 fn create_vm(plan: &Plan, memory: GuestMemory, options: VmOptions, start: Start) -> Result<Vm> {
     match start {
         Start::Boot => Ok(Vm::new(plan, memory, options)?),
-        Start::Restore(r) => crate::vmstate::restore(plan, memory, options, r.saved)
-            .context("continuing the VM from the snapshot's state"),
+        Start::Restore { restored: r, .. } => {
+            crate::vmstate::restore(plan, memory, options, r.saved)
+                .context("continuing the VM from the snapshot's state")
+        }
     }
 }
 

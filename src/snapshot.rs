@@ -2,7 +2,8 @@
 //!
 //! A long job on its own thread (`vmhost-snap`, started with the control API so that the API
 //! thread never starts a thread): pause → capture the VM state → write `spec`, `plan`, one
-//! `memory-cell<N>` per guest cell, and `state` last → resume, or with `stop` end the VM. A
+//! `memory-cell<N>` per guest cell, and `state` last (the VM state, then the guest's identity
+//! that a restore keeps) → resume, or with `stop` end the VM. A
 //! failure resumes a VM that was running and removes the unfinished directory. The API
 //! answers at once; `GET /vm/snapshot` reports [`Progress`].
 
@@ -299,6 +300,7 @@ fn write_snapshot(
 ) -> Result<()> {
     set_phase(shared, "capture");
     let state = crate::vmstate::capture(&source.handle).context("capturing the VM's state")?;
+    let guest = crate::vmstate::GuestRecord::of(&source.plan).encode()?;
     let mut w = SnapshotWriter::create(&req.dir, env!("CARGO_PKG_VERSION"))?;
     *created = true;
     set_phase(shared, "spec");
@@ -324,7 +326,10 @@ fn write_snapshot(
         }
     }
     set_phase(shared, "state");
-    w.commit(|out| Ok(out.write_record(RecordKind::VM_STATE, &state)?))?;
+    w.commit(|out| {
+        out.write_record(RecordKind::VM_STATE, &state)?;
+        Ok(out.write_record(RecordKind::GUEST_IDENTITY, &guest)?)
+    })?;
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use vmhost_config::{format_bytes, VmSpec};
 use vmhost_ledger::{
     AdmitError, EntryRole, Held, Ledger, LedgerError, Liveness, LockWait, Snapshot, VmState,
 };
-use vmhost_plan::{plan, Plan, PlanOptions, Rejection};
+use vmhost_plan::{plan, plan_for_guest, GuestIdentity, Plan, PlanOptions, Rejection};
 use vmhost_topology::{cpulist, HostTopology};
 
 use crate::Exit;
@@ -69,14 +69,16 @@ fn subtract_promised(host: &mut HostTopology, held: &Held) {
 }
 
 /// Plans `spec` on this host under the ledger lock, against the PUs and hugepages other live
-/// VMs hold, and records the VM. Exit status 3 when it does not fit; 130 when a stop signal
-/// comes while it waits for the lock (nothing recorded).
+/// VMs hold, and records the VM. With `identity` (a restore) the plan keeps that guest's
+/// topology ([`plan_for_guest`]) instead of planning afresh. Exit status 3 when it does not
+/// fit; 130 when a stop signal comes while it waits for the lock (nothing recorded).
 pub fn admit(
     run_dir: &Path,
     spec: &VmSpec,
     host: &HostTopology,
     opts: &PlanOptions,
     api_socket: Option<PathBuf>,
+    identity: Option<&GuestIdentity>,
 ) -> Result<(Plan, Admission)> {
     let ledger = Ledger::open_with(run_dir, crate::signals::ledger_lock_wait())
         .map_err(lock_wait_interrupted)
@@ -93,7 +95,10 @@ pub fn admit(
                 held_cpus: held.cpus.clone(),
                 ..opts.clone()
             };
-            plan(spec, &host, &opts).into_result()
+            match identity {
+                Some(id) => plan_for_guest(spec, &host, id, &opts).into_result(),
+                None => plan(spec, &host, &opts).into_result(),
+            }
         },
     );
     match admitted {

@@ -256,8 +256,10 @@ fn the_guest_identity_reads_back_beside_the_vm_state_and_an_unknown_one_is_refus
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("snap");
     let mut w = SnapshotWriter::create(&dir, "0.1.0").unwrap();
-    w.write_single(FileName::Spec, RecordKind::SPEC, b"s").unwrap();
-    w.write_single(FileName::Plan, RecordKind::PLAN, b"p").unwrap();
+    w.write_single(FileName::Spec, RecordKind::SPEC, b"s")
+        .unwrap();
+    w.write_single(FileName::Plan, RecordKind::PLAN, b"p")
+        .unwrap();
     w.write_file(FileName::MemoryCell(0), |_| Ok(())).unwrap();
     w.commit(|out| {
         out.write_record(RecordKind::VM_STATE, b"{\"vm\":2}")?;
@@ -274,7 +276,9 @@ fn the_guest_identity_reads_back_beside_the_vm_state_and_an_unknown_one_is_refus
         ]
     );
     // A reader that knows only the VM state refuses the mandatory identity it cannot honour.
-    let err = snap.read_state_records(&[RecordKind::VM_STATE]).unwrap_err();
+    let err = snap
+        .read_state_records(&[RecordKind::VM_STATE])
+        .unwrap_err();
     assert!(
         matches!(
             &err,
