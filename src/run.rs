@@ -232,6 +232,13 @@ fn finish(
     mut timeline: Timeline,
 ) -> Result<u8> {
     let mut code = exit_code(&ended.report);
+    // A Linux guest stopped by `ctl snapshot --stop` moved on to its snapshot: exit 0, as the
+    // idle payload's stop does.
+    if ended.report.status == vmhost_vcpu::RunStatus::Stopped
+        && crate::snapshot::stopped_by_snapshot()
+    {
+        code = 0;
+    }
     let mut audit = ended.audit;
     if let Some(outcome) = background.map(Background::outcome) {
         timeline.memory_ready_ns = outcome.done_ns;

@@ -8,7 +8,7 @@
 //! answers at once; `GET /vm/snapshot` reports [`Progress`].
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -25,6 +25,15 @@ use vmhost_vcpu::{StopHandle, VmHandle, VmState};
 
 /// How long a VM snapshotted with `stop` waits for the job's result to be read before it ends.
 const RESULT_GRACE: Duration = Duration::from_secs(5);
+
+/// Set when a snapshot with `stop` ended the VM (one VM per process): its run ends as
+/// `Stopped`, which is exit status 0 here, as a guest that ended itself, not 130.
+static STOPPED_BY_SNAPSHOT: AtomicBool = AtomicBool::new(false);
+
+/// Whether a snapshot with `stop` ended this process's VM.
+pub fn stopped_by_snapshot() -> bool {
+    STOPPED_BY_SNAPSHOT.load(Ordering::SeqCst)
+}
 
 /// The spec as the user wrote it: the payload of a snapshot's `spec` record (JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -255,6 +264,7 @@ fn job_thread(source: &Source, rx: &Receiver<SnapshotRequest>, shared: &Shared) 
             // Let a poller read the result before the VM (and its API) ends.
             let _ = shared.read.wait_timeout(slot, RESULT_GRACE);
             tracing::info!(dir = %req.dir.display(), "snapshot taken: stopping the VM");
+            STOPPED_BY_SNAPSHOT.store(true, Ordering::SeqCst);
             source.stop.stop();
         }
     }
