@@ -159,7 +159,17 @@ fn snapshot_twice(env: &Env, vm: &Running, out: &Path) -> Result<(PathBuf, f64),
         if stop {
             args.push("--stop");
         }
-        env.run(&args)?.expect_code(0).map(|_| ())
+        let t = Instant::now();
+        let out = env.run(&args)?;
+        let job = out.expect_code(0)?.json()?;
+        println!(
+            "  linsnap: ctl snapshot{} {:.1} s, the job {} s, cells {}",
+            if stop { " --stop" } else { "" },
+            t.elapsed().as_secs_f64(),
+            job["seconds"],
+            job["cells"]
+        );
+        Ok::<(), String>(())
     };
     ctl_snapshot(&env.work.join("linsnap-run-on"), false)?;
     let (_, up_first) = last_tick(out).ok_or("no tick before the first snapshot")?;
@@ -208,6 +218,9 @@ pub fn linux_restore_onto_the_other_node(env: &Env) -> Outcome {
     let out_r = env.work.join("linsnap-r.out");
     let (id, up) = wait_tick(&restored, &out_r, &|_, up| up > up_before)?;
     mark("ticking");
+    for line in restored.stderr().lines().filter(|l| l.contains("restore:")) {
+        println!("  linsnap: {line}");
+    }
     ensure!(
         id == boot_id,
         "the restored guest's boot id {id}, before the snapshot {boot_id}: it booted again"
