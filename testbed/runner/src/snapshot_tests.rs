@@ -27,10 +27,12 @@ const GUEST_PAGES: u64 = 48;
 /// How long a guest may take to print its ticks (boot included; emulated host).
 const TICK_LIMIT: Duration = Duration::from_secs(120);
 
-/// The last `GUEST-TICK` line of `out` as (boot id, uptime in seconds).
+/// The last whole `GUEST-TICK` line of `out` as (boot id, uptime in seconds). The console is
+/// written a byte at a time: a line without its end is still being printed and not read.
 fn last_tick(out: &Path) -> Option<(String, f64)> {
     let serial = std::fs::read_to_string(out).unwrap_or_default();
-    let ticks: Vec<_> = guest_lines(&serial.replace("GUEST-TICK ", "GUEST tick=1 "))
+    let whole = &serial[..serial.rfind('\n').map_or(0, |i| i + 1)];
+    let ticks: Vec<_> = guest_lines(&whole.replace("GUEST-TICK ", "GUEST tick=1 "))
         .into_iter()
         .filter(|l| l.contains_key("tick"))
         .collect();
