@@ -80,6 +80,10 @@ impl Default for RunArgs {
 pub struct RestoreArgs {
     /// The snapshot directory (`vmhost ctl … snapshot DIR`).
     pub dir: PathBuf,
+    /// Refuse to restore when the host nodes chosen for the guest's cells are not as far apart
+    /// as the distances the guest was told (without it they are reported and accepted).
+    #[arg(long)]
+    pub same_distances: bool,
     /// How the restored VM runs.
     #[command(flatten)]
     pub run: RunArgs,

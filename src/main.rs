@@ -35,6 +35,7 @@ use vmhost_plan::{
 
 use crate::cli::{AcpiArgs, Cli, Command, MemoryArgs, ModelArg, PlanArgs, RunArgs};
 use crate::snapshot::SpecSource;
+use crate::vms::Arrival;
 
 /// The default spec, embedded so `vmhost` runs without any file.
 const QUICKSTART: &str = include_str!("../configs/quickstart.toml");
@@ -337,7 +338,10 @@ fn cmd_restore(cli: &Cli, args: &cli::RestoreArgs) -> Result<u8> {
     for w in &spec.warnings {
         eprintln!("{w}");
     }
-    let start = run::Start::Restore(Box::new(restored));
+    let start = run::Start::Restore {
+        restored: Box::new(restored),
+        same_distances: args.same_distances,
+    };
     start_vm(cli, &args.run, spec, source, start, timeline)
 }
 
@@ -388,6 +392,11 @@ fn start_vm(
     let api = cli.api_socket.clone();
     let (plan, admission) = admit(&run_dir, &spec.spec, &host, api.clone(), &mut start)?;
     timeline.admitted_ns = timeline::now_ns();
+    if let (run::Start::Restore { restored, .. }, false) = (&start, cli.json) {
+        for line in restore::placement_report(&plan, restored) {
+            eprintln!("vmhost: restore: {line}");
+        }
+    }
     if !cli.json {
         let held = PlanOptions {
             held_cpus: vms::held_cpus(&run_dir)?,
@@ -410,8 +419,9 @@ fn start_vm(
     run::run(&spec.spec, &plan, &admission, &run_opts, timeline, start)
 }
 
-/// Admits the VM through the ledger; an incoming migration as an incoming entry planned for
-/// the source's guest identity, answering the source either way.
+/// Admits the VM through the ledger: a restore planned for the snapshot's guest identity; an
+/// incoming migration as an incoming entry planned for the source's guest identity, answering
+/// the source either way.
 fn admit(
     run_dir: &Path,
     spec: &vmhost_config::VmSpec,
@@ -420,11 +430,21 @@ fn admit(
     start: &mut run::Start,
 ) -> Result<(vmhost_plan::Plan, vms::Admission)> {
     let mut opts = plan_options(&PlanArgs::default());
-    let run::Start::Incoming(incoming) = start else {
-        return vms::admit(run_dir, spec, host, &opts, api, None);
+    let incoming = match start {
+        run::Start::Boot => return vms::admit(run_dir, spec, host, &opts, api, Arrival::Boot),
+        run::Start::Restore {
+            restored,
+            same_distances,
+        } => {
+            opts.same_distances = *same_distances;
+            let arrival = Arrival::Restore(&restored.guest.identity);
+            return vms::admit(run_dir, spec, host, &opts, api, arrival);
+        }
+        run::Start::Incoming(incoming) => incoming,
     };
     opts.same_distances = incoming.same_distances();
-    let admitted = vms::admit(run_dir, spec, host, &opts, api, Some(incoming.identity()));
+    let arrival = Arrival::Incoming(incoming.identity());
+    let admitted = vms::admit(run_dir, spec, host, &opts, api, arrival);
     match &admitted {
         Ok((plan, _)) => incoming.answer(Ok(plan)),
         Err(e) => incoming.answer(Err(&format!("{e:#}"))),

@@ -3,9 +3,13 @@
 //! The order (docs/migration.md, "Restore"): the whole snapshot directory is checked
 //! ([`Snapshot::open`]) and its spec and state decoded before anything else, so a truncated,
 //! corrupted or wrong-version snapshot, or a `--config` whose spec differs, is refused with
-//! exit status 2 before `/dev/kvm` is opened or anything is allocated. Then the normal start
-//! path runs (`main::start_vm`, [`crate::run::run`]): the spec is re-planned on this host as
-//! it is now through admission and the ledger, [`check_this_host`] checks CPUID and TSC, the
+//! exit status 2 before `/dev/kvm` is opened or anything is allocated; so is a spec that
+//! contradicts the guest's saved identity (record kind 17) and a Linux guest whose disk images
+//! are missing or resized (`vmhost_devices::persist::check_restorable`). Then the normal start
+//! path runs (`main::start_vm`, [`crate::run::run`]): the spec is planned on this host as it
+//! is now through admission and the ledger, keeping the guest's identity
+//! (`vmhost_plan::plan_for_guest`: same cells, vCPUs and memory per cell, page size, APIC IDs,
+//! on whichever nodes have room; [`placement_report`] says where each cell went), [`check_this_host`] checks CPUID and TSC, the
 //! guest memory is allocated per the new plan and [`load_memory`] fills it with one pinned
 //! worker per cell, and the VM continues from the saved state instead of booting.
 
@@ -23,6 +27,7 @@ use vmhost_persist::dir::{FileName, Snapshot};
 use vmhost_plan::Plan;
 
 use crate::snapshot::SpecSource;
+use crate::vmstate::GuestRecord;
 use crate::{Exit, EXIT_INVALID};
 
 /// A checked snapshot and its decoded VM state.
@@ -31,6 +36,8 @@ pub struct Restored {
     pub snapshot: Snapshot,
     /// The VM state (record kind 16).
     pub saved: crate::vmstate::Saved,
+    /// The guest's topology, which the restore's plan keeps (record kind 17).
+    pub guest: GuestRecord,
 }
 
 /// An invalid-input refusal (exit status 2) naming the snapshot.
@@ -75,12 +82,94 @@ pub fn prepare(dir: &Path, config: Option<&Path>) -> Result<(LoadedSpec, SpecSou
             (loaded, given)
         }
     };
-    let state = snapshot
-        .read_state(RecordKind::VM_STATE)
+    let (saved, guest) = read_state(&snapshot)?;
+    check_guest(dir, &loaded, &guest)?;
+    if let Some(devices) = &saved.devices {
+        vmhost_devices::persist::check_restorable(devices).map_err(|e| {
+            refuse(
+                dir,
+                format!("its devices cannot be restored here: {}", chain(&e)),
+            )
+        })?;
+    }
+    let restored = Restored {
+        snapshot,
+        saved,
+        guest,
+    };
+    Ok((loaded, source, restored))
+}
+
+/// Decodes the state file's VM state (kind 16) and guest identity (kind 17).
+fn read_state(snapshot: &Snapshot) -> Result<(crate::vmstate::Saved, GuestRecord)> {
+    let dir = snapshot.dir();
+    let kinds = [RecordKind::VM_STATE, RecordKind::GUEST_IDENTITY];
+    let records = snapshot
+        .read_state_records(&kinds)
         .map_err(|e| refuse(dir, chain(&e)))?;
-    let saved = crate::vmstate::decode(&state)
+    let find = |kind: RecordKind| {
+        records
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, payload)| payload.as_slice())
+            .ok_or_else(|| {
+                refuse(
+                    dir,
+                    format!("its state file holds no {kind} record: take the snapshot again with this vmhost"),
+                )
+            })
+    };
+    let saved = crate::vmstate::decode(find(RecordKind::VM_STATE)?)
         .map_err(|e| refuse(dir, format!("its VM state cannot be read: {e:#}")))?;
-    Ok((loaded, source, Restored { snapshot, saved }))
+    let guest = GuestRecord::decode(find(RecordKind::GUEST_IDENTITY)?)
+        .map_err(|e| refuse(dir, format!("its guest identity cannot be read: {e:#}")))?;
+    Ok((saved, guest))
+}
+
+/// Refuses a spec that contradicts the guest the snapshot holds (its CPU topology and APIC
+/// IDs, memory, page size, cells), naming each field; before anything is planned.
+fn check_guest(dir: &Path, spec: &LoadedSpec, guest: &GuestRecord) -> Result<()> {
+    let reasons = vmhost_plan::check_identity(&spec.spec, &guest.identity);
+    if reasons.is_empty() {
+        return Ok(());
+    }
+    let all: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+    Err(refuse(
+        dir,
+        format!(
+            "the spec contradicts the guest the snapshot holds: {}",
+            all.join("; ")
+        ),
+    ))
+}
+
+/// Where each guest cell went on this host beside where it was when the snapshot was taken,
+/// and the pairs of cells whose host distance now differs from what the guest was told: the
+/// lines of the restore report.
+pub fn placement_report(plan: &Plan, r: &Restored) -> Vec<String> {
+    let node =
+        |n: Option<u32>| n.map_or_else(|| "no single node".to_string(), |n| format!("node{n}"));
+    let mut out = Vec::new();
+    let mut cells: Vec<_> = plan.guest_cells.iter().collect();
+    cells.sort_by_key(|c| c.cell);
+    for c in cells {
+        let before = usize::try_from(c.cell)
+            .ok()
+            .and_then(|i| r.guest.source_nodes.get(i).copied())
+            .flatten();
+        out.push(format!(
+            "guest cell {} ({} vCPUs, {} MiB): {} in the snapshot, {} now",
+            c.cell,
+            c.vcpus.len(),
+            c.memory_bytes >> 20,
+            node(before),
+            node(c.host_node)
+        ));
+    }
+    for d in &plan.distances.diff {
+        out.push(format!("the guest keeps the distances it was told; {d}"));
+    }
+    out
 }
 
 /// Refuses a `--config` whose resolved spec differs from the snapshot's, naming the first

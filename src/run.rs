@@ -72,7 +72,12 @@ pub enum Start {
     /// Booted from the plan (`vmhost --config F`).
     Boot,
     /// Continued from a snapshot (`vmhost restore DIR`).
-    Restore(Box<crate::restore::Restored>),
+    Restore {
+        /// The checked snapshot.
+        restored: Box<crate::restore::Restored>,
+        /// `--same-distances`: refuse host nodes not as far apart as the guest's cells.
+        same_distances: bool,
+    },
     /// Received from a live migration's source (`vmhost receive`).
     Incoming(Box<crate::migrate::target::Incoming>),
 }
@@ -100,7 +105,7 @@ pub fn run(
             "vmhost: warning: cannot start the diagnostics writer ({e}); writing them directly"
         );
     }
-    if let Start::Restore(r) = &start {
+    if let Start::Restore { restored: r, .. } = &start {
         crate::restore::check_this_host(r)?;
     }
     let mut memory = match guest_memory(plan, enforcement.as_deref(), &signals, opts.prefault)? {
@@ -206,7 +211,7 @@ fn vm_options(
 fn fill_memory(memory: &GuestMemory, plan: &Plan, start: &mut Start, json: bool) -> Result<()> {
     match start {
         Start::Boot => Ok(()),
-        Start::Restore(r) => crate::restore::load_memory(memory, plan, r, json),
+        Start::Restore { restored: r, .. } => crate::restore::load_memory(memory, plan, r, json),
         Start::Incoming(inc) => inc
             .receive(memory, plan)
             .context("receiving the migrating VM"),
@@ -223,7 +228,7 @@ fn create_vm(
 ) -> Result<(Vm, Option<Box<crate::migrate::target::Incoming>>)> {
     match start {
         Start::Boot => Ok((Vm::new(plan, memory, options)?, None)),
-        Start::Restore(r) => Ok((
+        Start::Restore { restored: r, .. } => Ok((
             crate::vmstate::restore(plan, memory, options, r.saved)
                 .context("continuing the VM from the snapshot's state")?,
             None,
@@ -254,12 +259,20 @@ fn finish(
     mut timeline: Timeline,
 ) -> Result<u8> {
     let mut code = exit_code(&ended.report);
-    if crate::migrate::source::MIGRATED.load(std::sync::atomic::Ordering::SeqCst) {
-        // The guest runs on at the migration's target: this end is the orderly one.
+    // Migrated: the guest runs on at the target. A guest stopped by `ctl snapshot --stop`
+    // moved on to its snapshot (a Linux guest's stop would otherwise be 130). Both ends are
+    // orderly: exit 0.
+    let migrated = crate::migrate::source::MIGRATED.load(std::sync::atomic::Ordering::SeqCst);
+    if migrated {
         eprintln!(
             "vmhost: VM {}: migrated; it runs on at the target",
             plan.name
         );
+    }
+    if migrated
+        || (ended.report.status == vmhost_vcpu::RunStatus::Stopped
+            && crate::snapshot::stopped_by_snapshot())
+    {
         code = 0;
     }
     let mut audit = ended.audit;

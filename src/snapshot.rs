@@ -2,12 +2,13 @@
 //!
 //! A long job on its own thread (`vmhost-snap`, started with the control API so that the API
 //! thread never starts a thread): pause → capture the VM state → write `spec`, `plan`, one
-//! `memory-cell<N>` per guest cell, and `state` last → resume, or with `stop` end the VM. A
+//! `memory-cell<N>` per guest cell, and `state` last (the VM state, then the guest's identity
+//! that a restore keeps) → resume, or with `stop` end the VM. A
 //! failure resumes a VM that was running and removes the unfinished directory. The API
 //! answers at once; `GET /vm/snapshot` reports [`Progress`].
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -24,6 +25,15 @@ use vmhost_vcpu::{StopHandle, VmHandle, VmState};
 
 /// How long a VM snapshotted with `stop` waits for the job's result to be read before it ends.
 const RESULT_GRACE: Duration = Duration::from_secs(5);
+
+/// Set when a snapshot with `stop` ended the VM (one VM per process): its run ends as
+/// `Stopped`, which is exit status 0 here, as a guest that ended itself, not 130.
+static STOPPED_BY_SNAPSHOT: AtomicBool = AtomicBool::new(false);
+
+/// Whether a snapshot with `stop` ended this process's VM.
+pub fn stopped_by_snapshot() -> bool {
+    STOPPED_BY_SNAPSHOT.load(Ordering::SeqCst)
+}
 
 /// The spec as the user wrote it: the payload of a snapshot's `spec` record (JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -254,6 +264,7 @@ fn job_thread(source: &Source, rx: &Receiver<SnapshotRequest>, shared: &Shared) 
             // Let a poller read the result before the VM (and its API) ends.
             let _ = shared.read.wait_timeout(slot, RESULT_GRACE);
             tracing::info!(dir = %req.dir.display(), "snapshot taken: stopping the VM");
+            STOPPED_BY_SNAPSHOT.store(true, Ordering::SeqCst);
             source.stop.stop();
         }
     }
@@ -299,6 +310,7 @@ fn write_snapshot(
 ) -> Result<()> {
     set_phase(shared, "capture");
     let state = crate::vmstate::capture(&source.handle).context("capturing the VM's state")?;
+    let guest = crate::vmstate::GuestRecord::of(&source.plan).encode()?;
     let mut w = SnapshotWriter::create(&req.dir, env!("CARGO_PKG_VERSION"))?;
     *created = true;
     set_phase(shared, "spec");
@@ -324,7 +336,10 @@ fn write_snapshot(
         }
     }
     set_phase(shared, "state");
-    w.commit(|out| Ok(out.write_record(RecordKind::VM_STATE, &state)?))?;
+    w.commit(|out| {
+        out.write_record(RecordKind::VM_STATE, &state)?;
+        Ok(out.write_record(RecordKind::GUEST_IDENTITY, &guest)?)
+    })?;
     Ok(())
 }
 

@@ -80,21 +80,41 @@ fn subtract_promised(host: &mut HostTopology, held: &Held) {
     }
 }
 
+/// How a VM comes to this host: what [`admit`] plans it for.
+#[derive(Debug, Clone, Copy)]
+pub enum Arrival<'a> {
+    /// A new VM, planned from its spec.
+    Boot,
+    /// A snapshot's guest: its topology is kept.
+    Restore(&'a GuestIdentity),
+    /// A live migration's guest, whose source may run on this host: its topology is kept.
+    Incoming(&'a GuestIdentity),
+}
+
+impl Arrival<'_> {
+    fn identity(&self) -> Option<&GuestIdentity> {
+        match self {
+            Arrival::Boot => None,
+            Arrival::Restore(id) | Arrival::Incoming(id) => Some(id),
+        }
+    }
+}
+
 /// Plans `spec` on this host under the ledger lock, against the PUs and hugepages other live
 /// VMs hold, and records the VM. Exit status 3 when it does not fit; 130 when a stop signal
 /// comes while it waits for the lock (nothing recorded).
 ///
-/// With `incoming` (the guest identity a migration source sent), the VM is admitted as the
-/// incoming target of a migration ([`Ledger::admit_incoming`]: a live VM of the same name, its
-/// source on this host, is allowed and counted) and planned with `plan_for_guest`, which keeps
-/// the guest topology exactly.
+/// A restore or an incoming migration brings its guest identity: the plan keeps that guest's
+/// topology exactly ([`plan_for_guest`]) instead of planning afresh. An incoming migration is
+/// admitted as the incoming target ([`Ledger::admit_incoming`]: a live VM of the same name, its
+/// source on this host, is allowed and counted).
 pub fn admit(
     run_dir: &Path,
     spec: &VmSpec,
     host: &HostTopology,
     opts: &PlanOptions,
     api_socket: Option<PathBuf>,
-    incoming: Option<&GuestIdentity>,
+    arrival: Arrival<'_>,
 ) -> Result<(Plan, Admission)> {
     let ledger = Ledger::open_with(run_dir, crate::signals::ledger_lock_wait())
         .map_err(lock_wait_interrupted)
@@ -107,14 +127,14 @@ pub fn admit(
             held_cpus: held.cpus.clone(),
             ..opts.clone()
         };
-        match incoming {
+        match arrival.identity() {
             Some(identity) => plan_for_guest(spec, &host, identity, &opts).into_result(),
             None => plan(spec, &host, &opts).into_result(),
         }
     };
-    let admitted = match incoming {
-        Some(_) => ledger.admit_incoming(&spec.name, pid, api_socket, planner),
-        None => ledger.admit(&spec.name, pid, api_socket, planner),
+    let admitted = match arrival {
+        Arrival::Incoming(_) => ledger.admit_incoming(&spec.name, pid, api_socket, planner),
+        _ => ledger.admit(&spec.name, pid, api_socket, planner),
     };
     match admitted {
         Ok(a) => {

@@ -90,11 +90,17 @@ fn ledger_names(run_dir: &Path) -> String {
 
 /// Starts `vmhost … <extra> restore DIR` with its own API socket; waits until it runs.
 fn restore(d: &Path, snap: &Path, sock: &Path, extra: &[&str]) -> Child {
+    restore_with(d, snap, sock, extra, &[])
+}
+
+/// Starts `vmhost … <extra> restore DIR <after>` with its own API socket; waits until it runs.
+fn restore_with(d: &Path, snap: &Path, sock: &Path, extra: &[&str], after: &[&str]) -> Child {
     let child = Command::new(env!("CARGO_BIN_EXE_vmhost"))
         .args(["--run-dir", d.join("run").to_str().unwrap()])
         .args(["--api-socket", sock.to_str().unwrap()])
         .args(extra)
         .args(["restore", snap.to_str().unwrap()])
+        .args(after)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -264,4 +270,175 @@ fn ctl_snapshot_needs_a_directory_and_restore_a_snapshot() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(common::stderr(&o).contains("state"), "{}", text(&o));
+}
+
+/// Copies the snapshot `good` into `out` record by record (new checksums and manifest), its
+/// VM state (record kind 16) and guest identity (kind 17, `None`: left out) passed through
+/// `edit` first: a snapshot vmhost could have written, with what a test needs changed.
+fn forge(good: &Path, out: &Path, edit: impl FnOnce(&mut Value, &mut Option<Value>)) {
+    use vmhost_persist::container::{Reader, Record, RecordKind};
+    use vmhost_persist::dir::{FileName, SnapshotWriter};
+    let records = |name: &str| -> Vec<Record> {
+        let f = std::io::BufReader::new(std::fs::File::open(good.join(name)).unwrap());
+        let mut r = Reader::any_kind(f).unwrap();
+        let mut all = Vec::new();
+        while let Some(rec) = r.next_record().unwrap() {
+            if rec.kind != RecordKind::MANIFEST {
+                all.push(rec);
+            }
+        }
+        all
+    };
+    let mut w = SnapshotWriter::create(out, env!("CARGO_PKG_VERSION")).unwrap();
+    for name in ["spec", "plan", "memory-cell0"] {
+        let recs = records(name);
+        w.write_file(FileName::parse(name).unwrap(), |f| {
+            for r in &recs {
+                if r.mandatory {
+                    f.write_record(r.kind, &r.payload)?;
+                } else {
+                    f.write_optional(r.kind, &r.payload)?;
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+    let state = records("state");
+    let payload = |kind| state.iter().find(|r| r.kind == kind).map(|r| &r.payload);
+    let mut vm: Value = serde_json::from_slice(payload(RecordKind::VM_STATE).unwrap()).unwrap();
+    let mut id: Option<Value> =
+        payload(RecordKind::GUEST_IDENTITY).map(|p| serde_json::from_slice(p).unwrap());
+    edit(&mut vm, &mut id);
+    w.commit(|f| {
+        f.write_record(RecordKind::VM_STATE, &serde_json::to_vec(&vm).unwrap())?;
+        if let Some(id) = &id {
+            f.write_record(RecordKind::GUEST_IDENTITY, &serde_json::to_vec(id).unwrap())?;
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// `vmhost restore` of `snap` that must be refused with exit 2 before anything is allocated
+/// (no ledger entry, the pool unchanged), its message holding each of `names`.
+fn refused(d: &Path, snap: &Path, before: (u64, u64), names: &[&str]) {
+    let run_dir = d.join("run");
+    let o = vmhost(&[
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "restore",
+        snap.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    for n in names {
+        assert!(
+            common::stderr(&o).contains(n),
+            "{n} not named: {}",
+            text(&o)
+        );
+    }
+    assert!(!ledger_names(&run_dir).contains("snap-vm"));
+    assert_eq!(pool(PAGE_2M), before, "no hugepage taken");
+}
+
+#[test]
+fn a_restore_keeps_the_guest_identity_and_refuses_a_snapshot_the_spec_contradicts() {
+    if !need_kvm("cli_snapshot") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_pool();
+    if !need_pages("cli_snapshot", PAGE_2M, 16) {
+        return;
+    }
+    let before = pool(PAGE_2M);
+    let d = dir("identity");
+    let spec = d.join("vm.toml");
+    std::fs::write(&spec, IDLE).unwrap();
+    let (mut child, sock) = common::start_with_api(&d, &spec, &[], Stdio::null());
+    ticks_pass(&sock, 1);
+    let placement = common::ctl(&sock, "placement").1;
+    let snap = d.join("s");
+    let o = snapshot(&sock, &snap, true);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+
+    // What the guest has seen: one cell with vCPU 0 and 32 MiB in 2 MiB pages.
+    let mut seen = None;
+    forge(&snap, &d.join("copy"), |_, id| seen = id.clone());
+    let seen = seen.expect("the snapshot holds the guest identity (record kind 17)");
+    let id = &seen["identity"];
+    assert_eq!(
+        (id["sockets"].as_u64(), id["cores"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(id["page_size_bytes"], PAGE_2M);
+    assert_eq!(id["cells"].as_array().unwrap().len(), 1, "{seen:#}");
+    assert_eq!(id["cells"][0]["memory_bytes"], 32u64 << 20);
+    assert_eq!(id["cells"][0]["vcpus"][0]["vcpu"], 0);
+
+    // An identity the spec contradicts, each field named.
+    let contradicted = d.join("contradicted");
+    forge(&snap, &contradicted, |_, id| {
+        let id = &mut id.as_mut().unwrap()["identity"];
+        id["cores"] = 2.into();
+        id["page_size_bytes"] = 4096.into();
+    });
+    refused(
+        &d,
+        &contradicted,
+        before,
+        &["cpu.sockets/cores/threads", "memory.hugepages.page_size"],
+    );
+    // No identity at all.
+    let bare = d.join("bare");
+    forge(&snap, &bare, |_, id| *id = None);
+    refused(&d, &bare, before, &["guest identity (kind 17)"]);
+    // A disk the saved devices used is missing: named, before /dev/kvm or memory.
+    let missing = d.join("no-such-disk.img");
+    let diskless = d.join("diskless");
+    forge(&snap, &diskless, |vm, _| {
+        vm["devices"] = serde_json::json!({"virtio": [{
+            "base": 0xd000_0000u64,
+            "transport": {"device_type": 2, "status": 15, "device_features_sel": 0,
+                "driver_features_sel": 0, "acked_features": 0, "queue_sel": 0,
+                "config_generation": 0, "interrupt_status": 0, "queues": []},
+            "device": {"kind": "block", "path": missing, "run_scratch": false,
+                "read_only": false, "capacity_sectors": 2048, "serial": ""}
+        }]});
+    });
+    refused(&d, &diskless, before, &[missing.to_str().unwrap()]);
+
+    // The real snapshot, restored with --same-distances: same cell, reported beside the
+    // snapshot's node; the vCPU keeps its APIC ID.
+    let sock2 = d.join("api2.sock");
+    let restored = restore_with(&d, &snap, &sock2, &[], &["--same-distances"]);
+    let again = common::ctl(&sock2, "placement").1;
+    assert_eq!(common::ctl(&sock2, "shutdown").0, 0);
+    let out = restored.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let node = placement["memory"][0]["expected_node"].as_u64().unwrap();
+    let line = format!(
+        "vmhost: restore: guest cell 0 (1 vCPUs, 32 MiB): node{node} in the snapshot, node{node} now"
+    );
+    assert!(
+        common::stderr(&out).contains(&line),
+        "{line}\n{}",
+        text(&out)
+    );
+    for field in [
+        "cell",
+        "gpa",
+        "size_bytes",
+        "page_size_bytes",
+        "expected_node",
+        "pages_by_node",
+    ] {
+        assert_eq!(
+            again["memory"][0][field], placement["memory"][0][field],
+            "{field}: {again:#}"
+        );
+    }
+    assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
 }

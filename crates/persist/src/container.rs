@@ -66,7 +66,7 @@ impl RecordKind {
     pub const PAGES: RecordKind = RecordKind(4);
     /// The VM's state without its memory: the JSON of the vCPU crate's `SavedVm` (every vCPU,
     /// the VM's irqchip/PIT/clock, a built-in payload's boot area, the devices). The first of
-    /// the VMM's kinds; 17 and up are reserved for later state records.
+    /// the VMM's kinds; 18 and up are reserved for later state records.
     pub const VM_STATE: RecordKind = RecordKind(16);
     /// Live migration, source → target: the [`crate::migration::Hello`] (JSON), first record of
     /// the control stream.
@@ -87,6 +87,10 @@ impl RecordKind {
     /// Live migration, source → target: the first record of a cell's page stream
     /// ([`crate::migration::CellStream`], JSON).
     pub const MIG_CELL: RecordKind = RecordKind(38);
+    /// What the guest has seen of its topology and where its cells were on the source host:
+    /// the JSON of the binary's `vmstate::GuestRecord` (the plan crate's `GuestIdentity` and
+    /// each cell's source node). A restore plans for this guest, not afresh.
+    pub const GUEST_IDENTITY: RecordKind = RecordKind(17);
 }
 
 impl std::fmt::Display for RecordKind {
@@ -105,6 +109,7 @@ impl std::fmt::Display for RecordKind {
             RecordKind::MIG_COMMIT => "migration commit",
             RecordKind::MIG_CANCEL => "migration cancel",
             RecordKind::MIG_CELL => "migration cell stream",
+            RecordKind::GUEST_IDENTITY => "guest identity",
             _ => return write!(f, "kind {}", self.0),
         };
         write!(f, "{name} (kind {})", self.0)

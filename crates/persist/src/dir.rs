@@ -581,6 +581,26 @@ impl Snapshot {
         first_of_kind(reader, kind, &path)
     }
 
+    /// The payloads of the state file's records of the `known` kinds, by kind, in file order
+    /// (the manifest left out). A mandatory record of another kind is refused.
+    pub fn read_state_records(
+        &self,
+        known: &[RecordKind],
+    ) -> Result<Vec<(RecordKind, Vec<u8>)>, DirError> {
+        let path = self.dir.join(STATE_FILE);
+        let mut reader = self.open_state(known)?;
+        let mut out = Vec::new();
+        while let Some(rec) = reader.next_record().map_err(|source| DirError::Damaged {
+            path: path.clone(),
+            source,
+        })? {
+            if known.contains(&rec.kind) {
+                out.push((rec.kind, rec.payload));
+            }
+        }
+        Ok(out)
+    }
+
     /// The snapshot's directory.
     pub fn dir(&self) -> &Path {
         &self.dir

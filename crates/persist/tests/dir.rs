@@ -252,6 +252,50 @@ fn single_records_and_the_vm_state_read_back() {
 }
 
 #[test]
+fn the_guest_identity_reads_back_beside_the_vm_state_and_an_unknown_one_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("snap");
+    let mut w = SnapshotWriter::create(&dir, "0.1.0").unwrap();
+    w.write_single(FileName::Spec, RecordKind::SPEC, b"s")
+        .unwrap();
+    w.write_single(FileName::Plan, RecordKind::PLAN, b"p")
+        .unwrap();
+    w.write_file(FileName::MemoryCell(0), |_| Ok(())).unwrap();
+    w.commit(|out| {
+        out.write_record(RecordKind::VM_STATE, b"{\"vm\":2}")?;
+        Ok(out.write_record(RecordKind::GUEST_IDENTITY, b"{\"id\":3}")?)
+    })
+    .unwrap();
+    let snap = Snapshot::open(&dir).unwrap();
+    let both = [RecordKind::VM_STATE, RecordKind::GUEST_IDENTITY];
+    assert_eq!(
+        snap.read_state_records(&both).unwrap(),
+        vec![
+            (RecordKind::VM_STATE, b"{\"vm\":2}".to_vec()),
+            (RecordKind::GUEST_IDENTITY, b"{\"id\":3}".to_vec())
+        ]
+    );
+    // A reader that knows only the VM state refuses the mandatory identity it cannot honour.
+    let err = snap
+        .read_state_records(&[RecordKind::VM_STATE])
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            DirError::Damaged {
+                source: vmhost_persist::ContainerError::UnknownMandatory { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        RecordKind::GUEST_IDENTITY.to_string(),
+        "guest identity (kind 17)"
+    );
+}
+
+#[test]
 fn an_unfinished_snapshot_is_removed_but_nothing_else() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("snap");

@@ -410,8 +410,10 @@ fn no_room(
     }
 }
 
-/// Where `spec` contradicts what the guest has seen, one reason per field.
-fn check_identity(spec: &VmSpec, id: &GuestIdentity) -> Vec<Reason> {
+/// Where `spec` contradicts what the guest has seen, one [`Reason::GuestIdentity`] per field
+/// (empty when the spec fits the identity). Host-independent: a restore checks it before
+/// anything is planned or allocated; [`plan_for_guest`] refuses with the same reasons.
+pub fn check_identity(spec: &VmSpec, id: &GuestIdentity) -> Vec<Reason> {
     let mut out = Vec::new();
     let mut bad = |field: &str, detail: String| {
         out.push(Reason::GuestIdentity {

@@ -48,7 +48,7 @@ use vmhost_config::VmSpec;
 use vmhost_topology::HostTopology;
 
 pub use distance::{CellDistances, DistanceDiff};
-pub use guest::{plan_for_guest, GuestIdentity, IdentityCell, IdentityVcpu};
+pub use guest::{check_identity, plan_for_guest, GuestIdentity, IdentityCell, IdentityVcpu};
 pub use model::*;
 pub use render::render_text;
 pub use target::{check_target, check_target_identity, source_identity, TargetCheck};

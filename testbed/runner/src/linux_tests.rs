@@ -104,7 +104,7 @@ pub fn linux_spec(
 }
 
 /// The `GUEST` lines of a serial log as key=value maps.
-fn guest_lines(serial: &str) -> Vec<BTreeMap<String, String>> {
+pub(crate) fn guest_lines(serial: &str) -> Vec<BTreeMap<String, String>> {
     serial
         .lines()
         .filter_map(|l| l.trim_end_matches('\r').strip_prefix("GUEST "))
@@ -123,7 +123,7 @@ fn guest_value(lines: &[BTreeMap<String, String>], key: &str) -> Option<String> 
 }
 
 /// The serial log's tail, for failure messages.
-fn tail(serial: &str) -> String {
+pub(crate) fn tail(serial: &str) -> String {
     let lines: Vec<&str> = serial.lines().collect();
     lines[lines.len().saturating_sub(12)..].join(" | ")
 }

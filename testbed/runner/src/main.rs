@@ -20,6 +20,7 @@ mod linux_bench;
 mod linux_tests;
 mod memory_tests;
 mod pod_tests;
+mod snapshot_tests;
 mod static_keys;
 mod topology_tests;
 mod vm;
@@ -140,6 +141,10 @@ const TWO_NODE: &[Test] = &[
     (
         "linux_vmlinux_from_9p_msize_256k",
         linux_tests::vmlinux_from_9p_msize_256k,
+    ),
+    (
+        "linux_restore_onto_the_other_node",
+        snapshot_tests::linux_restore_onto_the_other_node,
     ),
     (
         "vsock_linux_guest_echo_both_ways",
