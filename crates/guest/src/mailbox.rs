@@ -166,6 +166,14 @@ pub struct Mailbox {
     /// [`crate::abi::TICK_COUNT`] timer counts. `idle` also writes `tsc_start` once, at its
     /// start: with `ticks` it shows that a restored guest continued rather than started again.
     pub ticks: u64,
+    /// In (`idle`): the first of its [`crate::ramcheck`] pattern pages (0: no pattern).
+    pub ram_base: u64,
+    /// In (`idle`): bytes between its pattern pages (0: no pattern).
+    pub ram_stride: u64,
+    /// Out (`idle`): pattern pages found wrong ([`crate::ramcheck`]).
+    pub ram_errors: u64,
+    /// Out (`idle`): pattern pages verified.
+    pub ram_checked: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<Mailbox>() <= 4096);
@@ -199,6 +207,10 @@ impl Mailbox {
             bench_count: 0,
             bench: [BenchSlot::default(); MAX_BENCH_CELLS],
             ticks: 0,
+            ram_base: 0,
+            ram_stride: 0,
+            ram_errors: 0,
+            ram_checked: 0,
         }
     }
 }
@@ -238,6 +250,10 @@ pub mod off {
         BENCH_COUNT = bench_count;
         BENCH = bench;
         TICKS = ticks;
+        RAM_BASE = ram_base;
+        RAM_STRIDE = ram_stride;
+        RAM_ERRORS = ram_errors;
+        RAM_CHECKED = ram_checked;
     }
 
     /// Size of one [`CpuidSlot`].
