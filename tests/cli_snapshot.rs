@@ -1,7 +1,8 @@
 //! Snapshot and restore end to end with the real binary, real `/dev/kvm` and 2 MiB hugepages:
 //! `vmhost ctl snapshot` (the VM runs on), `ctl snapshot --stop` (the VM ends), `vmhost
 //! restore` (the guest continues), and the refusals before `/dev/kvm` (a damaged snapshot, a
-//! different spec). Every hugepage is back in the pool at the end.
+//! different spec). The restored idle guest verifies its RAM pattern (no page wrong). Every
+//! hugepage is back in the pool at the end.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -173,6 +174,12 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(child.wait().unwrap().code(), Some(0));
     check_modes(&s2);
+    let cell = std::fs::metadata(s2.join("memory-cell0")).unwrap().len();
+    println!("memory-cell0: {cell} bytes");
+    assert!(
+        cell > vmhost_vcpu::payload::ramcheck::PAGES * 4096,
+        "the memory file holds the guest's pattern pages: {cell} bytes"
+    );
     assert!(!ledger_names(&d.join("run")).contains("snap-vm"));
     assert_eq!(pool(PAGE_2M), before, "the stopped VM's hugepages are back");
 
@@ -190,6 +197,8 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
         "restored ticks {first} start from the captured count >= {seen}"
     );
     ticks_pass(&sock2, first);
+    let (checked, _) = common::ram_check(&sock2);
+    common::ram_pass(&sock2, checked);
     assert!(ledger_names(&d.join("run")).contains("snap-vm"));
     assert_eq!(common::ctl(&sock2, "shutdown").0, 0);
     assert_eq!(restored.wait().unwrap().code(), Some(0));
