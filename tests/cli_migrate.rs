@@ -214,6 +214,19 @@ fn free_tcp_port() -> u16 {
         .port()
 }
 
+/// Pages dirty at the end of a round are sent in the next one (the idle guest's dirty pages
+/// are pattern pages, never zero); returns the pre-copy rounds after round 0 (dirty rounds).
+fn dirty_rounds(job: &Value) -> usize {
+    let rounds = job["rounds"].as_array().unwrap();
+    let n = |r: &Value, k: &str| r[k].as_u64().unwrap();
+    for pair in rounds.windows(2) {
+        if n(&pair[0], "dirty_bytes_after") > 0 {
+            assert!(n(&pair[1], "bytes") > 0, "dirty pages resent: {job:#}");
+        }
+    }
+    rounds.len().saturating_sub(2)
+}
+
 /// One successful migration from the VM at `from` to a new target listening on `listen`:
 /// checks the job's report, the guest going on at the target and the source's end.
 fn migrate_ok(d: &Path, source: &mut Child, from: &Path, listen: &str, api: &Path) -> Target {
@@ -232,6 +245,7 @@ fn migrate_ok(d: &Path, source: &mut Child, from: &Path, listen: &str, api: &Pat
         bytes >= vmhost_vcpu::payload::ramcheck::PAGES * 4096,
         "the guest's pattern pages were sent: {bytes} bytes in {job:#}"
     );
+    println!("{bytes} bytes sent, {} dirty rounds", dirty_rounds(&job));
     assert!(job["downtime_ms"].as_f64().is_some(), "{job:#}");
     assert!(job["target_plan"]["vcpus"].is_array(), "{job:#}");
     assert!(job["target_audit"].is_object(), "{job:#}");
