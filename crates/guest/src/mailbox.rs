@@ -298,6 +298,9 @@ mod tests {
         assert_eq!(off::CPUID, off::CPUID_COUNT + 8);
         assert_eq!(off::BENCH % 8, 0);
         assert_eq!(off::bench::SINK, 56);
+        // The RAM pattern's fields follow `ticks`: older offsets are unchanged.
+        assert_eq!(off::RAM_BASE, off::TICKS + 8);
+        assert_eq!(off::RAM_CHECKED, off::TICKS + 32);
         let m = Mailbox::new(3, 0xC010_0000);
         assert_eq!(m.as_slice().len(), std::mem::size_of::<Mailbox>());
         assert_eq!(&m.as_slice()[8..16], &3u64.to_le_bytes());
