@@ -146,12 +146,16 @@ impl Control {
 
     /// A built-in payload's progress per vCPU, from its mailbox (`null` for a Linux guest):
     /// its status, the TSC at its start (unchanged by a restore: the guest continued) and the
-    /// `idle` payload's timer ticks.
+    /// `idle` payload's timer ticks and RAM pattern check (`ram_checked` pages verified,
+    /// `ram_errors` found wrong).
     fn payload_progress(&self) -> Value {
         let vcpus: Vec<Value> = (0..self.plan.vcpus.len())
             .map_while(|i| self.handle.payload_mailbox(i))
             .zip(0u32..)
-            .map(|(m, i)| json!({"vcpu": i, "status": m.status, "tsc_start": m.tsc_start, "ticks": m.ticks}))
+            .map(|(m, i)| {
+                json!({"vcpu": i, "status": m.status, "tsc_start": m.tsc_start, "ticks": m.ticks,
+                    "ram_checked": m.ram_checked, "ram_errors": m.ram_errors})
+            })
             .collect();
         if vcpus.is_empty() {
             Value::Null

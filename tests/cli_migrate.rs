@@ -1,7 +1,7 @@
 //! Live migration end to end with the real binaries, real `/dev/kvm` and 2 MiB hugepages:
 //! `vmhost receive` and `vmhost ctl … migrate` over a Unix socket and over TCP on 127.0.0.1
-//! (the guest continues on the target, the source exits 0, one ledger entry, every hugepage
-//! back), a wrong key refused while the source runs on, and the failure rules with the test
+//! (the guest continues on the target and verifies its RAM pattern there, the pages sent, the
+//! source exits 0, one ledger entry, every hugepage back), a wrong key refused while the source runs on, and the failure rules with the test
 //! hook `VMHOST_TEST_MIGRATION_FAIL_AT` (the target killed at a round: the source runs on; the
 //! source killed: the target ends non-zero with its pages back).
 #![allow(clippy::unwrap_used)]
@@ -214,6 +214,19 @@ fn free_tcp_port() -> u16 {
         .port()
 }
 
+/// Pages dirty at the end of a round are sent in the next one (the idle guest's dirty pages
+/// are pattern pages, never zero); returns the pre-copy rounds after round 0 (dirty rounds).
+fn dirty_rounds(job: &Value) -> usize {
+    let rounds = job["rounds"].as_array().unwrap();
+    let n = |r: &Value, k: &str| r[k].as_u64().unwrap();
+    for pair in rounds.windows(2) {
+        if n(&pair[0], "dirty_bytes_after") > 0 {
+            assert!(n(&pair[1], "bytes") > 0, "dirty pages resent: {job:#}");
+        }
+    }
+    rounds.len().saturating_sub(2)
+}
+
 /// One successful migration from the VM at `from` to a new target listening on `listen`:
 /// checks the job's report, the guest going on at the target and the source's end.
 fn migrate_ok(d: &Path, source: &mut Child, from: &Path, listen: &str, api: &Path) -> Target {
@@ -227,6 +240,12 @@ fn migrate_ok(d: &Path, source: &mut Child, from: &Path, listen: &str, api: &Pat
     let rounds = job["rounds"].as_array().unwrap();
     assert!(rounds.len() >= 2, "round 0 and a final round: {job:#}");
     assert_eq!(rounds.last().unwrap()["last"], true, "{job:#}");
+    let bytes: u64 = rounds.iter().map(|r| r["bytes"].as_u64().unwrap()).sum();
+    assert!(
+        bytes >= vmhost_vcpu::payload::ramcheck::PAGES * 4096,
+        "the guest's pattern pages were sent: {bytes} bytes in {job:#}"
+    );
+    println!("{bytes} bytes sent, {} dirty rounds", dirty_rounds(&job));
     assert!(job["downtime_ms"].as_f64().is_some(), "{job:#}");
     assert!(job["target_plan"]["vcpus"].is_array(), "{job:#}");
     assert!(job["target_audit"].is_object(), "{job:#}");
@@ -243,6 +262,8 @@ fn migrate_ok(d: &Path, source: &mut Child, from: &Path, listen: &str, api: &Pat
     );
     assert!(at_switch >= before, "ticks {at_switch} go on from {before}");
     ticks_pass(api, at_switch);
+    let (checked, _) = common::ram_check(api);
+    common::ram_pass(api, checked);
     assert_eq!(ledger_names(&d.join("run")), ["mig-vm"], "one ledger entry");
     target
 }

@@ -1,7 +1,9 @@
 //! Snapshot and restore end to end with the real binary, real `/dev/kvm` and 2 MiB hugepages:
 //! `vmhost ctl snapshot` (the VM runs on), `ctl snapshot --stop` (the VM ends), `vmhost
 //! restore` (the guest continues), and the refusals before `/dev/kvm` (a damaged snapshot, a
-//! different spec). Every hugepage is back in the pool at the end.
+//! different spec). The restored idle guest verifies its RAM pattern (no page wrong), and
+//! finds it wrong when restored from a copy whose `memory-cell0` holds no pages. Every
+//! hugepage is back in the pool at the end.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -179,6 +181,12 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(child.wait().unwrap().code(), Some(0));
     check_modes(&s2);
+    let cell = std::fs::metadata(s2.join("memory-cell0")).unwrap().len();
+    println!("memory-cell0: {cell} bytes");
+    assert!(
+        cell > vmhost_vcpu::payload::ramcheck::PAGES * 4096,
+        "the memory file holds the guest's pattern pages: {cell} bytes"
+    );
     assert!(!ledger_names(&d.join("run")).contains("snap-vm"));
     assert_eq!(pool(PAGE_2M), before, "the stopped VM's hugepages are back");
 
@@ -196,6 +204,8 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
         "restored ticks {first} start from the captured count >= {seen}"
     );
     ticks_pass(&sock2, first);
+    let (checked, _) = common::ram_check(&sock2);
+    common::ram_pass(&sock2, checked);
     assert!(ledger_names(&d.join("run")).contains("snap-vm"));
     assert_eq!(common::ctl(&sock2, "shutdown").0, 0);
     assert_eq!(restored.wait().unwrap().code(), Some(0));
@@ -204,6 +214,8 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
         before,
         "the restored VM's hugepages are back"
     );
+    zeroed_ram_is_noticed(&d, &s2);
+    assert_eq!(pool(PAGE_2M), before);
 
     // The first snapshot, restored with the same spec given again: it continues too.
     let sock3 = d.join("api3.sock");
@@ -212,6 +224,44 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
     assert_eq!(common::ctl(&sock3, "shutdown").0, 0);
     assert_eq!(again.wait().unwrap().code(), Some(0));
     assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
+}
+
+/// The negative control of the RAM check: `good` with an empty (valid, all-zero)
+/// `memory-cell0` restores, and the guest finds its RAM pattern wrong.
+fn zeroed_ram_is_noticed(d: &Path, good: &Path) {
+    use vmhost_persist::container::RecordKind;
+    use vmhost_persist::dir::{FileName, Snapshot, SnapshotWriter};
+    let s = Snapshot::open(good).unwrap();
+    let zeroed = d.join("zeroed");
+    let mut w = SnapshotWriter::create(&zeroed, &s.header().vmhost_version).unwrap();
+    for (name, kind) in [
+        (FileName::Spec, RecordKind::SPEC),
+        (FileName::Plan, RecordKind::PLAN),
+    ] {
+        w.write_single(name, kind, &s.read_single(name, kind).unwrap())
+            .unwrap();
+    }
+    w.write_file(FileName::MemoryCell(0), |_| Ok(())).unwrap();
+    let state = s.read_state(RecordKind::VM_STATE).unwrap();
+    w.commit(|out| Ok(out.write_record(RecordKind::VM_STATE, &state)?))
+        .unwrap();
+    let sock = d.join("api-zeroed.sock");
+    let mut child = restore(d, &zeroed, &sock, &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while common::ram_check(&sock).1 == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "zeroed RAM goes unnoticed: {:?}",
+            common::ram_check(&sock)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "on zeroed RAM (checked, wrong): {:?}",
+        common::ram_check(&sock)
+    );
+    assert_eq!(common::ctl(&sock, "shutdown").0, 0);
+    assert_eq!(child.wait().unwrap().code(), Some(0));
 }
 
 /// A damaged snapshot and a different spec are refused with exit 2 before anything is

@@ -105,3 +105,36 @@ pub fn start_with_api(
     }
     (child, sock)
 }
+
+/// The `idle` payload's RAM pattern check on vCPU 0, from `GET /vm`:
+/// `(ram_checked, ram_errors)` (pages verified, pages found wrong).
+pub fn ram_check(sock: &std::path::Path) -> (u64, u64) {
+    let p = &ctl(sock, "info").1["payload"][0];
+    (
+        p["ram_checked"].as_u64().unwrap_or(0),
+        p["ram_errors"].as_u64().unwrap_or(u64::MAX),
+    )
+}
+
+/// Waits (polling the API) until vCPU 0 of the `idle` VM at `sock` has verified a full pass of
+/// its RAM pattern after `from` pages checked, every page found right; returns the count.
+pub fn ram_pass(sock: &std::path::Path, from: u64) -> u64 {
+    use std::time::{Duration, Instant};
+    use vmhost_vcpu::payload::ramcheck::PAGES;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (checked, errors) = ram_check(sock);
+        assert_eq!(
+            errors, 0,
+            "the guest found {errors} RAM pattern pages wrong"
+        );
+        if checked >= from + PAGES {
+            return checked;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the guest checked {checked} RAM pattern pages, not a pass past {from}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -9,6 +9,7 @@
 //! - [`mailbox`]: the mailbox page's layout, its field offsets and the doorbell codes;
 //! - [`abi`]: the ring-3 segment selectors and flags, and the addresses and port the fault test
 //!   payloads use;
+//! - [`ramcheck`]: the RAM pattern `idle` writes and verifies;
 //! - [`PayloadKind`]: which program, and [`touch`] / [`bench`]: the constants the VMM needs to
 //!   prepare and check them;
 //! - [`ProgramImage`]: a program's machine code with its entry points as offsets, placed by
@@ -35,6 +36,7 @@ pub mod codegen;
 mod image;
 mod kind;
 pub mod mailbox;
+pub mod ramcheck;
 pub mod touch;
 
 pub use image::{EntryPoints, ProgramImage, CODE_ALIGN};

@@ -166,6 +166,14 @@ pub struct Mailbox {
     /// [`crate::abi::TICK_COUNT`] timer counts. `idle` also writes `tsc_start` once, at its
     /// start: with `ticks` it shows that a restored guest continued rather than started again.
     pub ticks: u64,
+    /// In (`idle`): the first of its [`crate::ramcheck`] pattern pages (0: no pattern).
+    pub ram_base: u64,
+    /// In (`idle`): bytes between its pattern pages (0: no pattern).
+    pub ram_stride: u64,
+    /// Out (`idle`): pattern pages found wrong ([`crate::ramcheck`]).
+    pub ram_errors: u64,
+    /// Out (`idle`): pattern pages verified.
+    pub ram_checked: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<Mailbox>() <= 4096);
@@ -199,6 +207,10 @@ impl Mailbox {
             bench_count: 0,
             bench: [BenchSlot::default(); MAX_BENCH_CELLS],
             ticks: 0,
+            ram_base: 0,
+            ram_stride: 0,
+            ram_errors: 0,
+            ram_checked: 0,
         }
     }
 }
@@ -238,6 +250,10 @@ pub mod off {
         BENCH_COUNT = bench_count;
         BENCH = bench;
         TICKS = ticks;
+        RAM_BASE = ram_base;
+        RAM_STRIDE = ram_stride;
+        RAM_ERRORS = ram_errors;
+        RAM_CHECKED = ram_checked;
     }
 
     /// Size of one [`CpuidSlot`].
@@ -282,6 +298,9 @@ mod tests {
         assert_eq!(off::CPUID, off::CPUID_COUNT + 8);
         assert_eq!(off::BENCH % 8, 0);
         assert_eq!(off::bench::SINK, 56);
+        // The RAM pattern's fields follow `ticks`: older offsets are unchanged.
+        assert_eq!(off::RAM_BASE, off::TICKS + 8);
+        assert_eq!(off::RAM_CHECKED, off::TICKS + 32);
         let m = Mailbox::new(3, 0xC010_0000);
         assert_eq!(m.as_slice().len(), std::mem::size_of::<Mailbox>());
         assert_eq!(&m.as_slice()[8..16], &3u64.to_le_bytes());

@@ -2,7 +2,8 @@
 //! (each vCPU saving its own state on its parked thread) and stopped; a fresh VM built from the
 //! same plan on a copy of its RAM restores the state and the guest continues: its timer ticks
 //! go on from where they were and its boot stamp is unchanged (it did not start again). A
-//! `touch` captured midway finishes every page after its restore. A capture of a running VM
+//! `touch` captured midway finishes every page after its restore. The idle guest verifies its
+//! RAM pattern after the restore, and finds it wrong on zeroed RAM. A capture of a running VM
 //! and a restore with another guest topology are refused.
 
 mod common;
@@ -14,7 +15,7 @@ use vmhost_memory::GuestMemoryMmap;
 use vmhost_memory::{GuestLayout, GuestMemory, MMIO_HOLE_END, MMIO_HOLE_START};
 use vmhost_plan::Plan;
 use vmhost_vcpu::payload::mailbox::{status, Mailbox};
-use vmhost_vcpu::payload::touch;
+use vmhost_vcpu::payload::{ramcheck, touch};
 use vmhost_vcpu::persist::{check_target, CompatError, SavedVm};
 use vmhost_vcpu::{
     CaptureError, PayloadResult, RunReport, RunStatus, VcpuOutcome, Vm, VmError, VmHandle,
@@ -35,6 +36,15 @@ fn mailboxes(handle: &VmHandle, n: usize) -> Vec<Mailbox> {
 
 fn ticks(handle: &VmHandle, n: usize) -> Vec<u64> {
     mailboxes(handle, n).iter().map(|m| m.ticks).collect()
+}
+
+/// True when every vCPU has verified a full pass of its RAM pattern since `from` (the
+/// mailboxes at some earlier point).
+fn checked_a_pass(handle: &VmHandle, from: &[Mailbox]) -> bool {
+    mailboxes(handle, from.len())
+        .iter()
+        .zip(from)
+        .all(|(m, f)| m.ram_checked >= f.ram_checked + ramcheck::PAGES)
 }
 
 /// The mailbox at the start of a saved vCPU block.
@@ -85,6 +95,12 @@ fn capture_idle(plan: &Plan) -> (SavedVm, Vec<Mailbox>, GuestMemory) {
         "the idle payload ticks: {:?}",
         ticks(&handle, n)
     );
+    let start = vec![Mailbox::new(0, 0); n];
+    assert!(wait_for(30, || checked_a_pass(&handle, &start)), "a pass");
+    for (i, m) in mailboxes(&handle, n).iter().enumerate() {
+        assert!(m.ram_stride != 0, "vCPU {i} has RAM pattern pages");
+        assert_eq!(m.ram_errors, 0, "vCPU {i}: its own RAM pattern");
+    }
     let err = handle.capture().expect_err("capture of a running VM");
     assert!(
         matches!(
@@ -150,10 +166,21 @@ fn an_idle_vm_restored_into_fresh_memory_continues_without_starting_again() {
         at_pause.iter().map(|m| m.ticks).collect::<Vec<_>>(),
         ticks(&handle, 2)
     );
+    assert!(
+        wait_for(30, || checked_a_pass(&handle, &at_pause)),
+        "a full pass of the RAM pattern after the restore"
+    );
     let now = mailboxes(&handle, 2);
     for (i, (m, p)) in now.iter().zip(&at_pause).enumerate() {
-        println!("vCPU {i}: ticks {} at capture, {} now", p.ticks, m.ticks);
+        println!(
+            "vCPU {i}: ticks {} at capture, {} now; RAM pages checked {}, wrong {}",
+            p.ticks, m.ticks, m.ram_checked, m.ram_errors
+        );
         assert_eq!(m.tsc_start, p.tsc_start, "vCPU {i} started again");
+        assert_eq!(
+            m.ram_errors, 0,
+            "vCPU {i}: its RAM pattern came with the copy"
+        );
     }
     assert_eq!(
         stop.ready_vcpus(),
@@ -169,6 +196,35 @@ fn an_idle_vm_restored_into_fresh_memory_continues_without_starting_again() {
         assert!(saved_mailbox(block).ticks >= now[i].ticks);
     }
     handle.resume().expect("resume");
+    handle.stop();
+    stopped_cleanly(&runner.join().expect("runner").expect("run"));
+}
+
+/// The negative control of the RAM pattern: restored on zeroed RAM instead of a copy, the
+/// guest finds its pattern pages wrong.
+#[test]
+fn an_idle_vm_restored_without_its_ram_reports_ram_errors() {
+    if !kvm_available("an_idle_vm_restored_without_its_ram_reports_ram_errors") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let plan = idle_plan("snap-idle-zero", 1);
+    let (saved, at_pause, _copy) = capture_idle(&plan);
+    let mut vm = Vm::restore(&plan, memory(&plan), VmOptions::default(), saved).expect("restore");
+    let handle = vm.handle();
+    let runner = std::thread::spawn(move || vm.run());
+    assert!(
+        wait_for(30, || mailboxes(&handle, 1)[0].ram_errors > 0),
+        "zeroed RAM goes unnoticed: {:?}",
+        mailboxes(&handle, 1)[0]
+    );
+    let m = mailboxes(&handle, 1)[0];
+    println!(
+        "on zeroed RAM: {} of {} pages checked since the capture wrong",
+        m.ram_errors,
+        m.ram_checked - at_pause[0].ram_checked
+    );
+    assert_eq!(at_pause[0].ram_errors, 0);
     handle.stop();
     stopped_cleanly(&runner.join().expect("runner").expect("run"));
 }

@@ -4,15 +4,16 @@
 //! entry (ring 0, emulated on nested hosts: kept short)
 //!     read the CPUID leaves listed in the mailbox, write the results next to them
 //!     halt:         doorbell Ready, then HLT forever (interrupts off)
-//!     idle:         note the TSC, start the LAPIC timer, doorbell Ready, then HLT forever with
-//!                   interrupts on: each timer tick counts in the mailbox
+//!     idle:         note the TSC, write the RAM pattern, start the LAPIC timer, doorbell Ready,
+//!                   then HLT forever with interrupts on: each timer tick counts in the mailbox
 //!     others:       iretq to ring 3 (CS 0x1b, SS 0x23, IOPL 3, IF 0)
 //! user_entry (ring 3, native)
 //!     the payload body (touch, numa-bench, a test fault), then doorbell Done
 //! exception stubs 0..31 (ring 0)
 //!     record vector, error code, RIP, CS, RFLAGS, RSP, CR2 in the mailbox; doorbell Fault; HLT
 //! timer tick (vector 32) and spurious interrupt (33) handlers (ring 0)
-//!     tick: count in the mailbox, EOI; spurious: return
+//!     tick: count in the mailbox, rewrite one pattern page and verify a few, EOI;
+//!     spurious: return
 //! ```
 //!
 //! RSI holds the vCPU's mailbox address throughout (set by the VMM, preserved by iretq); the
@@ -32,6 +33,7 @@
 
 mod asm;
 mod bench;
+mod ramcheck;
 mod touch;
 
 use iced_x86::code_asm::*;
@@ -198,14 +200,15 @@ fn emit_wrmsr(a: &mut Asm, msr: u32, value: u32) -> Result<(), IcedError> {
     a.wrmsr()
 }
 
-/// `idle`: the TSC at start in `tsc_start` (written once: a restored guest keeps it), the
-/// LAPIC in x2APIC mode with a periodic timer on [`TICK_VECTOR`], doorbell Ready, then HLT
+/// `idle`: the TSC at start in `tsc_start` (written once: a restored guest keeps it), its RAM
+/// pattern ([`crate::ramcheck`], seeded with that TSC), the LAPIC in x2APIC mode with a periodic timer on [`TICK_VECTOR`], doorbell Ready, then HLT
 /// with interrupts on. The in-kernel irqchip keeps the vCPU in the kernel while halted; each
 /// tick wakes it for a few instructions ([`emit_interrupt_handlers`]), until the VMM kicks the
 /// vCPU thread to stop or pause it.
 fn emit_idle(a: &mut Asm) -> Result<(), IcedError> {
     emit_rdtsc(a)?;
     a.mov(qword_ptr(rsi + off::TSC_START), rax)?;
+    ramcheck::emit_fill(a)?;
     // IA32_APIC_BASE: global enable (bit 11) and x2APIC mode (bit 10).
     a.mov(ecx, 0x1bu32)?;
     a.rdmsr()?;
@@ -223,19 +226,21 @@ fn emit_idle(a: &mut Asm) -> Result<(), IcedError> {
     a.jmp(halt)
 }
 
-/// The timer tick handler (counts in the mailbox through GS, then EOI) and the spurious
-/// interrupt handler (returns, no EOI); returns their labels in vector order.
+/// The timer tick handler (counts in the mailbox through GS, checks the RAM pattern, then EOI)
+/// and the spurious interrupt handler (returns, no EOI); returns their labels in vector order.
 fn emit_interrupt_handlers(a: &mut Asm) -> Result<Vec<CodeLabel>, IcedError> {
+    const SAVED: [AsmRegister64; 10] = [rax, rcx, rdx, rdi, r8, r9, r10, r11, r12, r13];
     let mut tick = a.create_label();
     a.set_label(&mut tick)?;
-    a.push(rax)?;
-    a.push(rcx)?;
-    a.push(rdx)?;
+    for r in SAVED {
+        a.push(r)?;
+    }
     a.inc(qword_ptr(off::TICKS).gs())?;
+    ramcheck::emit_tick(a)?;
     emit_wrmsr(a, 0x80b, 0)?; // x2APIC EOI
-    a.pop(rdx)?;
-    a.pop(rcx)?;
-    a.pop(rax)?;
+    for r in SAVED.into_iter().rev() {
+        a.pop(r)?;
+    }
     a.iretq()?;
     let mut spurious = a.create_label();
     a.set_label(&mut spurious)?;

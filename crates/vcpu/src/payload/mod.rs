@@ -11,7 +11,7 @@
 //! | `touch` | [`touch`] | Done |
 //! | `numa-bench` | [`bench`](mod@bench) | Done |
 //! | `halt` | none | Ready, then HLT (exits: no in-kernel irqchip) |
-//! | `idle` | none | Ready, then HLT with interrupts on, waiting in the kernel until stopped (in-kernel irqchip); counts its 10 ms LAPIC timer ticks in the mailbox |
+//! | `idle` | none | Ready, then HLT with interrupts on, waiting in the kernel until stopped (in-kernel irqchip); counts its 10 ms LAPIC timer ticks in the mailbox and checks its RAM pattern on each ([`vmhost_guest::ramcheck`]) |
 //!
 //! Hidden test payloads ([`FaultPayload`]) fault on purpose.
 //!
@@ -23,6 +23,7 @@ pub mod program;
 pub mod touch;
 
 pub use vmhost_guest::mailbox;
+pub use vmhost_guest::ramcheck;
 #[doc(hidden)]
 pub use vmhost_guest::FaultPayload;
 pub use vmhost_guest::PayloadKind;
@@ -159,6 +160,18 @@ pub fn initial_mailbox(inputs: &MailboxInputs<'_>, i: usize) -> Result<Mailbox, 
     }
     m.ranges[..ranges.len()].copy_from_slice(&ranges);
     m.n_ranges = ranges.len() as u64;
+    // `idle`'s RAM pattern, in the cell's first range, a slot per vCPU of the cell.
+    let rank = inputs.plan.vcpus[..i]
+        .iter()
+        .filter(|o| o.guest_cell == v.guest_cell)
+        .count() as u64;
+    if let Some((base, stride)) = ranges
+        .first()
+        .and_then(|r| ramcheck::placement(r.gpa, r.len, rank))
+    {
+        m.ram_base = base;
+        m.ram_stride = stride;
+    }
     for (slot, chain) in m.bench.iter_mut().zip(inputs.bench) {
         *slot = BenchSlot {
             chain_start: chain
