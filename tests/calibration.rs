@@ -10,8 +10,9 @@
 //! memory controller, which this CI kind does not have, and KVM has no per-VM count of its
 //! table pages), so vmhost's figure is the counter's growth over the run. The test makes sure
 //! that growth is this VM's: it runs under the CPU and pool locks (every KVM test here takes
-//! them), reads the counter itself before and after each run (a VM that started or ended
-//! elsewhere moves it: the run is repeated, at most three times) and fails when the figure is
+//! them), reads the counter itself before each run and waits after it until the counter is
+//! back (KVM frees a VM's tables through RCU after its process is gone; a VM that started or
+//! ended elsewhere keeps it moved: the run is repeated, at most three times) and fails when the figure is
 //! more than one VM's tables can be (an 8-byte entry per 4 KiB of its guest RAM, plus 1 MiB
 //! for the levels above and the non-RAM slots).
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss)]
@@ -38,14 +39,33 @@ fn sec_page_tables() -> u64 {
     kib.expect("no SecPageTables in /proc/meminfo (Linux 6.0 or later has it)") * 1024
 }
 
-/// Runs the VM until the host-wide `SecPageTables` is the same before and after the run (no
-/// VM started or ended elsewhere meanwhile), at most three times; returns vmhost's JSON.
+/// How long a VM's second-level tables may take to be freed after its process was reaped.
+const TABLES_FREED_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits until the host-wide `SecPageTables` is back at `baseline`: KVM frees a VM's
+/// second-level tables through RCU callbacks, which may run after its process was reaped, so
+/// the counter comes back some milliseconds later. Returns the last value read.
+fn tables_back_to(baseline: u64) -> u64 {
+    let deadline = std::time::Instant::now() + TABLES_FREED_WITHIN;
+    loop {
+        let now = sec_page_tables();
+        if now == baseline || std::time::Instant::now() >= deadline {
+            return now;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Runs the VM until the host-wide `SecPageTables` comes back to its value before the run
+/// once the VM is gone (no VM started or ended elsewhere meanwhile), at most three times;
+/// returns vmhost's JSON. The next run starts only once this VM's tables are freed, so they
+/// are never counted (negatively) in the next VM's figure.
 fn run_alone(name: &str, spec: &str) -> serde_json::Value {
     let mut moved = Vec::new();
     for _ in 0..3 {
         let before = sec_page_tables();
         let (code, j, log) = common::run_vm(name, spec);
-        let after = sec_page_tables();
+        let after = tables_back_to(before);
         assert_eq!(code, 0, "{name}: {log}");
         if before == after {
             return j;
