@@ -108,8 +108,14 @@ fn restore_with(d: &Path, snap: &Path, sock: &Path, extra: &[&str], after: &[&st
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut child = child;
     let deadline = Instant::now() + Duration::from_secs(60);
     while common::ctl(sock, "info").1["state"] != "running" {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            panic!("the restore ended before its VM ran ({status}):\n{err}");
+        }
         assert!(Instant::now() < deadline, "the restored VM never ran");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -242,9 +248,22 @@ fn zeroed_ram_is_noticed(d: &Path, good: &Path) {
             .unwrap();
     }
     w.write_file(FileName::MemoryCell(0), |_| Ok(())).unwrap();
-    let state = s.read_state(RecordKind::VM_STATE).unwrap();
-    w.commit(|out| Ok(out.write_record(RecordKind::VM_STATE, &state)?))
+    // The state file as it is: the VM state and the guest's identity.
+    let records = s
+        .read_state_records(&[RecordKind::VM_STATE, RecordKind::GUEST_IDENTITY])
         .unwrap();
+    assert_eq!(
+        records.len(),
+        2,
+        "the state file holds the VM state and the identity"
+    );
+    w.commit(|out| {
+        for (kind, payload) in &records {
+            out.write_record(*kind, payload)?;
+        }
+        Ok(())
+    })
+    .unwrap();
     let sock = d.join("api-zeroed.sock");
     let mut child = restore(d, &zeroed, &sock, &[]);
     let deadline = Instant::now() + Duration::from_secs(30);
