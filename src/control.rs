@@ -317,7 +317,7 @@ impl VmControl for Control {
             ));
         };
         match self.handle.state() {
-            VmState::Running | VmState::Paused => jobs.request(request),
+            VmState::Running | VmState::Paused => crate::snapshot::request(jobs, request),
             _ => Err(ControlError::Conflict(format!(
                 "the VM is {}: only a running or paused VM can be snapshotted",
                 self.state()
@@ -332,7 +332,9 @@ impl VmControl for Control {
             ));
         };
         match self.handle.state() {
-            VmState::Running | VmState::Paused => jobs.request(request, &self.plan),
+            VmState::Running | VmState::Paused => {
+                crate::migrate::source::request(jobs, request, &self.plan)
+            }
             _ => Err(ControlError::Conflict(format!(
                 "the VM is {}: only a running or paused VM can migrate",
                 self.state()

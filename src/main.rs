@@ -7,6 +7,7 @@ mod ctl;
 mod enforce;
 mod host;
 mod iothreads;
+mod jobs;
 mod logging;
 mod migrate;
 mod output;

@@ -327,11 +327,11 @@ fn serve_api(
     let (jobs, migrations) = match &opts.spec_source {
         Some(spec) => (
             Some(
-                crate::snapshot::Jobs::start(source(spec))
+                crate::snapshot::start_jobs(source(spec))
                     .context("starting the snapshot job thread")?,
             ),
             Some(
-                crate::migrate::source::Jobs::start(source(spec))
+                crate::migrate::source::start_jobs(source(spec))
                     .context("starting the migration job thread")?,
             ),
         ),

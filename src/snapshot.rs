@@ -9,9 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -23,8 +20,7 @@ use vmhost_persist::dir::{FileName, FillError, SnapshotWriter};
 use vmhost_plan::Plan;
 use vmhost_vcpu::{StopHandle, VmHandle, VmState};
 
-/// How long a VM snapshotted with `stop` waits for the job's result to be read before it ends.
-const RESULT_GRACE: Duration = Duration::from_secs(5);
+use crate::jobs::{Job, JobState, Report, Shared, Then};
 
 /// Set when a snapshot with `stop` ended the VM (one VM per process): its run ends as
 /// `Stopped`, which is exit status 0 here, as a guest that ended itself, not 130.
@@ -120,18 +116,6 @@ pub struct Source {
     pub stop: StopHandle,
 }
 
-/// A job's state (`GET /vm/snapshot` before any job answers `{"state": "none"}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JobState {
-    /// Running.
-    Running,
-    /// Ended well.
-    Succeeded,
-    /// Ended with `error`; the VM runs on as before and the directory is removed.
-    Failed,
-}
-
 /// `GET /vm/snapshot`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Progress {
@@ -154,130 +138,95 @@ pub struct Progress {
     pub error: Option<String>,
 }
 
-#[derive(Default)]
-struct Shared {
-    progress: Mutex<Option<(Progress, Instant)>>,
-    /// Set by a `GET` after the job ended: the result was read.
-    read: Condvar,
-    bytes: AtomicU64,
-}
-
-/// The snapshot jobs of one VM: one at a time.
-pub struct Jobs {
-    tx: Mutex<Sender<SnapshotRequest>>,
-    shared: Arc<Shared>,
-}
-
-impl Jobs {
-    /// Starts the `vmhost-snap` thread, idle until a job is requested.
-    pub fn start(source: Source) -> std::io::Result<Jobs> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let shared = Arc::new(Shared::default());
-        let for_thread = Arc::clone(&shared);
-        std::thread::Builder::new()
-            .name("vmhost-snap".into())
-            .spawn(move || {
-                vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Snapshot);
-                job_thread(&source, &rx, &for_thread);
-            })?;
-        Ok(Jobs {
-            tx: Mutex::new(tx),
-            shared,
-        })
+impl Report for Progress {
+    fn state(&self) -> JobState {
+        self.state
     }
-
-    /// `PUT /vm/snapshot`: queues the job unless one is running; its first progress report.
-    pub fn request(&self, req: SnapshotRequest) -> Result<Value, ControlError> {
-        let mut slot = lock(&self.shared.progress);
-        if matches!(slot.as_ref(), Some((p, _)) if p.state == JobState::Running) {
-            return Err(ControlError::Conflict(
-                "a snapshot job is running; poll GET /vm/snapshot until it ends".into(),
-            ));
-        }
-        let progress = Progress {
-            state: JobState::Running,
-            phase: "queued".into(),
-            dir: Some(req.dir.clone()),
-            stop: req.stop,
-            bytes_written: 0,
-            cells: Vec::new(),
-            seconds: 0.0,
-            error: None,
-        };
-        self.shared.bytes.store(0, Ordering::Relaxed);
-        let sent = lock(&self.tx).send(req);
-        if sent.is_err() {
-            return Err(ControlError::Conflict(
-                "the VM is stopping: no snapshot".into(),
-            ));
-        }
-        let value = serde_json::to_value(&progress).unwrap_or_default();
-        *slot = Some((progress, Instant::now()));
-        Ok(value)
-    }
-
-    /// `GET /vm/snapshot`: the last job's progress (`{"state": "none"}` before the first).
-    pub fn progress(&self) -> Value {
-        let mut slot = lock(&self.shared.progress);
-        let Some((p, started)) = slot.as_mut() else {
-            return serde_json::json!({"state": "none"});
-        };
-        if p.state == JobState::Running {
-            p.bytes_written = self.shared.bytes.load(Ordering::Relaxed);
-            p.seconds = started.elapsed().as_secs_f64();
-        } else {
-            self.shared.read.notify_all();
-        }
-        serde_json::to_value(&*p).unwrap_or_default()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn set_phase(shared: &Shared, phase: &str) {
-    if let Some((p, _)) = lock(&shared.progress).as_mut() {
-        p.phase = phase.to_string();
-    }
-}
-
-fn job_thread(source: &Source, rx: &Receiver<SnapshotRequest>, shared: &Shared) {
-    while let Ok(req) = rx.recv() {
-        let outcome = run_job(source, &req, shared);
-        let mut slot = lock(&shared.progress);
-        if let Some((p, started)) = slot.as_mut() {
-            p.bytes_written = shared.bytes.load(Ordering::Relaxed);
-            p.seconds = started.elapsed().as_secs_f64();
-            match &outcome {
-                Ok(()) => {
-                    p.state = JobState::Succeeded;
-                    p.phase = "done".into();
-                }
-                Err(e) => {
-                    p.state = JobState::Failed;
-                    p.error = Some(format!("{e:#}"));
-                }
+    fn finish(&mut self, error: Option<String>) {
+        match error {
+            None => {
+                self.state = JobState::Succeeded;
+                self.phase = "done".into();
+            }
+            Some(e) => {
+                self.state = JobState::Failed;
+                self.error = Some(e);
             }
         }
+    }
+    fn set_counters(&mut self, bytes: u64, seconds: f64) {
+        self.bytes_written = bytes;
+        self.seconds = seconds;
+    }
+    fn set_phase(&mut self, phase: &str) {
+        self.phase = phase.to_string();
+    }
+}
+
+/// The snapshot jobs of one VM (`vmhost-snap`).
+pub type Jobs = crate::jobs::Jobs<SnapshotJob>;
+
+/// A snapshot job of one VM.
+pub struct SnapshotJob(pub Source);
+
+/// Starts the `vmhost-snap` thread, idle until a job is requested.
+pub fn start_jobs(source: Source) -> std::io::Result<Jobs> {
+    Jobs::start(
+        "vmhost-snap",
+        vmhost_seccomp::ThreadKind::Snapshot,
+        SnapshotJob(source),
+    )
+}
+
+/// `PUT /vm/snapshot`: queues the job unless one is running; its first progress report.
+pub fn request(jobs: &Jobs, req: SnapshotRequest) -> Result<Value, ControlError> {
+    let first = Progress {
+        state: JobState::Running,
+        phase: "queued".into(),
+        dir: Some(req.dir.clone()),
+        stop: req.stop,
+        bytes_written: 0,
+        cells: Vec::new(),
+        seconds: 0.0,
+        error: None,
+    };
+    jobs.request(req, first, |p| {
+        (p.state == JobState::Running)
+            .then(|| "a snapshot job is running; poll GET /vm/snapshot until it ends".into())
+    })
+}
+
+impl Job for SnapshotJob {
+    type Request = SnapshotRequest;
+    type Progress = Progress;
+
+    fn run(&mut self, req: &SnapshotRequest, shared: &Shared<Progress>) -> Result<()> {
+        run_job(&self.0, req, shared)
+    }
+
+    fn then(&mut self, req: &SnapshotRequest, outcome: &Result<()>) -> Then {
         if outcome.is_ok() && req.stop {
-            // Let a poller read the result before the VM (and its API) ends.
-            let _ = shared.read.wait_timeout(slot, RESULT_GRACE);
-            tracing::info!(dir = %req.dir.display(), "snapshot taken: stopping the VM");
-            STOPPED_BY_SNAPSHOT.store(true, Ordering::SeqCst);
-            source.stop.stop();
+            Then::EndVm { last: false }
+        } else {
+            Then::RunOn
         }
+    }
+
+    fn end_vm(&mut self, req: &SnapshotRequest) {
+        tracing::info!(dir = %req.dir.display(), "snapshot taken: stopping the VM");
+        STOPPED_BY_SNAPSHOT.store(true, Ordering::SeqCst);
+        self.0.stop.stop();
     }
 }
 
 /// One job: pause, write, then resume or stop; on failure resume and clean up.
-fn run_job(source: &Source, req: &SnapshotRequest, shared: &Shared) -> Result<()> {
+fn run_job(source: &Source, req: &SnapshotRequest, shared: &Shared<Progress>) -> Result<()> {
     let was_running = match source.handle.state() {
         VmState::Running => true,
         VmState::Paused => false,
         s => anyhow::bail!("the VM is {s:?}: only a running or paused VM can be snapshotted"),
     };
-    set_phase(shared, "pause");
+    shared.set_phase("pause");
     if was_running {
         source.handle.pause().context("pausing the vCPUs")?;
     }
@@ -292,11 +241,11 @@ fn run_job(source: &Source, req: &SnapshotRequest, shared: &Shared) -> Result<()
         tracing::warn!(error = %format!("{e:#}"), "snapshot failed");
     }
     if was_running && (written.is_err() || !req.stop) {
-        set_phase(shared, "resume");
+        shared.set_phase("resume");
         source.handle.resume().context("resuming the vCPUs")?;
     }
     if written.is_ok() && req.stop {
-        set_phase(shared, "stop");
+        shared.set_phase("stop");
     }
     written
 }
@@ -305,21 +254,21 @@ fn run_job(source: &Source, req: &SnapshotRequest, shared: &Shared) -> Result<()
 fn write_snapshot(
     source: &Source,
     req: &SnapshotRequest,
-    shared: &Shared,
+    shared: &Shared<Progress>,
     created: &mut bool,
 ) -> Result<()> {
-    set_phase(shared, "capture");
+    shared.set_phase("capture");
     let state = crate::vmstate::capture(&source.handle).context("capturing the VM's state")?;
     let guest = crate::vmstate::GuestRecord::of(&source.plan).encode()?;
     let mut w = SnapshotWriter::create(&req.dir, env!("CARGO_PKG_VERSION"))?;
     *created = true;
-    set_phase(shared, "spec");
+    shared.set_phase("spec");
     w.write_single(
         FileName::Spec,
         RecordKind::SPEC,
         &serde_json::to_vec(&source.spec)?,
     )?;
-    set_phase(shared, "plan");
+    shared.set_phase("plan");
     w.write_single(
         FileName::Plan,
         RecordKind::PLAN,
@@ -329,13 +278,11 @@ fn write_snapshot(
     cells.sort_unstable();
     for cell in cells {
         let name = FileName::MemoryCell(cell);
-        set_phase(shared, &name.to_string());
+        shared.set_phase(&name.to_string());
         let saved = save_cell(source, &mut w, cell, &shared.bytes)?;
-        if let Some((p, _)) = lock(&shared.progress).as_mut() {
-            p.cells.push(saved);
-        }
+        shared.update(|p| p.cells.push(saved));
     }
-    set_phase(shared, "state");
+    shared.set_phase("state");
     w.commit(|out| {
         out.write_record(RecordKind::VM_STATE, &state)?;
         Ok(out.write_record(RecordKind::GUEST_IDENTITY, &guest)?)

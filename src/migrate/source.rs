@@ -10,8 +10,6 @@
 //! resumes, and the guest runs on here.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -26,10 +24,9 @@ use vmhost_persist::precopy::{Convergence, Decision, PrecopyLimits, RoundStats};
 use vmhost_vcpu::VmState;
 
 use super::wire::{Channel, Endpoint, Stream};
+use crate::jobs::{Job, JobState, Report, Shared, Then};
 use crate::snapshot::Source;
 
-/// How long the source waits for its result to be read before it ends.
-const RESULT_GRACE: Duration = Duration::from_secs(5);
 /// `--timeout`'s default.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long one read or write on a connection may wait for a target that hangs (the answer,
@@ -38,18 +35,6 @@ const PEER_WAIT: Duration = Duration::from_secs(60);
 
 /// Set once the target committed: the source's run ends with exit status 0.
 pub static MIGRATED: AtomicBool = AtomicBool::new(false);
-
-/// A job's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JobState {
-    /// Running.
-    Running,
-    /// The target committed; the VM runs there and ends here.
-    Succeeded,
-    /// Ended with `error`; the VM runs on here.
-    Failed,
-}
 
 /// One pre-copy round, as the source measured it.
 #[derive(Debug, Clone, Serialize)]
@@ -97,140 +82,102 @@ pub struct Progress {
     pub error: Option<String>,
 }
 
-#[derive(Default)]
-struct Shared {
-    progress: Mutex<Option<(Progress, Instant)>>,
-    read: Condvar,
-    bytes: AtomicU64,
-}
-
-/// The migration jobs of one VM: one at a time.
-pub struct Jobs {
-    tx: Mutex<Sender<MigrateRequest>>,
-    shared: Arc<Shared>,
-}
-
-impl Jobs {
-    /// Starts the `vmhost-mig` thread, idle until a job is requested.
-    pub fn start(source: Source) -> std::io::Result<Jobs> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let shared = Arc::new(Shared::default());
-        let for_thread = Arc::clone(&shared);
-        std::thread::Builder::new()
-            .name("vmhost-mig".into())
-            .spawn(move || {
-                vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Migration);
-                job_thread(&source, &rx, &for_thread);
-            })?;
-        Ok(Jobs {
-            tx: Mutex::new(tx),
-            shared,
-        })
+impl Report for Progress {
+    fn state(&self) -> JobState {
+        self.state
     }
-
-    /// `PUT /vm/migrate`: queues the job unless one is running; its first progress report.
-    pub fn request(
-        &self,
-        req: MigrateRequest,
-        plan: &vmhost_plan::Plan,
-    ) -> Result<Value, ControlError> {
-        let mut slot = lock(&self.shared.progress);
-        if matches!(slot.as_ref(), Some((p, _)) if p.state != JobState::Failed) {
-            return Err(ControlError::Conflict(
-                "a migration job is running or has moved the VM; poll GET /vm/migrate".into(),
-            ));
-        }
-        let progress = Progress {
-            state: JobState::Running,
-            phase: "queued".into(),
-            to: req.to.clone(),
-            rounds: Vec::new(),
-            bytes_sent: 0,
-            seconds: 0.0,
-            downtime_ms: None,
-            source_plan: serde_json::to_value(plan).unwrap_or_default(),
-            target_plan: Value::Null,
-            target_audit: Value::Null,
-            error: None,
-        };
-        self.shared.bytes.store(0, Ordering::Relaxed);
-        if lock(&self.tx).send(req).is_err() {
-            return Err(ControlError::Conflict(
-                "the VM is stopping: no migration".into(),
-            ));
-        }
-        let value = serde_json::to_value(&progress).unwrap_or_default();
-        *slot = Some((progress, Instant::now()));
-        Ok(value)
-    }
-
-    /// `GET /vm/migrate`.
-    pub fn progress(&self) -> Value {
-        let mut slot = lock(&self.shared.progress);
-        let Some((p, started)) = slot.as_mut() else {
-            return serde_json::json!({"state": "none"});
-        };
-        if p.state == JobState::Running {
-            p.bytes_sent = self.shared.bytes.load(Ordering::Relaxed);
-            p.seconds = started.elapsed().as_secs_f64();
-        } else {
-            self.shared.read.notify_all();
-        }
-        serde_json::to_value(&*p).unwrap_or_default()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn update(shared: &Shared, f: impl FnOnce(&mut Progress)) {
-    if let Some((p, _)) = lock(&shared.progress).as_mut() {
-        f(p);
-    }
-}
-
-fn set_phase(shared: &Shared, phase: &str) {
-    update(shared, |p| p.phase = phase.to_string());
-}
-
-fn job_thread(source: &Source, rx: &Receiver<MigrateRequest>, shared: &Shared) {
-    while let Ok(req) = rx.recv() {
-        let outcome = run_job(source, &req, shared);
-        let mut slot = lock(&shared.progress);
-        if let Some((p, started)) = slot.as_mut() {
-            p.bytes_sent = shared.bytes.load(Ordering::Relaxed);
-            p.seconds = started.elapsed().as_secs_f64();
-            match &outcome {
-                Ok(()) => {
-                    p.state = JobState::Succeeded;
-                    p.phase = "done".into();
-                }
-                Err(e) => {
-                    p.state = JobState::Failed;
-                    p.error = Some(format!("{e:#}"));
-                }
+    fn finish(&mut self, error: Option<String>) {
+        match error {
+            None => {
+                self.state = JobState::Succeeded;
+                self.phase = "done".into();
+            }
+            Some(e) => {
+                self.state = JobState::Failed;
+                self.error = Some(e);
             }
         }
+    }
+    fn set_counters(&mut self, bytes: u64, seconds: f64) {
+        self.bytes_sent = bytes;
+        self.seconds = seconds;
+    }
+    fn set_phase(&mut self, phase: &str) {
+        self.phase = phase.to_string();
+    }
+}
+
+/// The migration jobs of one VM (`vmhost-mig`).
+pub type Jobs = crate::jobs::Jobs<MigrationJob>;
+
+/// A migration job of one VM.
+pub struct MigrationJob(pub Source);
+
+/// Starts the `vmhost-mig` thread, idle until a job is requested.
+pub fn start_jobs(source: Source) -> std::io::Result<Jobs> {
+    Jobs::start(
+        "vmhost-mig",
+        vmhost_seccomp::ThreadKind::Migration,
+        MigrationJob(source),
+    )
+}
+
+/// `PUT /vm/migrate`: queues the job unless one is running or has moved the VM; its first
+/// progress report.
+pub fn request(
+    jobs: &Jobs,
+    req: MigrateRequest,
+    plan: &vmhost_plan::Plan,
+) -> Result<Value, ControlError> {
+    let first = Progress {
+        state: JobState::Running,
+        phase: "queued".into(),
+        to: req.to.clone(),
+        rounds: Vec::new(),
+        bytes_sent: 0,
+        seconds: 0.0,
+        downtime_ms: None,
+        source_plan: serde_json::to_value(plan).unwrap_or_default(),
+        target_plan: Value::Null,
+        target_audit: Value::Null,
+        error: None,
+    };
+    jobs.request(req, first, |p| {
+        (p.state != JobState::Failed)
+            .then(|| "a migration job is running or has moved the VM; poll GET /vm/migrate".into())
+    })
+}
+
+impl Job for MigrationJob {
+    type Request = MigrateRequest;
+    type Progress = Progress;
+
+    fn run(&mut self, req: &MigrateRequest, shared: &Shared<Progress>) -> Result<()> {
+        run_job(&self.0, req, shared)
+    }
+
+    fn then(&mut self, req: &MigrateRequest, outcome: &Result<()>) -> Then {
         match outcome {
             Ok(()) => {
                 MIGRATED.store(true, Ordering::SeqCst);
-                // Let a poller read the result before the VM (and its API) ends.
-                let _ = shared.read.wait_timeout(slot, RESULT_GRACE);
-                tracing::info!(to = %req.to, "migrated: the VM ends here");
-                source.stop.stop();
-                return;
+                Then::EndVm { last: true }
             }
             Err(e) => {
-                tracing::warn!(to = %req.to, error = %format!("{e:#}"), "migration failed; the VM runs on here")
+                tracing::warn!(to = %req.to, error = %format!("{e:#}"), "migration failed; the VM runs on here");
+                Then::RunOn
             }
         }
+    }
+
+    fn end_vm(&mut self, req: &MigrateRequest) {
+        tracing::info!(to = %req.to, "migrated: the VM ends here");
+        self.0.stop.stop();
     }
 }
 
 /// One job: the connection, the target's answer, pre-copy, the switch; on a failure before
 /// the commit point the guest runs on here.
-fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared) -> Result<()> {
+fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared<Progress>) -> Result<()> {
     let was_running = match source.handle.state() {
         VmState::Running => true,
         VmState::Paused => false,
@@ -239,16 +186,16 @@ fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared) -> Result<()>
     let key = AuthKey::load(&req.auth_key)
         .with_context(|| format!("reading the key {}", req.auth_key.display()))?;
     let to: Endpoint = req.to.parse().map_err(anyhow::Error::msg)?;
-    set_phase(shared, "connect");
+    shared.set_phase("connect");
     let stream = Stream::connect(&to)?;
     stream.set_timeouts(PEER_WAIT)?;
     let mut ch = Channel::open(stream, &key, Role::Source, &msg::SOURCE_READS)?;
-    set_phase(shared, "hello");
+    shared.set_phase("hello");
     ch.send(RecordKind::MIG_HELLO, &msg::encode(&hello(source)?))?;
     let answer = ch.recv("the target's answer")?;
     match expect::<Answer>(&answer, RecordKind::MIG_ANSWER, "answer")? {
         Answer::Refused { reason } => bail!("the target refused the VM: {reason}"),
-        Answer::Accepted { placement } => update(shared, |p| p.target_plan = placement),
+        Answer::Accepted { placement } => shared.update(|p| p.target_plan = placement),
     }
     let limits = PrecopyLimits {
         max_downtime: req.max_downtime_ms.map_or(
@@ -286,7 +233,7 @@ fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared) -> Result<()>
         ch.close();
         cells.iter().for_each(|(_, c)| c.close());
         if paused && was_running {
-            set_phase(shared, "resume");
+            shared.set_phase("resume");
             source.handle.resume().context("resuming the vCPUs")?;
         }
     }
@@ -354,33 +301,33 @@ fn migrate(
     ch: &mut Channel,
     cells: &mut [(u32, Channel)],
     limits: PrecopyLimits,
-    shared: &Shared,
+    shared: &Shared<Progress>,
     paused: &mut bool,
 ) -> Result<()> {
-    set_phase(shared, "precopy");
+    shared.set_phase("precopy");
     let (round, mut dirty) = precopy(source, cells, limits, shared)?;
     super::test_hook(round, "source");
-    set_phase(shared, "pause");
+    shared.set_phase("pause");
     let paused_at = Instant::now();
     if source.handle.state() == VmState::Running {
         source.handle.pause().context("pausing the vCPUs")?;
         *paused = true;
     }
-    set_phase(shared, "final-round");
+    shared.set_phase("final-round");
     for d in &mut dirty {
         d.union(&source.handle.take_dirty(d.cell())?);
     }
     let started = Instant::now();
     let bytes = send_round(source, cells, round, Some(&dirty), true, &shared.bytes)?;
     record_round(shared, round, true, bytes, started.elapsed(), 0, None);
-    set_phase(shared, "state");
+    shared.set_phase("state");
     let state = crate::vmstate::capture(&source.handle).context("capturing the VM's state")?;
     ch.send(RecordKind::VM_STATE, &state)?;
-    set_phase(shared, "commit");
+    shared.set_phase("commit");
     let rec = ch.recv("the target's commit")?;
     let commit: Commit = expect(&rec, RecordKind::MIG_COMMIT, "commit")?;
     let downtime = paused_at.elapsed().as_secs_f64() * 1000.0;
-    update(shared, |p| {
+    shared.update(|p| {
         p.downtime_ms = Some(downtime);
         p.target_audit = commit.audit;
     });
@@ -394,7 +341,7 @@ fn precopy(
     source: &Source,
     cells: &mut [(u32, Channel)],
     limits: PrecopyLimits,
-    shared: &Shared,
+    shared: &Shared<Progress>,
 ) -> Result<(u32, Vec<DirtyBitmap>)> {
     let mut conv = Convergence::new(limits);
     let mut dirty: Option<Vec<DirtyBitmap>> = None;
@@ -452,7 +399,7 @@ fn cells(plan: &vmhost_plan::Plan) -> Vec<u32> {
 }
 
 fn record_round(
-    shared: &Shared,
+    shared: &Shared<Progress>,
     round: u32,
     last: bool,
     bytes: u64,
@@ -460,7 +407,7 @@ fn record_round(
     dirty_bytes_after: u64,
     estimate: Option<Duration>,
 ) {
-    update(shared, |p| {
+    shared.update(|p| {
         p.rounds.push(RoundReport {
             round,
             last,
