@@ -69,7 +69,7 @@ boot_and_watch() {
     : > "$log"
     rm -f "$log.frozen"
     bash "$root/testbed/boot.sh" --nodes "$nodes" --share "$share" --log "$log" \
-        --timeout "${VMHOST_TESTBED_TIMEOUT:-420}" > /dev/null &
+        --timeout "${VMHOST_TESTBED_TIMEOUT:-900}" > /dev/null &
     local pid=$! last size=0 grown now
     last=$(date +%s)
     while kill -0 "$pid" 2>/dev/null; do
