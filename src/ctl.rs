@@ -16,45 +16,11 @@ pub fn snapshot(socket: &Path, dir: &Path, stop: bool) -> Result<u8> {
     // The VM resolves the path against its own working directory: send an absolute one.
     let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
     let body = json!({"dir": dir, "stop": stop});
-    let started = vmhost_api::request_with_body(
-        socket,
-        "PUT",
-        "/vm/snapshot",
-        Some(&body),
-        vmhost_api::DEFAULT_CLIENT_TIMEOUT,
-    )?;
-    if !started.is_success() {
-        println!("{}", serde_json::to_string_pretty(&started.body)?);
+    let Some(progress) = follow(socket, "/vm/snapshot", &body, "snapshot", describe)? else {
         return Ok(1);
-    }
-    let mut last = String::new();
-    loop {
-        let progress = match vmhost_api::request(socket, "GET", "/vm/snapshot") {
-            Ok(answer) => answer.body,
-            Err(e) => {
-                eprintln!(
-                    "vmhost: the VM's API went away before the snapshot job reported its end: {e}"
-                );
-                return Ok(1);
-            }
-        };
-        let line = describe(&progress);
-        if line != last {
-            eprintln!("vmhost: snapshot: {line}");
-            last = line;
-        }
-        match progress["state"].as_str() {
-            Some("running") => std::thread::sleep(POLL),
-            Some("succeeded") => {
-                println!("{}", serde_json::to_string_pretty(&progress)?);
-                return Ok(0);
-            }
-            _ => {
-                println!("{}", serde_json::to_string_pretty(&progress)?);
-                return Ok(1);
-            }
-        }
-    }
+    };
+    println!("{}", serde_json::to_string_pretty(&progress)?);
+    Ok(u8::from(progress["state"].as_str() != Some("succeeded")))
 }
 
 /// Starts a migration job and polls it to its end; prints the source's report (text, or the
@@ -69,43 +35,59 @@ pub fn migrate(
 ) -> Result<u8> {
     let key = std::path::absolute(key).with_context(|| format!("resolving {}", key.display()))?;
     let body = json!({"to": to, "auth_key": key, "max_downtime_ms": max_downtime_ms, "timeout_s": timeout_s});
+    let Some(progress) = follow(socket, "/vm/migrate", &body, "migrate", describe_migration)?
+    else {
+        return Ok(1);
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&progress)?);
+    } else {
+        print!("{}", migration_text(&progress));
+    }
+    Ok(u8::from(progress["state"].as_str() != Some("succeeded")))
+}
+
+/// `PUT path` with `body`, then `GET path` until the job is no longer running, each new
+/// progress line (`describe`) on stderr as `vmhost: <what>: …`. Returns the last report, or
+/// `None` when the job was refused (its answer printed) or the API went away.
+fn follow(
+    socket: &Path,
+    path: &str,
+    body: &Value,
+    what: &str,
+    describe: fn(&Value) -> String,
+) -> Result<Option<Value>> {
     let started = vmhost_api::request_with_body(
         socket,
         "PUT",
-        "/vm/migrate",
-        Some(&body),
+        path,
+        Some(body),
         vmhost_api::DEFAULT_CLIENT_TIMEOUT,
     )?;
     if !started.is_success() {
         println!("{}", serde_json::to_string_pretty(&started.body)?);
-        return Ok(1);
+        return Ok(None);
     }
     let mut last = String::new();
     loop {
-        let progress = match vmhost_api::request(socket, "GET", "/vm/migrate") {
+        let progress = match vmhost_api::request(socket, "GET", path) {
             Ok(answer) => answer.body,
             Err(e) => {
                 eprintln!(
-                    "vmhost: the VM's API went away before the migration reported its end: {e}"
+                    "vmhost: the VM's API went away before the {what} job reported its end: {e}"
                 );
-                return Ok(1);
+                return Ok(None);
             }
         };
-        let line = describe_migration(&progress);
+        let line = describe(&progress);
         if line != last {
-            eprintln!("vmhost: migrate: {line}");
+            eprintln!("vmhost: {what}: {line}");
             last = line;
         }
-        if progress["state"].as_str() == Some("running") {
-            std::thread::sleep(POLL);
-            continue;
+        if progress["state"].as_str() != Some("running") {
+            return Ok(Some(progress));
         }
-        if json {
-            println!("{}", serde_json::to_string_pretty(&progress)?);
-        } else {
-            print!("{}", migration_text(&progress));
-        }
-        return Ok(u8::from(progress["state"].as_str() != Some("succeeded")));
+        std::thread::sleep(POLL);
     }
 }
 
