@@ -49,41 +49,6 @@ fn vmhost(args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        common::stdout(o),
-        common::stderr(o)
-    )
-}
-
-/// The idle payload's `(tsc_start, ticks)` of vCPU 0, from `GET /vm`.
-fn progress(sock: &Path) -> (u64, u64) {
-    let (_, info) = common::ctl(sock, "info");
-    let p = &info["payload"][0];
-    (
-        p["tsc_start"].as_u64().unwrap_or(0),
-        p["ticks"].as_u64().unwrap_or(0),
-    )
-}
-
-/// Waits (polling the API) until vCPU 0's tick count passes `past`.
-fn ticks_pass(sock: &Path, past: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, t) = progress(sock);
-        if t > past {
-            return t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "ticks stay at {t}, not past {past}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Kills the processes it names when a test panics, so that a failing test leaves no VM
 /// holding hugepages.
 struct KillOnPanic(Vec<u32>);
@@ -230,11 +195,11 @@ fn dirty_rounds(job: &Value) -> usize {
 /// One successful migration from the VM at `from` to a new target listening on `listen`:
 /// checks the job's report, the guest going on at the target and the source's end.
 fn migrate_ok(d: &Path, source: &mut Child, from: &Path, listen: &str, api: &Path) -> Target {
-    let (stamp, _) = progress(from);
+    let (stamp, _) = common::progress(from);
     let mut target = Target::start(d, listen, "key", api, &[]);
-    let before = ticks_pass(from, 1);
+    let before = common::ticks_pass(from, 1);
     let o = migrate(from, listen, &d.join("key"));
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", common::text(&o));
     let job: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(job["state"], "succeeded", "{job:#}");
     let rounds = job["rounds"].as_array().unwrap();
@@ -255,13 +220,13 @@ fn migrate_ok(d: &Path, source: &mut Child, from: &Path, listen: &str, api: &Pat
         Some(0),
         "the source ends with 0"
     );
-    let (id, at_switch) = progress(api);
+    let (id, at_switch) = common::progress(api);
     assert_eq!(
         id, stamp,
         "the guest continued: its start stamp is the same"
     );
     assert!(at_switch >= before, "ticks {at_switch} go on from {before}");
-    ticks_pass(api, at_switch);
+    common::ticks_pass(api, at_switch);
     let (checked, _) = common::ram_check(api);
     common::ram_pass(api, checked);
     assert_eq!(ledger_names(&d.join("run")), ["mig-vm"], "one ledger entry");
@@ -321,7 +286,7 @@ fn a_wrong_key_is_refused_on_both_sides_and_the_source_runs_on() {
     let mut target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &[]);
     _guard.0.push(target.child.id());
     let o = migrate(&sock, &unix, &d.join("other-key"));
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", common::text(&o));
     let job: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(job["state"], "failed", "{job:#}");
     assert!(
@@ -329,8 +294,8 @@ fn a_wrong_key_is_refused_on_both_sides_and_the_source_runs_on() {
         "{job:#}"
     );
     target.wait_line("refused a connection");
-    let (_, t) = progress(&sock);
-    ticks_pass(&sock, t);
+    let (_, t) = common::progress(&sock);
+    common::ticks_pass(&sock, t);
     assert_eq!(common::ctl(&sock, "info").1["state"], "running");
     target.child.kill().unwrap();
     let _ = target.wait();
@@ -358,7 +323,7 @@ fn the_target_killed_at_round_1_leaves_the_source_running() {
     let target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &hook);
     _guard.0.push(target.child.id());
     let o = migrate(&sock, &unix, &d.join("key"));
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", common::text(&o));
     let (status, log) = target.wait_status();
     assert_eq!(
         status.signal(),
@@ -366,8 +331,8 @@ fn the_target_killed_at_round_1_leaves_the_source_running() {
         "killed by the hook: {log}"
     );
     assert!(log.contains("killed now (test hook)"), "{log}");
-    let (_, t) = progress(&sock);
-    ticks_pass(&sock, t);
+    let (_, t) = common::progress(&sock);
+    common::ticks_pass(&sock, t);
     assert_eq!(common::ctl(&sock, "info").1["state"], "running");
     assert_eq!(common::ctl(&sock, "shutdown").0, 0);
     assert_eq!(source.wait().unwrap().code(), Some(0));
@@ -408,7 +373,7 @@ fn the_source_killed_ends_the_target_non_zero_with_its_pages_back() {
     let target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &[]);
     _guard.0.push(target.child.id());
     let o = migrate(&sock, &unix, &d.join("key"));
-    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert_ne!(o.status.code(), Some(0), "{}", common::text(&o));
     let status = source.wait().unwrap();
     assert_eq!(
         status.signal(),

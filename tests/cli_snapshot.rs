@@ -36,43 +36,8 @@ fn vmhost(args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        common::stdout(o),
-        common::stderr(o)
-    )
-}
-
 fn mode(p: &Path) -> u32 {
     std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
-}
-
-/// The idle payload's `(tsc_start, ticks)` of vCPU 0, from `GET /vm`.
-fn progress(sock: &Path) -> (u64, u64) {
-    let (_, info) = common::ctl(sock, "info");
-    let p = &info["payload"][0];
-    (
-        p["tsc_start"].as_u64().unwrap_or(0),
-        p["ticks"].as_u64().unwrap_or(0),
-    )
-}
-
-/// Waits (polling the API) until vCPU 0's tick count passes `past`.
-fn ticks_pass(sock: &Path, past: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, t) = progress(sock);
-        if t > past {
-            return t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "ticks stay at {t}, not past {past}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn snapshot(sock: &Path, to: &Path, stop: bool) -> Output {
@@ -150,41 +115,41 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
     let spec = d.join("vm.toml");
     std::fs::write(&spec, IDLE).unwrap();
     let (mut child, sock) = common::start_with_api(&d, &spec, &[], Stdio::null());
-    let (boot_id, _) = progress(&sock);
+    let (boot_id, _) = common::progress(&sock);
     assert!(boot_id > 0, "the idle payload stamps its start");
-    ticks_pass(&sock, 2);
+    common::ticks_pass(&sock, 2);
 
     // A snapshot that resumes the VM.
     let s1 = d.join("s1");
     let o = snapshot(&sock, &s1, false);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", common::text(&o));
     let job: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(job["state"], "succeeded", "{job:#}");
     assert!(
         common::stderr(&o).contains("snapshot: succeeded"),
         "{}",
-        text(&o)
+        common::text(&o)
     );
     check_modes(&s1);
     assert_eq!(common::ctl(&sock, "info").1["state"], "running");
-    let (_, t) = progress(&sock);
-    ticks_pass(&sock, t);
+    let (_, t) = common::progress(&sock);
+    common::ticks_pass(&sock, t);
     // An existing directory is refused and left alone; the VM runs on.
     let o = snapshot(&sock, &s1, false);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", common::text(&o));
     assert!(
         common::stdout(&o).contains("must not exist"),
         "{}",
-        text(&o)
+        common::text(&o)
     );
     check_modes(&s1);
     assert_eq!(common::ctl(&sock, "info").1["state"], "running");
 
     // A snapshot that ends the VM.
-    let (_, seen) = progress(&sock);
+    let (_, seen) = common::progress(&sock);
     let s2 = d.join("s2");
     let o = snapshot(&sock, &s2, true);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", common::text(&o));
     assert_eq!(child.wait().unwrap().code(), Some(0));
     check_modes(&s2);
     let cell = std::fs::metadata(s2.join("memory-cell0")).unwrap().len();
@@ -200,7 +165,7 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
 
     let sock2 = d.join("api2.sock");
     let mut restored = restore(&d, &s2, &sock2, &[]);
-    let (id, first) = progress(&sock2);
+    let (id, first) = common::progress(&sock2);
     assert_eq!(
         id, boot_id,
         "the guest continued: its start stamp is the same"
@@ -209,7 +174,7 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
         first >= seen,
         "restored ticks {first} start from the captured count >= {seen}"
     );
-    ticks_pass(&sock2, first);
+    common::ticks_pass(&sock2, first);
     let (checked, _) = common::ram_check(&sock2);
     common::ram_pass(&sock2, checked);
     assert!(ledger_names(&d.join("run")).contains("snap-vm"));
@@ -226,7 +191,7 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
     // The first snapshot, restored with the same spec given again: it continues too.
     let sock3 = d.join("api3.sock");
     let mut again = restore(&d, &s1, &sock3, &["--config", spec.to_str().unwrap()]);
-    assert_eq!(progress(&sock3).0, boot_id);
+    assert_eq!(common::progress(&sock3).0, boot_id);
     assert_eq!(common::ctl(&sock3, "shutdown").0, 0);
     assert_eq!(again.wait().unwrap().code(), Some(0));
     assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
@@ -304,8 +269,12 @@ fn refusals(d: &Path, good: &Path, before: (u64, u64)) {
         "restore",
         bad.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(common::stderr(&o).contains("memory-cell0"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", common::text(&o));
+    assert!(
+        common::stderr(&o).contains("memory-cell0"),
+        "{}",
+        common::text(&o)
+    );
     assert!(!ledger_names(&run_dir).contains("snap-vm"));
     assert_eq!(pool(PAGE_2M), before);
 
@@ -319,8 +288,12 @@ fn refusals(d: &Path, good: &Path, before: (u64, u64)) {
         "restore",
         good.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(common::stderr(&o).contains("memory."), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", common::text(&o));
+    assert!(
+        common::stderr(&o).contains("memory."),
+        "{}",
+        common::text(&o)
+    );
     assert!(!ledger_names(&run_dir).contains("snap-vm"));
     assert_eq!(pool(PAGE_2M), before);
 }
@@ -329,16 +302,20 @@ fn refusals(d: &Path, good: &Path, before: (u64, u64)) {
 fn ctl_snapshot_needs_a_directory_and_restore_a_snapshot() {
     let d = dir("args");
     let o = vmhost(&["ctl", "--api-socket", "/nonexistent.sock", "snapshot"]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(common::stderr(&o).contains("snapshot DIR"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", common::text(&o));
+    assert!(
+        common::stderr(&o).contains("snapshot DIR"),
+        "{}",
+        common::text(&o)
+    );
     let o = vmhost(&[
         "--run-dir",
         d.join("run").to_str().unwrap(),
         "restore",
         d.join("none").to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(common::stderr(&o).contains("state"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", common::text(&o));
+    assert!(common::stderr(&o).contains("state"), "{}", common::text(&o));
 }
 
 /// Copies the snapshot `good` into `out` record by record (new checksums and manifest), its
@@ -399,12 +376,12 @@ fn refused(d: &Path, snap: &Path, before: (u64, u64), names: &[&str]) {
         "restore",
         snap.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", common::text(&o));
     for n in names {
         assert!(
             common::stderr(&o).contains(n),
             "{n} not named: {}",
-            text(&o)
+            common::text(&o)
         );
     }
     assert!(!ledger_names(&run_dir).contains("snap-vm"));
@@ -426,11 +403,11 @@ fn a_restore_keeps_the_guest_identity_and_refuses_a_snapshot_the_spec_contradict
     let spec = d.join("vm.toml");
     std::fs::write(&spec, IDLE).unwrap();
     let (mut child, sock) = common::start_with_api(&d, &spec, &[], Stdio::null());
-    ticks_pass(&sock, 1);
+    common::ticks_pass(&sock, 1);
     let placement = common::ctl(&sock, "placement").1;
     let snap = d.join("s");
     let o = snapshot(&sock, &snap, true);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", common::text(&o));
     assert_eq!(child.wait().unwrap().code(), Some(0));
 
     // What the guest has seen: one cell with vCPU 0 and 32 MiB in 2 MiB pages.
@@ -486,7 +463,7 @@ fn a_restore_keeps_the_guest_identity_and_refuses_a_snapshot_the_spec_contradict
     let again = common::ctl(&sock2, "placement").1;
     assert_eq!(common::ctl(&sock2, "shutdown").0, 0);
     let out = restored.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", common::text(&out));
     let node = placement["memory"][0]["expected_node"].as_u64().unwrap();
     let line = format!(
         "vmhost: restore: guest cell 0 (1 vCPUs, 32 MiB): node{node} in the snapshot, node{node} now"
@@ -494,7 +471,7 @@ fn a_restore_keeps_the_guest_identity_and_refuses_a_snapshot_the_spec_contradict
     assert!(
         common::stderr(&out).contains(&line),
         "{line}\n{}",
-        text(&out)
+        common::text(&out)
     );
     for field in [
         "cell",

@@ -1,8 +1,9 @@
 //! Helpers for the end-to-end tests: run the real `vmhost` binary.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 /// Path of the repository root.
 pub fn root() -> PathBuf {
@@ -134,6 +135,42 @@ pub fn ram_pass(sock: &std::path::Path, from: u64) -> u64 {
         assert!(
             Instant::now() < deadline,
             "the guest checked {checked} RAM pattern pages, not a pass past {from}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// An output as text: exit status, stdout, stderr.
+pub fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        stdout(o),
+        stderr(o)
+    )
+}
+
+/// The idle payload's `(tsc_start, ticks)` of vCPU 0, from `GET /vm`.
+pub fn progress(sock: &Path) -> (u64, u64) {
+    let (_, info) = ctl(sock, "info");
+    let p = &info["payload"][0];
+    (
+        p["tsc_start"].as_u64().unwrap_or(0),
+        p["ticks"].as_u64().unwrap_or(0),
+    )
+}
+
+/// Waits (polling the API) until vCPU 0's tick count passes `past`.
+pub fn ticks_pass(sock: &Path, past: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, t) = progress(sock);
+        if t > past {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ticks stay at {t}, not past {past}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
