@@ -35,7 +35,7 @@ modules+=(virtio_mmio vmw_vsock_virtio_transport)
 # loaded by that script alone from lib/modules/devices/.
 # virtio_pci: the device benchmark's QEMU baseline gives the same guest PCI devices.
 device_modules=(virtio_mmio virtio_pci virtio_blk virtio_net virtio_rng ext4 crc32c_generic vfat nls_cp437 nls_ascii nls_utf8)
-inputs="$kpkg busybox-static ${modules[*]} ${device_modules[*]} $(cat "$root/testbed/guest/init" "$root/testbed/guest/devices.sh" "$root/testbed/guest/iobench-run" "$root/testbed/guest/iobench.c" "$0" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
+inputs="$kpkg busybox-static ${modules[*]} ${device_modules[*]} $(cat "$root/testbed/guest/init" "$root/testbed/guest/devices.sh" "$root/testbed/guest/migrate.sh" "$root/testbed/guest/iobench-run" "$root/testbed/guest/iobench.c" "$0" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
 inputs+=" vsock-test:$(sha256sum < "$root/testbed/guest/vsock-test.c" | cut -c1-16)"
 mkdir -p "$out"
 qemu_bundle() { # this machine's QEMU, its libraries and firmware, for the emulated host
@@ -80,6 +80,7 @@ python3 "$root/testbed/mkcpio.py" "$rootfs" "$out/initramfs.cpio.tmp"
 copy_modules "$work/kernel" "$work/devices" "${device_modules[@]}"
 mv "$work/devices/lib/modules" "$rootfs/lib/modules/devices"
 install -m 0755 "$root/testbed/guest/devices.sh" "$rootfs/devices.sh"
+install -m 0755 "$root/testbed/guest/migrate.sh" "$rootfs/migrate.sh"
 # The device benchmark's guest side (`vmhost.action=iobench`, testbed/guest/iobench-run).
 install -m 0755 "$root/testbed/guest/iobench-run" "$rootfs/iobench-run"
 gcc -static -O2 -Wall -o "$rootfs/bin/iobench" "$root/testbed/guest/iobench.c"

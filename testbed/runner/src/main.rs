@@ -19,6 +19,7 @@ mod ledger_tests;
 mod linux_bench;
 mod linux_tests;
 mod memory_tests;
+mod migration_tests;
 mod pod_tests;
 mod snapshot_tests;
 mod static_keys;
@@ -205,6 +206,10 @@ const FOUR_NODE: &[Test] = &[
         device_tests::cloud_init_seed,
     ),
     ("virtio_rng_hwrng", device_tests::hwrng),
+    (
+        "migration_linux_between_node_pairs",
+        migration_tests::linux_between_node_pairs,
+    ),
 ];
 
 /// Every 60 s, one line on the serial console: the host's uptime and load, and every task in

@@ -135,26 +135,8 @@ impl Env {
         vcpus: usize,
         watch: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Running, String> {
-        let mut cmd = cmd;
-        let socket = self.work.join(format!("{name}.sock"));
-        let out = self.work.join(format!("{name}.out"));
-        let err = self.work.join(format!("{name}.err"));
-        let _ = std::fs::remove_file(&socket);
-        let file =
-            |p: &Path| std::fs::File::create(p).map_err(|e| format!("create {}: {e}", p.display()));
-        cmd.arg("--api-socket")
-            .arg(&socket)
-            .stdin(Stdio::null())
-            .stdout(file(&out)?)
-            .stderr(file(&err)?);
-        let mut child = cmd.spawn().map_err(|e| format!("spawn vmhost: {e}"))?;
-        let pid = child.id();
-        let mut vm = Running {
-            pid,
-            vmm: pid,
-            socket,
-            err,
-        };
+        let (mut child, mut vm) = self.spawn_child(name, cmd)?;
+        let pid = vm.pid;
         let deadline = Instant::now() + COMMAND_LIMIT;
         let mut polls = 0u32;
         loop {
@@ -191,6 +173,39 @@ impl Env {
             }
             std::thread::sleep(Duration::from_millis(if fast { 2 } else { 100 }));
         }
+        self.lock_children().push((name.to_string(), child));
+        Ok(vm)
+    }
+
+    /// Starts `cmd` with an API socket (`<name>.sock`), stdout in `<name>.out` and stderr in
+    /// `<name>.err` under the work directory.
+    fn spawn_child(&self, name: &str, mut cmd: Command) -> Result<(Child, Running), String> {
+        let socket = self.work.join(format!("{name}.sock"));
+        let out = self.work.join(format!("{name}.out"));
+        let err = self.work.join(format!("{name}.err"));
+        let _ = std::fs::remove_file(&socket);
+        let file =
+            |p: &Path| std::fs::File::create(p).map_err(|e| format!("create {}: {e}", p.display()));
+        cmd.arg("--api-socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(file(&out)?)
+            .stderr(file(&err)?);
+        let child = cmd.spawn().map_err(|e| format!("spawn vmhost: {e}"))?;
+        let pid = child.id();
+        let vm = Running {
+            pid,
+            vmm: pid,
+            socket,
+            err,
+        };
+        Ok((child, vm))
+    }
+
+    /// Starts `cmd` in the background as [`Env::start`] does, without waiting for a VM (a
+    /// `vmhost receive` has none until one arrives); [`Env::wait`] and [`Env::cleanup`] know it.
+    pub fn spawn(&self, name: &str, cmd: Command) -> Result<Running, String> {
+        let (child, vm) = self.spawn_child(name, cmd)?;
         self.lock_children().push((name.to_string(), child));
         Ok(vm)
     }

@@ -1,0 +1,53 @@
+#!/bin/busybox sh
+# The live-migration workload (`vmhost.action=migrate`, run by /init; the initramfs with the
+# device modules). It loads the virtio modules, gives eth0 10.0.2.15/24, mounts the ext4 disk
+# /dev/vda, echoes every TCP connection on port 7000 (busybox `nc -e cat`), prints its NUMA view
+# once (`GUEST-MIGREADY`), then ticks every half second until the VM is stopped:
+# - `n`: a counter kept in the shell's memory, one more per tick;
+# - a line `N BOOT_ID` appended to the disk's `ticks` file and synced; `lines` and `whole`
+#   (1 when line k holds k and this boot's id, for every k) are read back from the disk;
+# - 1 MiB of fresh random bytes written over `/tmp/blob` (tmpfs, guest RAM), its sha256 kept
+#   in a shell variable; `mem_ok` is 1 when the blob still has the checksum of the last write
+#   (a page the migration missed or sent stale would break it);
+# - `numa_same`: the guest's NUMA view (each node's CPUs, distances, MemTotal) equals the first.
+# testbed/runner/src/migration_tests.rs reads these lines from the source's and the target's
+# consoles.
+up() { cut -d' ' -f1 /proc/uptime; }
+for m in $(cat /lib/modules/devices/order); do
+    insmod "/lib/modules/devices/$m" 2>/dev/null
+done
+for i in $(seq 100); do
+    [ -e /sys/block/vda ] && [ -e /sys/class/net/eth0 ] && break
+    sleep 0.1
+done
+ip link set eth0 up
+ip addr add 10.0.2.15/24 dev eth0
+mkdir -p /mnt/log
+mount -t ext4 /dev/vda /mnt/log || echo "GUEST-MIGFAIL mount=failed"
+(while :; do nc -l -p 7000 -e cat; done) &
+numa() {
+    for n in /sys/devices/system/node/node[0-9]*; do
+        printf '%s:%s:%s:%s;' "${n##*node}" "$(cat "$n/cpulist")" "$(tr ' ' , < "$n/distance")" \
+            "$(awk '/MemTotal/ {print $4}' "$n/meminfo")"
+    done
+}
+view=$(numa)
+boot=$(cat /proc/sys/kernel/random/boot_id)
+echo "GUEST-MIGREADY boot_id=$boot numa=$view mac=$(cat /sys/class/net/eth0/address)"
+i=0
+sum=""
+while :; do
+    mem_ok=1
+    [ -n "$sum" ] && [ "$(sha256sum < /tmp/blob | cut -c1-64)" != "$sum" ] && mem_ok=0
+    dd if=/dev/urandom of=/tmp/blob bs=65536 count=16 2>/dev/null
+    sum=$(sha256sum < /tmp/blob | cut -c1-64)
+    echo "$i $boot" >> /mnt/log/ticks
+    sync
+    lines=$(wc -l < /mnt/log/ticks)
+    whole=$(awk -v b="$boot" '$1 != NR - 1 || $2 != b {bad = 1} END {print bad ? 0 : 1}' /mnt/log/ticks)
+    same=0
+    [ "$(numa)" = "$view" ] && same=1
+    echo "GUEST-MIGTICK n=$i boot_id=$boot uptime=$(up) lines=$lines whole=$whole mem_ok=$mem_ok numa_same=$same"
+    i=$((i + 1))
+    sleep 0.5
+done

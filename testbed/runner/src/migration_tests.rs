@@ -1,0 +1,615 @@
+//! Live migration of a Linux guest between node pairs of the 4-node host (issue 22), with the
+//! failure rules on the way.
+//!
+//! The guest: 2 sockets × 1 core, NUMA passthrough (two cells), 128 MiB of 2 MiB pages, an ext4
+//! disk and a NIC. It runs `testbed/guest/migrate.sh`: a counter in memory, a line per tick
+//! appended to a file on its disk and read back, 1 MiB of guest RAM rewritten and checked every
+//! tick, its NUMA view compared with the first, and a TCP echo server. The source vmhost runs in
+//! a pod-like cgroup with nodes 0–1 (PUs and memory), every target in one with nodes 2–3 (and
+//! the way back in nodes 0–1 again). Both taps are put on one bridge that holds the host's
+//! address, so one TCP connection from the host to the guest outlives the move.
+//!
+//! In order, on one guest:
+//! 1. a target killed by the test hook when round 1 begins: `ctl migrate` fails, the source's
+//!    guest goes on (its counter, its RAM check and its disk);
+//! 2. a peer with the wrong key: refused on both sides, the guest goes on, and the same
+//!    listener then takes the migration with the right key;
+//! 3. after the switch: the source exits 0 and every page it had is back in nodes 0–1's pools;
+//!    the ledger holds one entry; the guest's boot id, counter (every tick once, in order, across
+//!    both consoles), RAM check, disk file and NUMA view carry on; the TCP connection echoes;
+//!    every page of the target is on its planned node (`numa_maps`) and every vCPU thread on its
+//!    planned PU (`/proc/<pid>/task/*/status`), all in nodes 2–3;
+//! 4. the way back with the source (now the target of step 3) killed by the test hook at round
+//!    1: the new target exits non-zero and every pool is whole again.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::cgroup_tests::{command_in, make_pod_with};
+use crate::host;
+use crate::linux_tests::{assets, linux_spec, tail};
+use crate::vm::{at, num, Env, Running};
+use crate::{ensure, Outcome};
+
+/// 2 MiB pages per guest cell (64 MiB): the pool of each node holds exactly one cell.
+const CELL_PAGES: u64 = 32;
+/// How long the guest may take to boot and report ready, and any later wait for a tick.
+const GUEST_LIMIT: Duration = Duration::from_secs(150);
+/// The bridge both taps join, and the host's address on it (the guest is 10.0.2.15).
+const BRIDGE: &str = "tbmigbr";
+const HOST_IP: &str = "10.0.2.1/24";
+const GUEST_ADDR: &str = "10.0.2.15:7000";
+/// The VM's name, in the spec and the ledger.
+const VM: &str = "migvm";
+
+/// One `GUEST-MIGTICK` line's fields.
+#[derive(Debug, Clone, PartialEq)]
+struct Tick {
+    n: u64,
+    boot_id: String,
+    lines: u64,
+    whole: bool,
+    mem_ok: bool,
+    numa_same: bool,
+}
+
+/// Every whole `GUEST-MIGTICK` line of `text`, in order.
+fn ticks(text: &str) -> Vec<Tick> {
+    let whole = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+    whole
+        .lines()
+        .filter_map(|l| l.trim_end_matches('\r').strip_prefix("GUEST-MIGTICK "))
+        .filter_map(|l| {
+            let f: std::collections::BTreeMap<&str, &str> = l
+                .split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .collect();
+            Some(Tick {
+                n: f.get("n")?.parse().ok()?,
+                boot_id: f.get("boot_id")?.to_string(),
+                lines: f.get("lines")?.parse().ok()?,
+                whole: *f.get("whole")? == "1",
+                mem_ok: *f.get("mem_ok")? == "1",
+                numa_same: *f.get("numa_same")? == "1",
+            })
+        })
+        .collect()
+}
+
+/// The consoles of the guest so far, in the order the guest ran on them.
+fn console(env: &Env, names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| std::fs::read_to_string(env.work.join(format!("{n}.out"))).unwrap_or_default())
+        .collect()
+}
+
+/// Waits until the consoles `names` show a tick past `after`; returns the last tick. Every
+/// tick must be whole: the disk file, the RAM check and the NUMA view.
+fn wait_tick_past(env: &Env, names: &[&str], after: u64) -> Result<Tick, String> {
+    let deadline = Instant::now() + GUEST_LIMIT;
+    loop {
+        let text = console(env, names);
+        let all = ticks(&text);
+        if let Some(bad) = all.iter().find(|t| !(t.whole && t.mem_ok && t.numa_same)) {
+            return Err(format!(
+                "the guest's own check failed: {bad:?}; {}",
+                tail(&text)
+            ));
+        }
+        if let Some(t) = all.last().filter(|t| t.n > after) {
+            return Ok(t.clone());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no GUEST-MIGTICK past n={after} within {GUEST_LIMIT:?} on {names:?}: {}",
+            tail(&text)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits for a line containing `what` in `<name>.err`.
+fn wait_stderr(env: &Env, name: &str, what: &str, limit: Duration) -> Outcome {
+    let path = env.work.join(format!("{name}.err"));
+    let deadline = Instant::now() + limit;
+    loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.contains(what) {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{name} printed no {what:?} within {limit:?}: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn run(args: &[&str]) -> Outcome {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{args:?}: {e}"))?;
+    ensure!(
+        out.status.success(),
+        "{args:?}: {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// The bridge with the host's address; removed on drop.
+struct Bridge;
+
+impl Bridge {
+    fn create() -> Result<Self, String> {
+        let _ = Command::new("ip").args(["link", "del", BRIDGE]).output();
+        run(&["ip", "link", "add", BRIDGE, "type", "bridge"])?;
+        let b = Bridge;
+        run(&["ip", "addr", "add", HOST_IP, "dev", BRIDGE])?;
+        run(&["ip", "link", "set", BRIDGE, "up"])?;
+        Ok(b)
+    }
+
+    /// Waits for a `vmhost*` tap that is on no bridge yet and puts it on this one (the
+    /// kernel may give the target's tap the name the source's had).
+    fn attach_new(&self) -> Result<String, String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let tap = std::fs::read_dir("/sys/class/net")
+                .map_err(|e| format!("/sys/class/net: {e}"))?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .find(|n| {
+                    n.starts_with("vmhost")
+                        && !Path::new("/sys/class/net").join(n).join("master").exists()
+                });
+            if let Some(tap) = tap {
+                run(&["ip", "link", "set", &tap, "master", BRIDGE])?;
+                run(&["ip", "link", "set", &tap, "up"])?;
+                return Ok(tap);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "no vmhost* tap off the bridge within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", BRIDGE]).output();
+    }
+}
+
+/// One TCP connection from the host to the guest's echo server.
+struct Echo {
+    stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Echo {
+    fn connect() -> Result<Self, String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let stream = loop {
+            let addr = GUEST_ADDR
+                .parse()
+                .map_err(|e| format!("{GUEST_ADDR}: {e}"))?;
+            match TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!("connect to the guest's {GUEST_ADDR}: {e}"))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(500)),
+            }
+        };
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(|e| e.to_string())?;
+        let reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
+        Ok(Echo { stream, reader })
+    }
+
+    /// Sends a line and reads it back from the guest.
+    fn round_trip(&mut self, what: &str) -> Outcome {
+        let line = format!("{what} {}\n", std::process::id());
+        self.stream
+            .write_all(line.as_bytes())
+            .map_err(|e| format!("send {what:?} to the guest: {e}"))?;
+        let mut back = String::new();
+        self.reader
+            .read_line(&mut back)
+            .map_err(|e| format!("the guest's echo of {what:?}: {e}"))?;
+        ensure!(
+            back == line,
+            "the guest echoed {back:?} for {line:?} on the same TCP connection"
+        );
+        Ok(())
+    }
+}
+
+/// A 0600 key file of 48 bytes of `byte`.
+fn key_file(env: &Env, name: &str, byte: u8) -> Result<String, String> {
+    let p = env.work.join(name);
+    std::fs::write(&p, [byte; 48]).map_err(|e| format!("{}: {e}", p.display()))?;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| e.to_string())?;
+    Ok(p.to_string_lossy().into_owned())
+}
+
+/// An empty 32 MiB ext4 image for the guest's log.
+fn make_disk(env: &Env) -> Result<PathBuf, String> {
+    let p = env.work.join("migdisk.ext4");
+    let _ = std::fs::remove_file(&p);
+    let f = std::fs::File::create(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    f.set_len(32 << 20).map_err(|e| e.to_string())?;
+    run(&["mkfs.ext4", "-q", "-F", &p.to_string_lossy()])?;
+    Ok(p)
+}
+
+/// The guest's spec: 2 cells passthrough, 128 MiB of 2 MiB pages, the log disk and a NIC.
+fn spec(env: &Env, disk: &Path) -> Result<PathBuf, String> {
+    let a = assets(env)?;
+    let initrd = env.work.join("guest/initramfs-devices.cpio");
+    let base = linux_spec(
+        VM,
+        (2, 1),
+        "numa = { guest_mapping_passthrough = true }",
+        "128Mi",
+        &a.vmlinux,
+        &initrd,
+        "migrate",
+    );
+    let devices = format!(
+        "[[devices.disks]]\nname = \"log\"\n[[volumes]]\nname = \"log\"\n\
+         host_disk = {{ path = \"{}\", type = \"Disk\" }}\n\
+         [[devices.interfaces]]\nname = \"default\"\nbridge = {{}}\n\
+         mac_address = \"02:00:00:00:22:01\"\n[[networks]]\nname = \"default\"\npod = {{}}\n",
+        disk.display()
+    );
+    env.spec(VM, &format!("{base}{devices}"))
+}
+
+/// The PUs of `nodes`, and a pod-like cgroup `name` confined to them and their memory.
+fn pod(env: &Env, name: &str, nodes: [u32; 2]) -> Result<PathBuf, String> {
+    let mut cpus = host::node_cpus(nodes[0])?;
+    cpus.extend(host::node_cpus(nodes[1])?);
+    make_pod_with(env, name, &cpus, &format!("{}-{}", nodes[0], nodes[1]))
+}
+
+/// `vmhost receive` in `pod`, listening on `listen`; waits for its "listening on" line.
+fn receive(
+    env: &Env,
+    name: &str,
+    pod: &Path,
+    listen: &str,
+    key: &str,
+    hook: Option<&str>,
+) -> Result<Running, String> {
+    let args = ["receive", "--listen", listen, "--auth-key", key];
+    let mut cmd = command_in(env, pod, &args);
+    if let Some(h) = hook {
+        cmd.env("VMHOST_TEST_MIGRATION_FAIL_AT", h);
+    }
+    let r = env.spawn(name, cmd)?;
+    wait_stderr(env, name, "listening on", Duration::from_secs(60))?;
+    Ok(r)
+}
+
+/// `vmhost ctl --json migrate` of the VM at `from` to `to` with `key`.
+fn migrate(env: &Env, from: &Running, to: &str, key: &str) -> Result<crate::vm::Output, String> {
+    let sock = from.socket.to_string_lossy().to_string();
+    env.run(&[
+        "ctl",
+        "--api-socket",
+        &sock,
+        "--json",
+        "migrate",
+        to,
+        "--auth-key",
+        key,
+    ])
+}
+
+/// Free 2 MiB pages of every node.
+fn free() -> Result<Vec<u64>, String> {
+    host::free_per_node(2048)
+}
+
+/// The names of the ledger's live entries (`vmhost ps --json`).
+fn ledger_names(env: &Env) -> Result<Vec<String>, String> {
+    let v = env.run(&["ps", "--json"])?.expect_code(0)?.json()?;
+    Ok(v["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["liveness"] == "alive")
+        .map(|e| e["entry"]["name"].as_str().unwrap_or("").to_string())
+        .collect())
+}
+
+/// Step 1: the target killed at round 1; the source's guest goes on.
+fn target_killed(env: &Env, src: &Running, pod_b: &Path, key: &str) -> Outcome {
+    let listen = format!("unix:{}", env.work.join("mig-a.sock").display());
+    let dst = receive(env, "migdst-a", pod_b, &listen, key, Some("round:1:target"))?;
+    let before = free()?;
+    let out = migrate(env, src, &listen, key)?;
+    ensure!(
+        out.code == 1 && out.json()?["state"] == "failed",
+        "ctl migrate to a target killed at round 1: exit {}, {}",
+        out.code,
+        out.stdout
+    );
+    let code = env.wait(dst.pid)?;
+    ensure!(
+        code != 0 && dst.stderr().contains("killed now (test hook)"),
+        "the target killed by the hook: exit {code}: {}",
+        dst.stderr()
+    );
+    let last = ticks(&console(env, &["migsrc"])).last().map_or(0, |t| t.n);
+    wait_tick_past(env, &["migsrc"], last + 2)?;
+    ensure!(
+        free()? == before,
+        "free 2 MiB pages per node {before:?} before, {:?} after the target died",
+        free()?
+    );
+    Ok(())
+}
+
+/// Step 2, first half: a source with the wrong key is refused by `dst`, which listens on.
+fn wrong_key_refused(env: &Env, src: &Running, listen: &str, wrong: &str) -> Outcome {
+    let out = migrate(env, src, listen, wrong)?;
+    let job = out.json()?;
+    ensure!(
+        out.code == 1
+            && job["state"] == "failed"
+            && job["error"].as_str().unwrap_or("").contains("authenticat"),
+        "ctl migrate with the wrong key: exit {}, {job}",
+        out.code
+    );
+    wait_stderr(
+        env,
+        "migdst",
+        "refused a connection",
+        Duration::from_secs(30),
+    )?;
+    let last = ticks(&console(env, &["migsrc"])).last().map_or(0, |t| t.n);
+    wait_tick_past(env, &["migsrc"], last + 1)?;
+    Ok(())
+}
+
+/// Step 3's checks of the job's report: rounds, downtime, and the target's plan on nodes 2–3.
+fn check_report(job: &Value) -> Result<(), String> {
+    ensure!(job["state"] == "succeeded", "the migration job: {job}");
+    let rounds = at(job, "/rounds")?.as_array().ok_or("rounds")?;
+    ensure!(
+        rounds.len() >= 2 && rounds.last().map(|r| r["last"] == true) == Some(true),
+        "round 0 and a final round: {job}"
+    );
+    let bytes: u64 = rounds.iter().filter_map(|r| r["bytes"].as_u64()).sum();
+    ensure!(
+        bytes >= 16 << 20,
+        "{bytes} bytes sent for a guest with 128 MiB that booted Linux"
+    );
+    let cells = at(job, "/target_plan/guest_cells")?
+        .as_array()
+        .ok_or("guest_cells")?;
+    let nodes: Vec<u32> = cells
+        .iter()
+        .map(|c| num(&c["host_node"], "a cell's node"))
+        .collect::<Result<_, _>>()?;
+    ensure!(
+        nodes == [2, 3],
+        "the target plan's cells are on nodes {nodes:?}, want [2, 3]"
+    );
+    println!(
+        "  migration: {} rounds, {:.1} MiB, downtime {} ms, total {} s",
+        rounds.len(),
+        bytes as f64 / f64::from(1 << 20),
+        job["downtime_ms"],
+        job["seconds"]
+    );
+    Ok(())
+}
+
+/// Every page of `vm` on its planned node, by vmhost's live audit and `numa_maps`, and every
+/// vCPU thread allowed exactly its planned PU, on that PU's planned node.
+fn check_placement(env: &Env, vm: &Running, nodes: &[u32]) -> Outcome {
+    let sock = vm.socket.to_string_lossy().to_string();
+    let live = env
+        .run(&["ctl", "--api-socket", &sock, "placement"])?
+        .expect_code(0)?
+        .json()?;
+    let mut want = std::collections::BTreeMap::new();
+    for region in at(&live, "/memory")?.as_array().ok_or("memory")? {
+        let node = num(&region["expected_node"], "expected_node")?;
+        let by_node = region["pages_by_node"].as_object().ok_or("pages_by_node")?;
+        ensure!(
+            nodes.contains(&node) && by_node.keys().all(|n| *n == node.to_string()),
+            "guest memory not on its planned node {node}: {region}"
+        );
+        *want.entry(node).or_insert(0) += by_node.values().filter_map(Value::as_u64).sum::<u64>();
+    }
+    let want_maps: std::collections::BTreeMap<u32, u64> =
+        nodes.iter().map(|&n| (n, CELL_PAGES)).collect();
+    ensure!(
+        want == want_maps,
+        "vmhost's audit: pages per node {want:?}, want {want_maps:?}"
+    );
+    let maps = host::numa_maps_huge(vm.vmm)?;
+    let seen = maps.get(&2048).cloned().unwrap_or_default();
+    ensure!(
+        seen == want_maps,
+        "numa_maps of pid {}: 2 MiB pages per node {seen:?}, want {want_maps:?}",
+        vm.vmm
+    );
+    let threads = host::threads(vm.vmm)?;
+    let mut pus = Vec::new();
+    for n in nodes {
+        pus.extend(host::node_cpus(*n)?);
+    }
+    for v in at(&live, "/vcpus")?.as_array().ok_or("vcpus")? {
+        let pu = num(&v["planned_cpu"], "a vCPU's planned PU")?;
+        let name = v["thread"]["name"].as_str().unwrap_or_default();
+        let t = threads
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| format!("no thread {name} in /proc/{}/task", vm.vmm))?;
+        ensure!(
+            pus.contains(&pu) && t.cpus == vec![pu],
+            "{name} (tid {}) allowed on {:?}, planned PU{pu}; nodes {nodes:?} have {pus:?}",
+            t.tid,
+            t.cpus
+        );
+    }
+    Ok(())
+}
+
+/// Every tick on the consoles once, in order, with one boot id; returns the last.
+fn check_tick_sequence(env: &Env, names: &[&str], boot_id: &str) -> Result<Tick, String> {
+    let all = ticks(&console(env, names));
+    for (i, t) in all.iter().enumerate() {
+        ensure!(
+            t.n == i as u64 && t.boot_id == boot_id,
+            "tick {i} on the consoles {names:?} is {t:?} (boot id before: {boot_id})"
+        );
+    }
+    all.last().cloned().ok_or_else(|| "no tick".to_string())
+}
+
+/// Step 3: the migration to nodes 2–3 and everything that must hold after it.
+fn migrate_to_nodes_2_3(env: &Env, src: &Running, listen: &str, key: &str) -> Outcome {
+    let boot_id = ticks(&console(env, &["migsrc"]))
+        .first()
+        .map(|t| t.boot_id.clone())
+        .ok_or("no tick before the migration")?;
+    let out = migrate(env, src, listen, key)?;
+    ensure!(
+        out.code == 0,
+        "ctl migrate: exit {}: {} {}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+    check_report(&out.json()?)?;
+    wait_stderr(
+        env,
+        "migdst",
+        "migration committed",
+        Duration::from_secs(60),
+    )?;
+    let code = env.wait(src.pid)?;
+    ensure!(
+        code == 0,
+        "the source after the switch: exit {code}: {}",
+        src.stderr()
+    );
+    let before = ticks(&console(env, &["migsrc"])).last().map_or(0, |t| t.n);
+    let last = wait_tick_past(env, &["migsrc", "migdst"], before + 2)?;
+    let seq = check_tick_sequence(env, &["migsrc", "migdst"], &boot_id)?;
+    ensure!(
+        seq.n >= last.n && last.lines > before,
+        "the guest's disk file has {} lines at tick {}",
+        last.lines,
+        last.n
+    );
+    Ok(())
+}
+
+/// The host's and the kernel's account after step 3.
+fn after_the_switch(env: &Env, dst: &Running) -> Outcome {
+    let pools = free()?;
+    ensure!(
+        pools[0] == CELL_PAGES && pools[1] == CELL_PAGES,
+        "free 2 MiB pages per node after the source ended: {pools:?}; nodes 0 and 1 should have \
+         all {CELL_PAGES} back"
+    );
+    ensure!(
+        ledger_names(env)? == [VM],
+        "the ledger's live entries: {:?}, want only {VM}",
+        ledger_names(env)?
+    );
+    check_placement(env, dst, &[2, 3])
+}
+
+/// Step 4: back to nodes 0–1 with the source (`dst`, started with the hook) killed at round 1.
+fn source_killed_on_the_way_back(env: &Env, dst: &Running, pod_a: &Path, key: &str) -> Outcome {
+    let listen = format!("unix:{}", env.work.join("mig-back.sock").display());
+    let back = receive(env, "migback", pod_a, &listen, key, None)?;
+    let out = migrate(env, dst, &listen, key)?;
+    ensure!(
+        out.code != 0,
+        "ctl migrate from a source killed at round 1: exit 0"
+    );
+    let code = env.wait(dst.pid)?;
+    ensure!(
+        dst.stderr().contains("killed now (test hook)"),
+        "the source (exit {code}) was not killed by the hook: {}",
+        dst.stderr()
+    );
+    let code = env.wait(back.pid)?;
+    ensure!(
+        code != 0,
+        "the target whose source died: exit 0: {}",
+        back.stderr()
+    );
+    let pools = free()?;
+    ensure!(
+        pools == [CELL_PAGES; 4],
+        "free 2 MiB pages per node after both ended: {pools:?}, want {CELL_PAGES} on each"
+    );
+    ensure!(
+        ledger_names(env)?.is_empty(),
+        "live ledger entries left: {:?}",
+        ledger_names(env)?
+    );
+    Ok(())
+}
+
+/// The whole sequence (module docs).
+pub fn linux_between_node_pairs(env: &Env) -> Outcome {
+    let started = Instant::now();
+    host::set_2m_pools(&[CELL_PAGES; 4])?;
+    let bridge = Bridge::create()?;
+    let disk = make_disk(env)?;
+    let spec = spec(env, &disk)?.to_string_lossy().into_owned();
+    let (key, wrong) = (
+        key_file(env, "mig.key", 7)?,
+        key_file(env, "mig-wrong.key", 9)?,
+    );
+    let pod_a = pod(env, "tbmigsrc", [0, 1])?;
+    let pod_b = pod(env, "tbmigdst", [2, 3])?;
+    let src = env.start("migsrc", command_in(env, &pod_a, &["--config", &spec]), 2)?;
+    bridge.attach_new()?;
+    wait_tick_past(env, &["migsrc"], 0)?;
+    let mut echo = Echo::connect()?;
+    echo.round_trip("before")?;
+    println!(
+        "  migration: guest ready {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    target_killed(env, &src, &pod_b, &key)?;
+    echo.round_trip("after a failed migration")?;
+    let listen = format!("unix:{}", env.work.join("mig.sock").display());
+    let dst = receive(env, "migdst", &pod_b, &listen, &key, Some("round:1:source"))?;
+    wrong_key_refused(env, &src, &listen, &wrong)?;
+    migrate_to_nodes_2_3(env, &src, &listen, &key)?;
+    bridge.attach_new()?;
+    echo.round_trip("after the migration")?;
+    after_the_switch(env, &dst)?;
+    println!(
+        "  migration: moved and checked {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    source_killed_on_the_way_back(env, &dst, &pod_a, &key)
+}
