@@ -33,7 +33,7 @@ if [[ -z "$kpkg" ]]; then
 fi
 [[ -n "$kpkg" ]] || die "no linux-image-6.1.0-*-amd64 package known to apt (run apt-get update)"
 
-modules=(kvm-amd 9p 9pnet_virtio virtio_pci virtio_blk virtio_net virtio_console tun vhost_vsock vhost_net loop dm_mod dm-log-writes)
+modules=(kvm-amd 9p 9pnet_virtio virtio_pci virtio_blk virtio_net virtio_console tun bridge vhost_vsock vhost_net loop dm_mod dm-log-writes)
 # dmsetup's libraries beside libdevmapper (from its package), taken from this machine like libc.
 dm_libs=(libselinux.so.1 libudev.so.1 libpcre2-8.so.0 libm.so.6)
 inputs="$kpkg busybox-static numactl libnuma1 dmsetup libdevmapper1.02.1 ${dm_libs[*]} ${modules[*]} $(cat "$root/testbed/init" "$root/testbed/modules.sh" "$0" | sha256sum | cut -c1-16)"
