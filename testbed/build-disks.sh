@@ -5,6 +5,8 @@
 #                   nested directory); the runner checksums them itself
 #   DIR/data.ext4   a 32 MiB ext4 file system holding exactly DIR/files (mkfs.ext4 -d)
 #   DIR/golden.img  4 MiB of random bytes, the read-only disk
+#   DIR/empty.ext4  a 32 MiB empty ext4 file system (the live-migration guest's log disk,
+#                   testbed/runner/src/migration_tests.rs)
 # Needs mkfs.ext4 (e2fsprogs).
 set -euo pipefail
 dir="$1"
@@ -17,3 +19,4 @@ printf 'vmhost virtio-blk test disk, built %s\n' "$(date -u +%FT%TZ)" > "$dir/fi
 : > "$dir/files/empty"
 mkfs.ext4 -q -F -L data -d "$dir/files" "$dir/data.ext4" 32M > /dev/null
 head -c 4194304 /dev/urandom > "$dir/golden.img"
+mkfs.ext4 -q -F -L log "$dir/empty.ext4" 32M > /dev/null
