@@ -250,6 +250,7 @@ fn key_file(env: &Env, name: &str, byte: u8) -> Result<String, String> {
 /// A copy in `/tmp` of the share's empty 32 MiB ext4 image (testbed/build-disks.sh: the
 /// emulated host has no mkfs), for the guest's log.
 fn make_disk(env: &Env) -> Result<PathBuf, String> {
+    assets(env)?; // copies the share's guest directory, the image with it, to /tmp
     let from = env.work.join("guest/virtio/empty.ext4");
     let p = env.work.join("migdisk.ext4");
     std::fs::copy(&from, &p)
