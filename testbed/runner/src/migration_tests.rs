@@ -307,10 +307,14 @@ fn receive(
     Ok(r)
 }
 
-/// `vmhost ctl --json migrate` of the VM at `from` to `to` with `key`.
+/// The longest one `ctl migrate` may take (a debug vmhost in the emulated host).
+const MIGRATE_LIMIT: Duration = Duration::from_secs(400);
+
+/// `vmhost ctl --json migrate` of the VM at `from` to `to` with `key`. A failure to finish
+/// names the source's and every target's last lines.
 fn migrate(env: &Env, from: &Running, to: &str, key: &str) -> Result<crate::vm::Output, String> {
     let sock = from.socket.to_string_lossy().to_string();
-    env.run(&[
+    let args = [
         "ctl",
         "--api-socket",
         &sock,
@@ -319,7 +323,16 @@ fn migrate(env: &Env, from: &Running, to: &str, key: &str) -> Result<crate::vm::
         to,
         "--auth-key",
         key,
-    ])
+    ];
+    let what = format!("vmhost {}", args.join(" "));
+    let out = crate::vm::run_command_for(env.command(&args), &what, MIGRATE_LIMIT);
+    out.map_err(|e| {
+        let log = |n: &str| {
+            let t = std::fs::read_to_string(env.work.join(format!("{n}.err"))).unwrap_or_default();
+            format!("\n--- {n}.err:\n{}", tail(&t))
+        };
+        format!("{e}{}{}{}", log("migsrc"), log("migdst"), log("migback"))
+    })
 }
 
 /// Free 2 MiB pages of every node.
