@@ -350,10 +350,8 @@ fn precopy(
         let started = Instant::now();
         let bytes = send_round(source, cells, round, dirty.as_deref(), false, &shared.bytes)?;
         let maps = take_all(source)?;
-        // What the next round would send: a cell's pages go whole, so on hugepages one dirty
-        // 4 KiB page costs its whole hugepage.
-        let page = source.plan.backing.page_size_bytes();
-        let dirty_bytes: u64 = maps.iter().map(|m| m.dirty_bytes_in_pages_of(page)).sum();
+        // What the next round would send: the dirty 4 KiB pages, on hugepages too.
+        let dirty_bytes: u64 = maps.iter().map(|m| m.dirty_bytes()).sum();
         let elapsed = started.elapsed();
         let decision = conv.record(RoundStats {
             bytes_sent: bytes,

@@ -22,6 +22,7 @@ use vmhost_persist::pages::{
 use vmhost_plan::Plan;
 
 use crate::backing::MappedRegion;
+use crate::dirty::DIRTY_PAGE_BYTES;
 use crate::sys;
 
 /// Why a cell could not be saved or loaded.
@@ -178,27 +179,56 @@ pub fn save_cell<W: Write>(
     out: &mut Writer<W>,
     skip: impl FnMut(u64, &[u8]) -> bool,
 ) -> Result<CellSaved, CellIoError> {
-    save_cell_with(regions, cell, out, None, skip)
+    save_cell_with(regions, cell, out, skip)
 }
 
 /// A pre-copy dirty round of live migration: writes the pages of cell `cell` that `dirty`
 /// marks, all-zero ones included (a page the guest cleared since the last round must be sent:
 /// the receiver already holds its old bytes). Pages `dirty` leaves clean are not read.
+///
+/// The runs are in 4 KiB pages ([`DIRTY_PAGE_BYTES`], the dirty log's unit) whatever the
+/// backing page size: a guest that writes one word of a 2 MiB page sends 4 KiB, not 2 MiB.
+/// [`load_run`] takes runs of any page size up to the cell's.
 pub fn save_cell_dirty<W: Write>(
     regions: &[MappedRegion],
     cell: u32,
     out: &mut Writer<W>,
     dirty: &crate::dirty::DirtyBitmap,
 ) -> Result<CellSaved, CellIoError> {
-    save_cell_with(regions, cell, out, Some(dirty), |_, _| false)
+    let start = Instant::now();
+    let (mine, cell_geometry) = cell_regions(regions, cell)?;
+    let page: u32 = 4096; // DIRTY_PAGE_BYTES
+    let geometry = CellGeometry::new(cell, page, cell_geometry.size())
+        .map_err(|source| CellIoError::Pages { cell, source })?;
+    let chunk = u64::from(max_run_pages(page)) * DIRTY_PAGE_BYTES;
+    let mut saved = CellSaved {
+        cell,
+        page_size_bytes: page,
+        ..CellSaved::default()
+    };
+    let mut buf = vec![0u8; usize::try_from(chunk).unwrap_or(usize::MAX)];
+    for run in dirty.runs() {
+        let mut at = run.start;
+        while at < run.end {
+            let n = chunk.min(run.end - at);
+            let bytes = &mut buf[..usize::try_from(n).unwrap_or(0)];
+            read_run(&mine, cell, at, bytes)?;
+            let stats = write_pages(out, &geometry, at, bytes, |_, _| false)
+                .map_err(|source| CellIoError::Pages { cell, source })?;
+            saved.pages += stats.pages;
+            at += n;
+        }
+    }
+    saved.bytes = saved.pages * DIRTY_PAGE_BYTES;
+    saved.seconds = start.elapsed().as_secs_f64();
+    Ok(saved)
 }
 
-/// [`save_cell`]; with `dirty`, only its dirty pages, all-zero ones included.
+/// [`save_cell`]: the resident non-zero pages `skip` does not refuse.
 fn save_cell_with<W: Write>(
     regions: &[MappedRegion],
     cell: u32,
     out: &mut Writer<W>,
-    dirty: Option<&crate::dirty::DirtyBitmap>,
     mut skip: impl FnMut(u64, &[u8]) -> bool,
 ) -> Result<CellSaved, CellIoError> {
     let start = Instant::now();
@@ -216,12 +246,7 @@ fn save_cell_with<W: Write>(
         while at < r.len() {
             let n = chunk.min(r.len() - at);
             let base = r.layout.file_offset + at as u64;
-            let mut resident = resident(r, at, n, page)?;
-            if let Some(d) = dirty {
-                for (i, res) in resident.iter_mut().enumerate() {
-                    *res = *res && d.any_dirty(base + (i * page) as u64, page as u64);
-                }
-            }
+            let resident = resident(r, at, n, page)?;
             for (i, _) in resident.iter().enumerate().filter(|(_, res)| **res) {
                 let dst = &mut buf[i * page..(i + 1) * page];
                 r.region
@@ -235,9 +260,7 @@ fn save_cell_with<W: Write>(
             }
             let stats = write_pages(out, &geometry, base, &buf[..n], |off, p| {
                 let i = usize::try_from((off - base) / page as u64).unwrap_or(usize::MAX);
-                !resident.get(i).copied().unwrap_or(false)
-                    || (dirty.is_none() && is_zero_page(p))
-                    || skip(off, p)
+                !resident.get(i).copied().unwrap_or(false) || is_zero_page(p) || skip(off, p)
             })
             .map_err(|source| CellIoError::Pages { cell, source })?;
             saved.pages += stats.pages;
@@ -292,13 +315,57 @@ pub fn load_cell<R: Read>(
 }
 
 /// Writes one page run (the payload of a [`RecordKind::PAGES`] record, as a migration stream
-/// carries it) into cell `cell` of `regions`. Returns the bytes written.
+/// carries it) into cell `cell` of `regions`. Returns the bytes written. The run's pages may
+/// be smaller than the cell's (a dirty round sends 4 KiB pages of a hugepage-backed cell); a
+/// page size the cell's is not a multiple of is refused.
 pub fn load_run(regions: &[MappedRegion], cell: u32, payload: &[u8]) -> Result<u64, CellIoError> {
-    let (mine, geometry) = cell_regions(regions, cell)?;
+    let (mine, mut geometry) = cell_regions(regions, cell)?;
+    let run_page = payload
+        .get(4..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_le_bytes);
+    if let Some(ps) = run_page.filter(|&ps| ps < geometry.page_size() && ps > 0) {
+        if geometry.page_size() % ps == 0 {
+            geometry = CellGeometry::new(cell, ps, geometry.size())
+                .map_err(|source| CellIoError::Pages { cell, source })?;
+        }
+    }
     let run =
         decode_run(payload, &geometry).map_err(|source| CellIoError::Pages { cell, source })?;
     write_run(&mine, cell, run.offset, run.bytes)?;
     Ok(run.bytes.len() as u64)
+}
+
+/// Reads `bytes.len()` bytes at `offset` of the cell from the regions that hold it.
+fn read_run(
+    regions: &[&MappedRegion],
+    cell: u32,
+    offset: u64,
+    bytes: &mut [u8],
+) -> Result<(), CellIoError> {
+    let end = offset + bytes.len() as u64;
+    for r in regions {
+        let (lo, hi) = (
+            r.layout.file_offset,
+            r.layout.file_offset + r.layout.size_bytes,
+        );
+        let (from, to) = (offset.max(lo), end.min(hi));
+        if from >= to {
+            continue;
+        }
+        // Both differences are at most bytes.len(), a usize.
+        let idx = |v: u64| usize::try_from(v - offset).unwrap_or(bytes.len());
+        let (i, j) = (idx(from), idx(to));
+        r.region
+            .read_slice(&mut bytes[i..j], MemoryRegionAddress(from - lo))
+            .map_err(|source| CellIoError::Copy {
+                cell,
+                offset: from,
+                len: to - from,
+                source,
+            })?;
+    }
+    Ok(())
 }
 
 /// Writes `bytes` at `offset` of the cell into the regions that hold it.

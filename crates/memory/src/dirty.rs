@@ -160,28 +160,6 @@ impl DirtyBitmap {
         self.runs().map(|r| r.end - r.start).sum()
     }
 
-    /// Bytes a round sends when it sends whole pages of `page` bytes (a hugepage-backed cell's
-    /// backing page size): a page with any dirty byte counts whole (the last one clamped to
-    /// the cell's end). `page` is a multiple of [`DIRTY_PAGE_BYTES`]; smaller ones count as
-    /// [`dirty_bytes`](Self::dirty_bytes).
-    pub fn dirty_bytes_in_pages_of(&self, page: u64) -> u64 {
-        if page <= DIRTY_PAGE_BYTES {
-            return self.dirty_bytes();
-        }
-        let mut next_uncounted = 0u64;
-        let mut bytes = 0u64;
-        for run in self.runs() {
-            let first = (run.start / page).max(next_uncounted);
-            let last = (run.end - 1) / page;
-            for p in first..=last {
-                let start = p * page;
-                bytes += (start + page).min(self.size_bytes) - start;
-            }
-            next_uncounted = next_uncounted.max(last + 1);
-        }
-        bytes
-    }
-
     /// Whether no page is dirty.
     pub fn is_empty(&self) -> bool {
         self.words.iter().all(|&w| w == 0)
@@ -352,21 +330,5 @@ mod tests {
         assert_eq!(a.dirty_pages(), 2);
         a.clear();
         assert!(a.is_empty() && a.runs().next().is_none());
-    }
-
-    #[test]
-    fn dirty_bytes_in_whole_pages_count_each_touched_page_once() {
-        let two_mib = 2u64 << 20;
-        let mut d = DirtyBitmap::new(0, 5 * two_mib + 8192);
-        assert_eq!(d.dirty_bytes_in_pages_of(two_mib), 0);
-        // Two 4 KiB pages in hugepage 0, one at the start of hugepage 1 joined to a run that
-        // ends in it, one in the short last page.
-        d.mark_page(1);
-        d.mark_page(7);
-        d.mark_range(two_mib - 4096, 8192);
-        d.mark_page((5 * two_mib) / 4096 + 1);
-        assert_eq!(d.dirty_bytes(), 5 * 4096);
-        assert_eq!(d.dirty_bytes_in_pages_of(two_mib), 2 * two_mib + 8192);
-        assert_eq!(d.dirty_bytes_in_pages_of(4096), d.dirty_bytes());
     }
 }

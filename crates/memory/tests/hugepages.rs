@@ -558,3 +558,78 @@ fn dropping_guest_memory_stops_its_background_prefault_and_frees_every_page() {
     }
     assert_eq!(pool(PAGE_2M), before, "every page back in the pool");
 }
+
+/// A dirty round of a 2 MiB-backed cell sends the dirty 4 KiB pages, not their hugepages, and
+/// the target (another 2 MiB-backed cell) takes the 4 KiB runs: live migration's unit is the
+/// dirty log's, whatever the backing (a Linux guest touches a few words of many hugepages
+/// between rounds).
+#[test]
+fn a_dirty_round_on_hugepages_sends_4k_pages() {
+    use vmhost_persist::container::{Reader, RecordKind, Writer};
+    let _lock = lock_pool();
+    if !need_pages("dirty_round_2m", PAGE_2M, 8) {
+        return;
+    }
+    let (free0, _) = pool(PAGE_2M);
+    let src = GuestMemory::new(
+        &plan("dirtysrc", &[(Some(0), 8 * MIB)], hugetlb_2m()),
+        &opts(),
+    )
+    .expect("source memory");
+    let dst = GuestMemory::new(
+        &plan("dirtydst", &[(Some(0), 8 * MIB)], hugetlb_2m()),
+        &opts(),
+    )
+    .expect("target memory");
+    let apply = |bytes: &[u8]| {
+        let mut r = Reader::new(bytes, &[RecordKind::PAGES]).expect("reader");
+        let mut n = 0;
+        while let Some(rec) = r.next_record().expect("record") {
+            n += vmhost_memory::cells::load_run(dst.regions(), 0, &rec.payload).expect("run");
+        }
+        n
+    };
+    let g = src.memory();
+    g.write_obj(0x1111_u32, GuestAddress(0x1000))
+        .expect("write");
+    let mut w = Writer::new(Vec::new(), "test").expect("writer");
+    src.save_cell(0, &mut w, |_, _| false).expect("round 0");
+    assert_eq!(
+        apply(&w.finish().expect("finish")),
+        PAGE_2M,
+        "round 0: the hugepage"
+    );
+    // One word in hugepage 0 and two neighbouring pages across hugepages 1 and 2.
+    g.write_obj(0x2222_u32, GuestAddress(0x3000))
+        .expect("write");
+    g.write_obj(0x3333_u32, GuestAddress(2 * PAGE_2M - 4))
+        .expect("write");
+    g.write_obj(0x4444_u32, GuestAddress(2 * PAGE_2M))
+        .expect("write");
+    let mut dirty = vmhost_memory::DirtyBitmap::new(0, 8 * MIB);
+    dirty.mark_page(3);
+    dirty.mark_range(2 * PAGE_2M - 4096, 8192);
+    assert_eq!(dirty.dirty_bytes(), 3 * 4096);
+    let mut w = Writer::new(Vec::new(), "test").expect("writer");
+    let saved = src.save_cell_dirty(0, &mut w, &dirty).expect("dirty round");
+    assert_eq!(
+        (saved.pages, saved.bytes, saved.page_size_bytes),
+        (3, 3 * 4096, 4096)
+    );
+    assert_eq!(apply(&w.finish().expect("finish")), 3 * 4096);
+    let d = dst.memory();
+    for (at, want) in [
+        (0x1000, 0x1111),
+        (0x3000, 0x2222),
+        (2 * PAGE_2M - 4, 0x3333),
+        (2 * PAGE_2M, 0x4444),
+    ] {
+        assert_eq!(
+            d.read_obj::<u32>(GuestAddress(at)).expect("read"),
+            want,
+            "at {at:#x}"
+        );
+    }
+    drop((src, dst));
+    assert_eq!(pool(PAGE_2M).0, free0, "every page back");
+}
