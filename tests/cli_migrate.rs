@@ -462,3 +462,61 @@ fn a_bad_hello_is_refused_with_exit_2_before_anything_is_allocated() {
     assert!(ledger_names(&d.join("run")).is_empty());
     assert_eq!(pool(PAGE_2M), before, "nothing was allocated");
 }
+
+/// A disk the source has open but the target cannot find (its image gone from the path) is
+/// refused at the hello, before any memory moves or anything is allocated: the target exits 2
+/// naming the disk's field and path, `ctl migrate` exits 1 with the reason, and the source's
+/// guest runs on.
+#[test]
+fn a_disk_missing_on_the_target_is_refused_before_memory_moves() {
+    if !need_kvm("cli_migrate") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_pool();
+    if !need_pages("cli_migrate", PAGE_2M, 32) {
+        return;
+    }
+    let before = pool(PAGE_2M);
+    let d = dir("missing-disk");
+    let image = d.join("disk.img");
+    std::fs::write(&image, vec![0u8; 1 << 20]).unwrap();
+    let spec = format!(
+        "{IDLE}[[devices.disks]]\nname = \"data\"\n[[volumes]]\nname = \"data\"\n\
+         host_disk = {{ path = \"{}\", type = \"Disk\" }}\n",
+        image.display()
+    );
+    std::fs::write(d.join("disk.toml"), spec).unwrap();
+    let (mut source, sock) = common::start_with_api(&d, &d.join("disk.toml"), &[], Stdio::null());
+    let mut _guard = KillOnPanic(vec![source.id()]);
+    std::fs::remove_file(&image).unwrap();
+    let unix = format!("unix:{}", d.join("mig.sock").display());
+    let target = Target::start(&d, &unix, "key", &d.join("api2.sock"), &[]);
+    _guard.0.push(target.child.id());
+    let o = migrate(&sock, &unix, &d.join("key"));
+    assert_eq!(o.status.code(), Some(1), "{}", common::text(&o));
+    let job: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let error = job["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("volumes[0].host_disk.path") && error.contains("disk.img"),
+        "{job:#}"
+    );
+    assert!(
+        job["rounds"].as_array().is_none_or(Vec::is_empty),
+        "no round: {job:#}"
+    );
+    let (code, log) = target.wait();
+    assert_eq!(code, Some(2), "{log}");
+    assert!(log.contains("volumes[0].host_disk.path"), "{log}");
+    assert!(!log.contains("/dev/kvm"), "{log}");
+    let (_, t) = common::progress(&sock);
+    common::ticks_pass(&sock, t);
+    assert_eq!(
+        ledger_names(&d.join("run")),
+        ["mig-vm"],
+        "the source's entry only"
+    );
+    assert_eq!(common::ctl(&sock, "shutdown").0, 0);
+    assert_eq!(source.wait().unwrap().code(), Some(0));
+    assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
+}
