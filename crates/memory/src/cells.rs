@@ -336,6 +336,30 @@ pub fn load_run(regions: &[MappedRegion], cell: u32, payload: &[u8]) -> Result<u
     Ok(run.bytes.len() as u64)
 }
 
+/// The parts of the cell's bytes `offset..offset + len` each region holds: the region, the
+/// range within the bytes and the address in the region.
+fn pieces<'a>(
+    regions: &'a [&'a MappedRegion],
+    offset: u64,
+    len: usize,
+) -> impl Iterator<
+    Item = (
+        &'a MappedRegion,
+        std::ops::Range<usize>,
+        MemoryRegionAddress,
+    ),
+> {
+    let end = offset + len as u64;
+    regions.iter().filter_map(move |r| {
+        let lo = r.layout.file_offset;
+        let hi = lo + r.layout.size_bytes;
+        let (from, to) = (offset.max(lo), end.min(hi));
+        // Both differences are at most len, a usize.
+        let idx = |v: u64| usize::try_from(v - offset).unwrap_or(len);
+        (from < to).then(|| (*r, idx(from)..idx(to), MemoryRegionAddress(from - lo)))
+    })
+}
+
 /// Reads `bytes.len()` bytes at `offset` of the cell from the regions that hold it.
 fn read_run(
     regions: &[&MappedRegion],
@@ -343,25 +367,14 @@ fn read_run(
     offset: u64,
     bytes: &mut [u8],
 ) -> Result<(), CellIoError> {
-    let end = offset + bytes.len() as u64;
-    for r in regions {
-        let (lo, hi) = (
-            r.layout.file_offset,
-            r.layout.file_offset + r.layout.size_bytes,
-        );
-        let (from, to) = (offset.max(lo), end.min(hi));
-        if from >= to {
-            continue;
-        }
-        // Both differences are at most bytes.len(), a usize.
-        let idx = |v: u64| usize::try_from(v - offset).unwrap_or(bytes.len());
-        let (i, j) = (idx(from), idx(to));
+    for (r, range, at) in pieces(regions, offset, bytes.len()) {
+        let len = range.len() as u64;
         r.region
-            .read_slice(&mut bytes[i..j], MemoryRegionAddress(from - lo))
+            .read_slice(&mut bytes[range], at)
             .map_err(|source| CellIoError::Copy {
                 cell,
-                offset: from,
-                len: to - from,
+                offset: r.layout.file_offset + at.0,
+                len,
                 source,
             })?;
     }
@@ -375,25 +388,14 @@ fn write_run(
     offset: u64,
     bytes: &[u8],
 ) -> Result<(), CellIoError> {
-    let end = offset + bytes.len() as u64;
-    for r in regions {
-        let (lo, hi) = (
-            r.layout.file_offset,
-            r.layout.file_offset + r.layout.size_bytes,
-        );
-        let (from, to) = (offset.max(lo), end.min(hi));
-        if from >= to {
-            continue;
-        }
-        // Both differences are at most bytes.len(), a usize.
-        let idx = |v: u64| usize::try_from(v - offset).unwrap_or(bytes.len());
-        let src = &bytes[idx(from)..idx(to)];
+    for (r, range, at) in pieces(regions, offset, bytes.len()) {
+        let len = range.len() as u64;
         r.region
-            .write_slice(src, MemoryRegionAddress(from - lo))
+            .write_slice(&bytes[range], at)
             .map_err(|source| CellIoError::Copy {
                 cell,
-                offset: from,
-                len: to - from,
+                offset: r.layout.file_offset + at.0,
+                len,
                 source,
             })?;
     }

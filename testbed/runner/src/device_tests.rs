@@ -180,7 +180,7 @@ impl Loop {
             "losetup -f found no free loop device ({dev:?}): is the loop module loaded? {}",
             String::from_utf8_lossy(&free.stderr)
         );
-        run(&["losetup", &dev, &file.to_string_lossy()])?;
+        crate::host::run_tool(&["losetup", &dev, &file.to_string_lossy()])?;
         Ok(Loop(dev))
     }
 }
@@ -271,20 +271,6 @@ fn wait_for_tap(limit: Duration) -> Result<String, String> {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn run(args: &[&str]) -> Outcome {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .map_err(|e| format!("{args:?}: {e}"))?;
-    ensure!(
-        out.status.success(),
-        "{args:?}: {}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
 }
 
 /// The host's side of the session, ready before the VM starts.
@@ -428,8 +414,8 @@ fn run_session(env: &Env) -> Result<Session, String> {
         .to_string();
     let vm = env.start(VM, env.command(&["--config", &yaml.to_string_lossy()]), 2)?;
     let tap = wait_for_tap(Duration::from_secs(30))?;
-    run(&["ip", "addr", "add", HOST_IP, "dev", &tap])?;
-    run(&["ip", "link", "set", &tap, "up"])?;
+    crate::host::run_tool(&["ip", "addr", "add", HOST_IP, "dev", &tap])?;
+    crate::host::run_tool(&["ip", "link", "set", &tap, "up"])?;
 
     let out = env.work.join(format!("{VM}.out"));
     let serial = wait_for(&out, "GUEST-SYNCED", &|| vm.stderr())?;

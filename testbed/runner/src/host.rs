@@ -304,6 +304,22 @@ pub fn thread_states(pid: u32) -> String {
     lines.join("; ")
 }
 
+/// Runs a host tool (`args[0]`) to completion; fails naming it, its status and its stderr.
+pub fn run_tool(args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{args:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{args:?}: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod thread_state_tests {
     #[test]

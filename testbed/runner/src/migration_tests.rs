@@ -34,6 +34,7 @@ use serde_json::Value;
 use crate::cgroup_tests::{command_in, make_pod_with};
 use crate::host;
 use crate::linux_tests::{assets, linux_spec, tail};
+use crate::snapshot_tests::check_placement;
 use crate::vm::{at, num, Env, Running};
 use crate::{ensure, Outcome};
 
@@ -132,30 +133,16 @@ fn wait_stderr(env: &Env, name: &str, what: &str, limit: Duration) -> Outcome {
     }
 }
 
-fn run(args: &[&str]) -> Outcome {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .map_err(|e| format!("{args:?}: {e}"))?;
-    ensure!(
-        out.status.success(),
-        "{args:?}: {}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
 /// The bridge with the host's address; removed on drop.
 struct Bridge;
 
 impl Bridge {
     fn create() -> Result<Self, String> {
         let _ = Command::new("ip").args(["link", "del", BRIDGE]).output();
-        run(&["ip", "link", "add", BRIDGE, "type", "bridge"])?;
+        host::run_tool(&["ip", "link", "add", BRIDGE, "type", "bridge"])?;
         let b = Bridge;
-        run(&["ip", "addr", "add", HOST_IP, "dev", BRIDGE])?;
-        run(&["ip", "link", "set", BRIDGE, "up"])?;
+        host::run_tool(&["ip", "addr", "add", HOST_IP, "dev", BRIDGE])?;
+        host::run_tool(&["ip", "link", "set", BRIDGE, "up"])?;
         Ok(b)
     }
 
@@ -173,8 +160,8 @@ impl Bridge {
                         && !Path::new("/sys/class/net").join(n).join("master").exists()
                 });
             if let Some(tap) = tap {
-                run(&["ip", "link", "set", &tap, "master", BRIDGE])?;
-                run(&["ip", "link", "set", &tap, "up"])?;
+                host::run_tool(&["ip", "link", "set", &tap, "master", BRIDGE])?;
+                host::run_tool(&["ip", "link", "set", &tap, "up"])?;
                 return Ok(tap);
             }
             ensure!(
@@ -444,59 +431,6 @@ fn check_report(job: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// Every page of `vm` on its planned node, by vmhost's live audit and `numa_maps`, and every
-/// vCPU thread allowed exactly its planned PU, on that PU's planned node.
-fn check_placement(env: &Env, vm: &Running, nodes: &[u32]) -> Outcome {
-    let sock = vm.socket.to_string_lossy().to_string();
-    let live = env
-        .run(&["ctl", "--api-socket", &sock, "placement"])?
-        .expect_code(0)?
-        .json()?;
-    let mut want = std::collections::BTreeMap::new();
-    for region in at(&live, "/memory")?.as_array().ok_or("memory")? {
-        let node = num(&region["expected_node"], "expected_node")?;
-        let by_node = region["pages_by_node"].as_object().ok_or("pages_by_node")?;
-        ensure!(
-            nodes.contains(&node) && by_node.keys().all(|n| *n == node.to_string()),
-            "guest memory not on its planned node {node}: {region}"
-        );
-        *want.entry(node).or_insert(0) += by_node.values().filter_map(Value::as_u64).sum::<u64>();
-    }
-    let want_maps: std::collections::BTreeMap<u32, u64> =
-        nodes.iter().map(|&n| (n, CELL_PAGES)).collect();
-    ensure!(
-        want == want_maps,
-        "vmhost's audit: pages per node {want:?}, want {want_maps:?}"
-    );
-    let maps = host::numa_maps_huge(vm.vmm)?;
-    let seen = maps.get(&2048).cloned().unwrap_or_default();
-    ensure!(
-        seen == want_maps,
-        "numa_maps of pid {}: 2 MiB pages per node {seen:?}, want {want_maps:?}",
-        vm.vmm
-    );
-    let threads = host::threads(vm.vmm)?;
-    let mut pus = Vec::new();
-    for n in nodes {
-        pus.extend(host::node_cpus(*n)?);
-    }
-    for v in at(&live, "/vcpus")?.as_array().ok_or("vcpus")? {
-        let pu = num(&v["planned_cpu"], "a vCPU's planned PU")?;
-        let name = v["thread"]["name"].as_str().unwrap_or_default();
-        let t = threads
-            .iter()
-            .find(|t| t.name == name)
-            .ok_or_else(|| format!("no thread {name} in /proc/{}/task", vm.vmm))?;
-        ensure!(
-            pus.contains(&pu) && t.cpus == vec![pu],
-            "{name} (tid {}) allowed on {:?}, planned PU{pu}; nodes {nodes:?} have {pus:?}",
-            t.tid,
-            t.cpus
-        );
-    }
-    Ok(())
-}
-
 /// Every tick on the consoles once, in order, with one boot id; returns the last.
 fn check_tick_sequence(env: &Env, names: &[&str], boot_id: &str) -> Result<Tick, String> {
     let all = ticks(&console(env, names));
@@ -561,7 +495,11 @@ fn after_the_switch(env: &Env, dst: &Running) -> Outcome {
         "the ledger's live entries: {:?}, want only {VM}",
         ledger_names(env)?
     );
-    check_placement(env, dst, &[2, 3])
+    check_placement(
+        env,
+        dst,
+        &[(2, CELL_PAGES), (3, CELL_PAGES)].into_iter().collect(),
+    )
 }
 
 /// Step 4: back to nodes 0–1 with the source (`dst`, started with the hook) killed at round 1.

@@ -11,6 +11,7 @@
 //! audit and `/proc/<pid>/numa_maps` (every page on node 1), and each vCPU thread's
 //! `Cpus_allowed_list` in `/proc/<pid>/task/*/status` (its planned PU, on node 1).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -66,36 +67,40 @@ fn wait_tick(
     }
 }
 
-/// Every page of the restored VM on `node` (vmhost's live audit and `numa_maps`), each vCPU
-/// thread allowed exactly its planned PU, which is on `node`.
-fn check_on_node(env: &Env, vm: &Running, node: u32) -> Outcome {
+/// Every page of `vm` on its planned node with `want[node]` 2 MiB pages per node, by
+/// vmhost's live audit and by `numa_maps`, and every vCPU thread allowed exactly its planned
+/// PU, on one of `want`'s nodes.
+pub(crate) fn check_placement(env: &Env, vm: &Running, want: &BTreeMap<u32, u64>) -> Outcome {
     let sock = vm.socket.to_string_lossy().to_string();
     let live = env
         .run(&["ctl", "--api-socket", &sock, "placement"])?
         .expect_code(0)?
         .json()?;
-    let mut pages = 0;
+    let mut audit = BTreeMap::new();
     for region in at(&live, "/memory")?.as_array().ok_or("memory")? {
+        let node = num(&region["expected_node"], "expected_node")?;
         let by_node = region["pages_by_node"].as_object().ok_or("pages_by_node")?;
         ensure!(
-            num(&region["expected_node"], "expected_node")? == node
-                && by_node.keys().all(|n| *n == node.to_string()),
-            "restored guest memory not all on node{node}: {region}"
+            by_node.keys().all(|n| *n == node.to_string()),
+            "guest memory not all on its planned node{node}: {region}"
         );
-        pages += by_node.values().filter_map(Value::as_u64).sum::<u64>();
+        *audit.entry(node).or_insert(0) += by_node.values().filter_map(Value::as_u64).sum::<u64>();
     }
     ensure!(
-        pages == GUEST_PAGES,
-        "vmhost's audit: {pages} pages on node{node}, want {GUEST_PAGES}"
+        &audit == want,
+        "vmhost's audit: 2 MiB pages per node {audit:?}, want {want:?}"
     );
     let maps = host::numa_maps_huge(vm.vmm)?;
     let seen = maps.get(&2048).cloned().unwrap_or_default();
     ensure!(
-        seen == [(node, GUEST_PAGES)].into_iter().collect(),
-        "numa_maps of pid {}: 2 MiB pages per node {seen:?}, want all {GUEST_PAGES} on node{node}",
+        &seen == want,
+        "numa_maps of pid {}: 2 MiB pages per node {seen:?}, want {want:?}",
         vm.vmm
     );
-    let pus = host::node_cpus(node)?;
+    let mut pus = Vec::new();
+    for node in want.keys() {
+        pus.extend(host::node_cpus(*node)?);
+    }
     let threads = host::threads(vm.vmm)?;
     for v in at(&live, "/vcpus")?.as_array().ok_or("vcpus")? {
         let pu = num(&v["planned_cpu"], "a vCPU's planned PU")?;
@@ -106,7 +111,7 @@ fn check_on_node(env: &Env, vm: &Running, node: u32) -> Outcome {
             .ok_or_else(|| format!("no thread {name} in /proc/{}/task", vm.vmm))?;
         ensure!(
             pus.contains(&pu) && t.cpus == vec![pu],
-            "{name} (tid {}) allowed on {:?}, planned PU{pu}; node{node}'s PUs are {pus:?}",
+            "{name} (tid {}) allowed on {:?}, planned PU{pu}; the nodes' PUs are {pus:?}",
             t.tid,
             t.cpus
         );
@@ -234,7 +239,7 @@ pub fn linux_restore_onto_the_other_node(env: &Env) -> Outcome {
         "the restore report does not say cell 0 moved from node0 to node1: {}",
         restored.stderr()
     );
-    check_on_node(env, &restored, 1)?;
+    check_placement(env, &restored, &[(1, GUEST_PAGES)].into_iter().collect())?;
     env.signal(restored.pid, libc::SIGTERM)?;
     let code = env.wait(restored.pid)?;
     ensure!(
