@@ -360,3 +360,70 @@ fn a_bad_seccomp_mode_is_refused_naming_the_choices() {
         "{e}"
     );
 }
+
+/// vmhost started under an outer seccomp filter (here one that allows everything, as a
+/// container runtime's default profile does for what vmhost calls) runs its VM to the end:
+/// threads that are already in seccomp mode when vmhost installs its own filters must still
+/// get every call they make onto vmhost's lists (a vCPU thread's first `HashMap` draws its
+/// seeds with `getrandom`). It was killed with SIGSYS (exit 159) before.
+#[test]
+fn vmhost_under_an_outer_seccomp_filter_runs_its_vm() {
+    let test = "vmhost_under_an_outer_seccomp_filter_runs_its_vm";
+    if !need_kvm(test) {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let d = dir("outer");
+    let spec = linux_spec(&d);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vmhost"));
+    let api = d.join("api.sock");
+    cmd.args(["--run-dir", d.join("run").to_str().unwrap()])
+        .args(["--api-socket", api.to_str().unwrap()])
+        .args(["--seccomp", "on", "--config", spec.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    vmhost_testsupport::outer_seccomp::allow_all(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Running: the guest printed `up` (its vCPU ran), every thread is filtered.
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    for line in std::io::BufRead::lines(out).map_while(Result::ok) {
+        let up = line.trim() == "up";
+        seen.push(line);
+        if up {
+            break;
+        }
+    }
+    assert_eq!(
+        seen.last().map(|l| l.trim()),
+        Some("up"),
+        "the guest never printed `up` ({:?}): {seen:#?}",
+        child.try_wait()
+    );
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.contains("Seccomp:\t2"), "{status}");
+    while Instant::now() < deadline && threads(pid).values().flatten().count() < 3 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "vmhost ended: {:?}",
+        child.wait()
+    );
+    // The control API answers (its thread is filtered too).
+    assert_eq!(common::ctl(&api, "info").1["state"], "running");
+    // SIGTERM: the orderly stop, exit 130.
+    Command::new("kill").arg(pid.to_string()).status().unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(130),
+        "{:?}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

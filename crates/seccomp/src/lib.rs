@@ -116,6 +116,14 @@ impl ThreadKind {
         ThreadKind::Receiver,
     ];
 
+    /// Whether vmhost starts threads of this kind from a thread that runs under its own
+    /// filter already (the final report's writer, started by the filtered main thread; the
+    /// others are started before their creator's filter: docs/security.md, "Order of
+    /// installation").
+    pub fn started_by_a_filtered_thread(self) -> bool {
+        matches!(self, ThreadKind::Output)
+    }
+
     /// The kind's name (`VMHOST_SECCOMP_SELFTEST`, messages, docs).
     pub fn name(self) -> &'static str {
         match self {
@@ -319,10 +327,14 @@ pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> 
     trap::install_panic_hook();
     trap::remember_thread(kind);
     // std draws a thread's HashMap seeds from getrandom(2) at its first HashMap: draw them now,
-    // so that no list needs getrandom for that; not under a creator's filter, which may not
-    // allow getrandom either (`prctl` is on every list of a thread that starts threads).
+    // so that no list needs getrandom for that. A thread already in filter mode may run under
+    // an outer filter (a container runtime's default profile, systemd's SystemCallFilter=),
+    // which let the process start and lets it draw them too; but not under a vmhost filter
+    // it inherited from its creator, which may not allow getrandom (`prctl` is on every list
+    // of a thread that starts threads).
     // SAFETY: PR_GET_SECCOMP takes no pointer and returns the thread's mode.
-    if unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) } == 0 {
+    let filtered = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) } != 0;
+    if !filtered || !kind.started_by_a_filtered_thread() {
         let _ = std::collections::hash_map::RandomState::new();
     }
     let selftest = selftest_requested(kind);

@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
 pub mod dirwatch;
+pub mod outer_seccomp;
 pub mod pvh;
 
 use std::fs::File;
