@@ -11,7 +11,8 @@
 //!   ACPI S5 (`out 0x600, 0x34`: Cloud Hypervisor's and vmhost's sleep control register) and
 //!   the i8042 reset (`out 0x64, 0xfe`: Firecracker ends on it; Cloud Hypervisor would reboot
 //!   the guest). vmhost acts on both and is run with each: vmhost (S5) is compared with Cloud
-//!   Hypervisor, vmhost (i8042) with Firecracker.
+//!   Hypervisor, vmhost (i8042) with Firecracker. vmhost (S5) also runs with `--prefault
+//!   background` (guest RAM faulted in while the guest starts; the peers fault it in lazily).
 //! - **Time**: `CLOCK_MONOTONIC` just before the spawn -> `wait` returned (the process exited).
 //! - **Method**: every round runs every VMM once, the order rotated by one each round; per VMM
 //!   the median; per pair the median of the per-round ratios with a 95 % bootstrap interval
@@ -85,6 +86,9 @@ impl Guest {
 #[derive(Clone, Copy, PartialEq)]
 enum Vmm {
     Vmhost(Guest),
+    /// vmhost with `--prefault background` (the S5 guest): guest RAM faulted in while the guest
+    /// runs.
+    VmhostBackground,
     CloudHypervisor,
     Firecracker,
 }
@@ -105,6 +109,7 @@ impl Setup {
     fn label(&self, v: Vmm) -> String {
         match v {
             Vmm::Vmhost(g) => format!("vmhost ({})", g.name()),
+            Vmm::VmhostBackground => "vmhost (s5, --prefault background)".into(),
             Vmm::CloudHypervisor => "cloud-hypervisor (s5)".into(),
             Vmm::Firecracker => "firecracker (i8042)".into(),
         }
@@ -114,8 +119,11 @@ impl Setup {
     /// directory.
     fn command(&self, v: Vmm, g: Guest) -> Command {
         let mut c = match v {
-            Vmm::Vmhost(_) => {
+            Vmm::Vmhost(_) | Vmm::VmhostBackground => {
                 let mut c = Command::new(&self.vmhost);
+                if v == Vmm::VmhostBackground {
+                    c.args(["--prefault", "background"]);
+                }
                 c.arg("--json").arg("--run-dir").arg(&self.run_dir);
                 c.arg("--config")
                     .arg(self.dir.join(format!("{}.toml", g.name())));
@@ -211,7 +219,7 @@ fn wait_guarded(child: &mut Child) -> Option<ExitStatus> {
 fn start_exit(s: &Setup, v: Vmm) -> (f64, Vec<f64>) {
     let g = match v {
         Vmm::Vmhost(g) => g,
-        Vmm::CloudHypervisor => Guest::S5,
+        Vmm::VmhostBackground | Vmm::CloudHypervisor => Guest::S5,
         Vmm::Firecracker => Guest::I8042,
     };
     let mut cmd = s.command(v, g);
@@ -229,7 +237,7 @@ fn start_exit(s: &Setup, v: Vmm) -> (f64, Vec<f64>) {
         s.stderr()
     );
     let mut marks = vec![];
-    if matches!(v, Vmm::Vmhost(_)) {
+    if matches!(v, Vmm::Vmhost(_) | Vmm::VmhostBackground) {
         let out = std::fs::read(s.dir.join("stdout")).unwrap();
         let j: serde_json::Value = serde_json::from_slice(&out)
             .unwrap_or_else(|e| panic!("vmhost --json: {e}: {}", s.stderr()));
@@ -357,17 +365,18 @@ fn report_rounds(s: &Setup, r: &Rounds) {
     }
     let at = |v: Vmm| r.vmms.iter().position(|x| *x == v);
     let pairs = [
-        (Guest::S5, Vmm::CloudHypervisor, Some(0.5)),
-        (Guest::I8042, Vmm::Firecracker, None),
+        (Vmm::Vmhost(Guest::S5), Vmm::CloudHypervisor, Some(0.5)),
+        (Vmm::VmhostBackground, Vmm::CloudHypervisor, Some(0.5)),
+        (Vmm::Vmhost(Guest::I8042), Vmm::Firecracker, None),
     ];
     println!("\nratio (median of per-round ratios, 95 % bootstrap CI, {RESAMPLES} resamples)");
-    for (g, peer, target) in pairs {
-        let (Some(a), Some(b)) = (at(Vmm::Vmhost(g)), at(peer)) else {
+    for (ours, peer, target) in pairs {
+        let (Some(a), Some(b)) = (at(ours), at(peer)) else {
             continue;
         };
         let ratios: Vec<f64> = (0..rounds).map(|k| r.times[a][k] / r.times[b][k]).collect();
         let ci = bootstrap_ci(&ratios);
-        let what = format!("{} / {}", s.label(Vmm::Vmhost(g)), s.label(peer));
+        let what = format!("{} / {}", s.label(ours), s.label(peer));
         let goal = target.map_or(String::new(), |t| {
             format!("  target <= {t}: {}", verdict(ci, t))
         });
@@ -454,7 +463,10 @@ fn report_rss(s: &Setup, vmms: &[Vmm]) {
             "halts.toml",
         ),
     ];
-    for v in vmms.iter().filter(|v| !matches!(v, Vmm::Vmhost(_))) {
+    let peers = vmms
+        .iter()
+        .filter(|v| !matches!(v, Vmm::Vmhost(_) | Vmm::VmhostBackground));
+    for v in peers {
         let name = s.label(*v);
         let name = name.split(' ').next().unwrap();
         cases.push((format!("{name} (hlt loop)"), *v, ""));
@@ -511,7 +523,11 @@ fn main() {
         dir,
     };
     write_inputs(&s);
-    let mut vmms = vec![Vmm::Vmhost(Guest::S5), Vmm::Vmhost(Guest::I8042)];
+    let mut vmms = vec![
+        Vmm::Vmhost(Guest::S5),
+        Vmm::VmhostBackground,
+        Vmm::Vmhost(Guest::I8042),
+    ];
     if s.ch.is_some() {
         vmms.push(Vmm::CloudHypervisor);
     }
