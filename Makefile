@@ -1,7 +1,7 @@
 # vmhost: `make run` runs the main job on the embedded quickstart spec; `make test` runs every test.
 CARGO ?= cargo
 
-.PHONY: setup run test testbed bench-testbed lint bench
+.PHONY: setup run test testbed bench-testbed bench-peers lint bench
 
 setup:
 	bash scripts/setup.sh
@@ -26,6 +26,11 @@ bench-testbed: setup
 	bash crates/boot/scripts/fetch-test-kernel.sh
 	bash testbed/check-harness.sh
 	bash testbed/run.sh bench
+
+# Start -> exit on this host, vmhost vs Cloud Hypervisor vs Firecracker (docs/benchmarks.md);
+# VMHOST_BENCH_CH / VMHOST_BENCH_FC name the peers' binaries. Not part of `make test`.
+bench-peers: setup
+	VMHOST_TEST_HUGEPAGES_1G=0 bash scripts/with-hugepages.sh $(CARGO) bench --bench peers
 
 lint: setup
 	$(CARGO) fmt --all -- --check
