@@ -18,7 +18,7 @@ use vmhost_plan::Plan;
 use crate::devices::serial::{SerialConsole, COM1_GSI};
 use crate::devices::LinuxDevices;
 use crate::persist::DevicesState;
-use crate::setup::{open_vm, register_memslots, vcpu_cpuids, vcpu_cpus, vcpu_fifo};
+use crate::setup::{create_irqchip, open_vm, register_memslots, vcpu_cpuids, vcpu_cpus, vcpu_fifo};
 use crate::vcpu::{VcpuConfig, VcpuStart};
 use crate::vm::{kvm_err, Guest, GuestRam, Prepared, VmError, VmOptions};
 
@@ -68,8 +68,9 @@ pub(crate) fn prepare_linux(
         .position(|v| v.apic_id == 0)
         .ok_or_else(|| VmError::NoBootVcpu { vm: vm() })?;
 
-    let (kvm, fd) = open_vm(plan, true)?;
+    let (kvm, fd) = open_vm(plan)?;
     register_memslots(&fd, ram.guest_memory(), None)?;
+    create_irqchip(&fd)?;
     let serial = SerialConsole::new(options.serial_out.clone()).map_err(VmError::Serial)?;
     fd.register_irqfd(serial.irq_fd(), COM1_GSI)
         .map_err(kvm_err("KVM_IRQFD"))?;
@@ -130,8 +131,9 @@ pub(crate) fn prepare_restored_linux(
     options: &VmOptions,
     saved: &DevicesState,
 ) -> Result<Prepared, VmError> {
-    let (kvm, fd) = open_vm(plan, true)?;
+    let (kvm, fd) = open_vm(plan)?;
     register_memslots(&fd, ram.guest_memory(), None)?;
+    create_irqchip(&fd)?;
     let dir = options
         .device_dir
         .clone()
