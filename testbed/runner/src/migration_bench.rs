@@ -9,7 +9,7 @@
 //! default does not cap it), `migrate` and `query-migrate` until it ends.
 //!
 //! The guest (`vmhost.action=beat|dirty`, testbed/guest/dirty.c) prints `B n` on its serial
-//! console every 10 ms, idle or while writing 16 MiB/s over a 32 MiB buffer. The runner
+//! console every 10 ms, idle or while writing 8 MiB/s over a 32 MiB buffer. The runner
 //! timestamps every line as it arrives on the source's and the target's stdout; the longest
 //! gap between consecutive beats while the migration runs is the downtime seen from outside,
 //! reported beside each VMM's own figures (vmhost's report, QEMU's `query-migrate`). Pairs
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::linux_tests::{assets, linux_spec, Assets, CMDLINE};
-use crate::vm::{run_command, Env};
+use crate::vm::{run_command_within, Env};
 use crate::{ensure, host, Outcome};
 
 /// Interleaved pairs (vmhost, QEMU) per workload; restores (and reads) likewise.
@@ -48,6 +48,14 @@ const QEMU_BANDWIDTH: u64 = 100 << 30;
 const WARM_BEATS: usize = 100;
 /// Beats the target must print after the switch before the run counts as done.
 const AFTER_BEATS: usize = 50;
+/// vmhost's pre-copy at [`MAX_DOWNTIME_MS`] gives up after this many seconds (`ctl migrate
+/// --timeout`); its round 0 alone takes longer in the emulated host, so it decides after it.
+const FIRST_TIMEOUT_S: u64 = 20;
+/// When vmhost does not converge at [`MAX_DOWNTIME_MS`], the same guest is migrated again
+/// with this downtime limit (2 minutes: the emulated host's pace, see docs/benchmarks.md),
+/// so that its downtime and total time are measured at all; reported as such.
+const FALLBACK_DOWNTIME_MS: u64 = 120_000;
+const FALLBACK_TIMEOUT_S: u64 = 300;
 /// How long a guest may take to boot to its first beats (emulated host).
 const BOOT_LIMIT: Duration = Duration::from_secs(150);
 /// How long one migration, snapshot or restore may take.
@@ -210,6 +218,9 @@ struct Sample {
     bytes: f64,
     /// Pre-copy rounds (vmhost) or dirty-bitmap syncs (QEMU).
     rounds: f64,
+    /// vmhost only: pre-copy did not converge at [`MAX_DOWNTIME_MS`]; its last estimate of
+    /// the downtime, ms (the figures are then those of the run at [`FALLBACK_DOWNTIME_MS`]).
+    gave_up: Option<f64>,
 }
 
 /// What one benchmark run needs: the assets, the environment, the key and the spec files.
@@ -234,10 +245,15 @@ impl Setup<'_> {
     }
 
     /// `vmhost ctl --api-socket SOCK args…` (release build) to completion.
-    fn ctl(&self, sock: &Path, args: &[&str]) -> Result<crate::vm::Output, String> {
+    fn ctl(
+        &self,
+        sock: &Path,
+        args: &[&str],
+        limit: Duration,
+    ) -> Result<crate::vm::Output, String> {
         let mut c = Command::new(&self.a.vmhost_release);
         c.arg("ctl").arg("--api-socket").arg(sock).args(args);
-        run_command(c, &format!("vmhost ctl {}", args.join(" ")))
+        run_command_within(c, &format!("vmhost ctl {}", args.join(" ")), limit)
     }
 
     /// The guest's spec for `action` (1 dedicated vCPU, 128 MiB of 2 MiB pages).
@@ -272,6 +288,33 @@ fn wait_text(file: &Path, what: &str, limit: Duration) -> Outcome {
     }
 }
 
+/// vmhost's migration report in short: its error and each round's MiB sent, seconds, MiB
+/// left dirty and estimated downtime.
+fn rounds_summary(v: &Value) -> String {
+    let rounds: Vec<String> = v["rounds"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let mib = |k: &str| r[k].as_f64().unwrap_or(f64::NAN) / 1048576.0;
+            format!(
+                "{:.1} MiB in {:.2} s, {:.1} MiB dirty after, est. {:.0} ms",
+                mib("bytes"),
+                r["seconds"].as_f64().unwrap_or(f64::NAN),
+                mib("dirty_bytes_after"),
+                r["estimated_downtime_ms"].as_f64().unwrap_or(f64::NAN)
+            )
+        })
+        .collect();
+    format!(
+        "error {}, phase {}, {} rounds: {}",
+        v["error"],
+        v["phase"],
+        rounds.len(),
+        rounds.join("; ")
+    )
+}
+
 /// A number of a JSON report, or an error naming it.
 fn field(v: &Value, path: &str) -> Result<f64, String> {
     v.pointer(path)
@@ -279,61 +322,123 @@ fn field(v: &Value, path: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("no number {path} in {v}"))
 }
 
-/// One vmhost migration of a freshly booted guest doing `action`: source → `vmhost receive`.
-fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
-    let spec = s.spec(action)?;
-    let (cmd, src_sock) = s.vmhost("migsrc", &["--config", &spec.to_string_lossy()]);
-    let mut src = Proc::spawn(cmd, s.env, "vmhost source")?;
-    src.wait_beats(WARM_BEATS, BOOT_LIMIT)?;
+/// One `vmhost ctl migrate` of the running source to a new `vmhost receive`.
+struct Attempt {
+    /// The source's report (`ctl migrate --json`).
+    report: Value,
+    /// Whether the job succeeded.
+    ok: bool,
+    /// The target (ended by itself when the job failed).
+    dst: Proc,
+    /// When the command was started and when it returned.
+    t0: Instant,
+    t1: Instant,
+}
+
+/// Starts a target and migrates the source at `src_sock` to it with `--max-downtime
+/// max_downtime_ms --timeout timeout_s`.
+fn vmhost_attempt(
+    s: &Setup,
+    src_sock: &Path,
+    max_downtime_ms: u64,
+    timeout_s: u64,
+) -> Result<Attempt, String> {
     let listen = s.env.work.join("mig.listen");
     let _ = std::fs::remove_file(&listen);
     let to = format!("unix:{}", listen.display());
     let key = s.key.to_string_lossy().to_string();
     let (cmd, _) = s.vmhost("migdst", &["receive", "--listen", &to, "--auth-key", &key]);
-    let mut dst = Proc::spawn(cmd, s.env, "vmhost target")?;
+    let dst = Proc::spawn(cmd, s.env, "vmhost target")?;
     wait_text(&dst.err, "listening on", JOB_LIMIT)?;
-    let limit = MAX_DOWNTIME_MS.to_string();
+    let (limit, timeout) = (max_downtime_ms.to_string(), timeout_s.to_string());
+    let args = [
+        "--json",
+        "migrate",
+        &to,
+        "--auth-key",
+        &key,
+        "--max-downtime",
+        &limit,
+        "--timeout",
+        &timeout,
+    ];
     let t0 = Instant::now();
-    let out = s.ctl(
-        &src_sock,
-        &[
-            "--json",
-            "migrate",
-            &to,
-            "--auth-key",
-            &key,
-            "--max-downtime",
-            &limit,
-        ],
-    )?;
+    // Pre-copy's give-up time, then the final round at the emulated host's pace.
+    let out = s.ctl(src_sock, &args, Duration::from_secs(timeout_s * 3 + 120))?;
     let t1 = Instant::now();
-    ensure!(
-        out.code == 0,
-        "ctl migrate: exit {}: {}; {}; {}",
-        out.code,
-        out.stderr,
-        src.tail(),
-        dst.tail()
-    );
-    let report = out.json()?;
-    dst.wait_beats(AFTER_BEATS, JOB_LIMIT)?;
+    let report = out
+        .json()
+        .map_err(|e| format!("ctl migrate: exit {}: {e}; {}", out.code, dst.tail()))?;
+    Ok(Attempt {
+        ok: out.code == 0,
+        report,
+        dst,
+        t0,
+        t1,
+    })
+}
+
+/// One vmhost migration of a freshly booted guest doing `action`: source → `vmhost receive`,
+/// at [`MAX_DOWNTIME_MS`]; when pre-copy does not converge there (the source gives up after
+/// [`FIRST_TIMEOUT_S`] and runs on), again to a new target at [`FALLBACK_DOWNTIME_MS`].
+fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
+    let spec = s.spec(action)?;
+    let (cmd, src_sock) = s.vmhost("migsrc", &["--config", &spec.to_string_lossy()]);
+    let mut src = Proc::spawn(cmd, s.env, "vmhost source")?;
+    src.wait_beats(WARM_BEATS, BOOT_LIMIT)?;
+    let mut at = vmhost_attempt(s, &src_sock, MAX_DOWNTIME_MS, FIRST_TIMEOUT_S)?;
+    let mut gave_up = None;
+    if !at.ok {
+        let why = rounds_summary(&at.report);
+        ensure!(
+            at.report["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("did not converge")),
+            "ctl migrate: {why}; {}; {}",
+            src.tail(),
+            at.dst.tail()
+        );
+        let code = at.dst.wait_exit(JOB_LIMIT)?;
+        println!("       vmhost at {MAX_DOWNTIME_MS} ms: {why}; the target: {code}");
+        gave_up = Some(last_estimate(&at.report));
+        at = vmhost_attempt(s, &src_sock, FALLBACK_DOWNTIME_MS, FALLBACK_TIMEOUT_S)?;
+        ensure!(
+            at.ok,
+            "ctl migrate --max-downtime {FALLBACK_DOWNTIME_MS}: {}; {}; {}",
+            rounds_summary(&at.report),
+            src.tail(),
+            at.dst.tail()
+        );
+    }
+    at.dst.wait_beats(AFTER_BEATS, JOB_LIMIT)?;
     let mut beats = src.beats();
-    beats.extend(dst.beats());
-    let gap_ms = longest_gap(beats, t0, t1)?;
+    beats.extend(at.dst.beats());
+    let gap_ms = longest_gap(beats, at.t0, at.t1)?;
     let code = src.wait_exit(JOB_LIMIT)?;
     ensure!(
         code.success(),
         "the migrated source: {code}; {}",
         src.tail()
     );
-    dst.stop()?;
+    at.dst.stop()?;
+    let r = &at.report;
     Ok(Sample {
         gap_ms,
-        own_downtime_ms: field(&report, "/downtime_ms")?,
-        total_s: field(&report, "/seconds")?,
-        bytes: field(&report, "/bytes_sent")?,
-        rounds: report["rounds"].as_array().map_or(0, Vec::len) as f64,
+        own_downtime_ms: field(r, "/downtime_ms")?,
+        total_s: field(r, "/seconds")?,
+        bytes: field(r, "/bytes_sent")?,
+        rounds: r["rounds"].as_array().map_or(0, Vec::len) as f64,
+        gave_up,
     })
+}
+
+/// The estimated downtime of a report's last round, ms.
+fn last_estimate(report: &Value) -> f64 {
+    report["rounds"]
+        .as_array()
+        .and_then(|r| r.last())
+        .and_then(|r| r["estimated_downtime_ms"].as_f64())
+        .unwrap_or(f64::NAN)
 }
 
 /// QEMU (the bundle of `testbed/build-guest.sh`) with the same kernel, initramfs and command
@@ -505,6 +610,7 @@ fn qemu_run(s: &Setup, action: &str) -> Result<Sample, String> {
         total_s: field(&q, "/total-time")? / 1e3,
         bytes: field(&q, "/ram/transferred")?,
         rounds: field(&q, "/ram/dirty-sync-count")?,
+        gave_up: None,
     })
 }
 
@@ -573,6 +679,29 @@ fn read_snapshot_memory(dir: &Path, node: u32) -> Result<(f64, u64), String> {
     Ok((t.elapsed().as_secs_f64(), bytes))
 }
 
+/// Prints how fast this emulated host hashes with software SHA-256 (`sha256sum` of `file`):
+/// the emulated CPU has no SHA extensions (TCG), and vmhost's migration streams carry an
+/// HMAC-SHA256 tag over every byte (docs/migration.md, "Authenticated streams").
+fn sha256_pace(file: &Path) {
+    let bytes = std::fs::metadata(file).map_or(0, |m| m.len());
+    let t = Instant::now();
+    let ok = Command::new("sha256sum")
+        .arg(file)
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let secs = t.elapsed().as_secs_f64();
+    if ok {
+        println!(
+            "     software SHA-256 here (sha256sum of {:.1} MiB): {:.1} MiB/s",
+            bytes as f64 / 1048576.0,
+            bytes as f64 / 1048576.0 / secs
+        );
+    } else {
+        println!("     sha256sum of {} failed", file.display());
+    }
+}
+
 /// A snapshot (`ctl snapshot --stop`) of a booted idle guest on node 0.
 fn take_snapshot(s: &Setup) -> Result<PathBuf, String> {
     let spec = s.spec("beat")?;
@@ -581,7 +710,11 @@ fn take_snapshot(s: &Setup) -> Result<PathBuf, String> {
     vm.wait_beats(WARM_BEATS, BOOT_LIMIT)?;
     let dir = s.env.work.join("migbench-snap");
     let _ = std::fs::remove_dir_all(&dir);
-    let out = s.ctl(&sock, &["snapshot", &dir.to_string_lossy(), "--stop"])?;
+    let out = s.ctl(
+        &sock,
+        &["snapshot", &dir.to_string_lossy(), "--stop"],
+        JOB_LIMIT,
+    )?;
     ensure!(
         out.code == 0,
         "ctl snapshot --stop: exit {}: {}",
@@ -648,6 +781,19 @@ fn report_workload(name: &str, v: &[Sample], q: &[Sample]) {
         show(&s.iter().map(f).collect::<Vec<_>>(), d)
     };
     let med = |s: &[Sample], f: fn(&Sample) -> f64| spread(&s.iter().map(f).collect::<Vec<_>>()).0;
+    let gave_up: Vec<f64> = v.iter().filter_map(|s| s.gave_up).collect();
+    println!(
+        "     {name}: vmhost converged at --max-downtime {MAX_DOWNTIME_MS} in {} of {PAIRS} runs; \
+         in the others it gave up (estimated downtime after its last round, ms: {}) and the \
+         figures below are of a second migration of the same guest at --max-downtime \
+         {FALLBACK_DOWNTIME_MS}",
+        PAIRS - gave_up.len(),
+        if gave_up.is_empty() {
+            "none".to_string()
+        } else {
+            show(&gave_up, 0)
+        }
+    );
     let gap = |s: &Sample| s.gap_ms;
     let total = |s: &Sample| s.total_s;
     println!(
@@ -692,6 +838,7 @@ fn report_workload(name: &str, v: &[Sample], q: &[Sample]) {
 fn restore_vs_read(s: &Setup) -> Outcome {
     host::set_2m_pools(&[GUEST_PAGES, 0])?;
     let dir = take_snapshot(s)?;
+    sha256_pace(&dir.join("memory-cell0"));
     // Room for the restore or the read (a memory file is a little larger than the RAM).
     host::set_2m_pools(&[GUEST_PAGES + 2, 0])?;
     let (mut reads, mut restores, mut mib, mut own) = (Vec::new(), Vec::new(), 0.0, String::new());
@@ -741,7 +888,7 @@ pub fn migration_vs_qemu(env: &Env) -> Outcome {
         a,
         env,
     };
-    for (name, action) in [("idle", "beat"), ("dirty 16 MiB/s over 32 MiB", "dirty")] {
+    for (name, action) in [("idle", "beat"), ("dirty 8 MiB/s over 32 MiB", "dirty")] {
         let (mut v, mut q) = (Vec::new(), Vec::new());
         for i in 0..PAIRS {
             // Source on node0, target on node1: each pool holds exactly one guest.

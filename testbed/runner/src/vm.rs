@@ -304,7 +304,12 @@ impl Running {
 }
 
 /// Runs a command to completion within [`COMMAND_LIMIT`], capturing its output.
-pub fn run_command(mut cmd: Command, what: &str) -> Result<Output, String> {
+pub fn run_command(cmd: Command, what: &str) -> Result<Output, String> {
+    run_command_within(cmd, what, COMMAND_LIMIT)
+}
+
+/// [`run_command`] within `limit` (a live migration in the emulated host may take minutes).
+pub fn run_command_within(mut cmd: Command, what: &str, limit: Duration) -> Result<Output, String> {
     let dir = std::env::temp_dir();
     let tag = format!(
         "{}-{}",
@@ -321,14 +326,14 @@ pub fn run_command(mut cmd: Command, what: &str) -> Result<Output, String> {
         .stdout(file(&out_path)?)
         .stderr(file(&err_path)?);
     let mut child = cmd.spawn().map_err(|e| format!("{what}: spawn: {e}"))?;
-    let deadline = Instant::now() + COMMAND_LIMIT;
+    let deadline = Instant::now() + limit;
     let status = loop {
         match child.try_wait() {
             Ok(Some(s)) => break s,
             Ok(None) if Instant::now() > deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("{what}: did not finish within {COMMAND_LIMIT:?}"));
+                return Err(format!("{what}: did not finish within {limit:?}"));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => return Err(format!("{what}: wait: {e}")),
