@@ -9,7 +9,7 @@
 //! default does not cap it), `migrate` and `query-migrate` until it ends.
 //!
 //! The guest (`vmhost.action=beat|dirty`, testbed/guest/dirty.c) prints `B n` on its serial
-//! console every 10 ms, idle or while writing 8 MiB/s over a 32 MiB buffer. The runner
+//! console every 10 ms, idle or while writing 16 MiB/s over a 32 MiB buffer. The runner
 //! timestamps every line as it arrives on the source's and the target's stdout; the longest
 //! gap between consecutive beats while the migration runs is the downtime seen from outside,
 //! reported beside each VMM's own figures (vmhost's report, QEMU's `query-migrate`). Pairs
@@ -888,7 +888,7 @@ pub fn migration_vs_qemu(env: &Env) -> Outcome {
         a,
         env,
     };
-    for (name, action) in [("idle", "beat"), ("dirty 8 MiB/s over 32 MiB", "dirty")] {
+    for (name, action) in [("idle", "beat"), ("dirty 16 MiB/s over 32 MiB", "dirty")] {
         let (mut v, mut q) = (Vec::new(), Vec::new());
         for i in 0..PAIRS {
             // Source on node0, target on node1: each pool holds exactly one guest.
