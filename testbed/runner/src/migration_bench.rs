@@ -550,7 +550,9 @@ fn qmp_migrate(qmp: &mut Qmp, to: &str) -> Result<Value, String> {
     loop {
         let q = qmp.call("query-migrate", json!({}))?;
         match q["status"].as_str() {
-            Some("completed") => return Ok(q),
+            // QEMU 7.2 sets the status before `total-time` and `downtime` (they read 0 for a
+            // moment): the figures are those of the first answer that has them.
+            Some("completed") if q["total-time"].as_u64().unwrap_or(0) > 0 => return Ok(q),
             Some("failed" | "cancelled") => return Err(format!("QEMU's migration: {q}")),
             _ => {}
         }
