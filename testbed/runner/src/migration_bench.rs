@@ -22,11 +22,13 @@
 //! targets (downtime ≤ 0.5× QEMU's, total time ≤ 1.0×, restore ≤ 1.2× the read) are reported,
 //! never asserted: the benchmark fails only when a run fails.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -335,11 +337,68 @@ struct Attempt {
     t1: Instant,
 }
 
+/// Per thread name, how many samples found it in each state (`R`, or `S@wait channel`).
+type ThreadSamples = BTreeMap<String, BTreeMap<String, u32>>;
+
+/// Samples every 250 ms, until `stop` is set, the state of the migration threads of `pids`
+/// (names starting with `vmhost-mig`, `mig-` or `recv-`): running, or asleep and where in the
+/// kernel. Shows which side a slow migration waits for.
+fn sample_threads(pids: Vec<u32>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<ThreadSamples> {
+    std::thread::spawn(move || {
+        let mut seen = ThreadSamples::new();
+        while !stop.load(Ordering::Relaxed) {
+            for pid in &pids {
+                for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    let read =
+                        |f: &str| std::fs::read_to_string(task.path().join(f)).unwrap_or_default();
+                    let name = read("comm").trim().to_string();
+                    if !["vmhost-mig", "mig-", "recv-"]
+                        .iter()
+                        .any(|p| name.starts_with(p))
+                    {
+                        continue;
+                    }
+                    let stat = read("stat");
+                    let state = stat
+                        .rsplit_once(") ")
+                        .and_then(|(_, a)| a.chars().next())
+                        .unwrap_or('?');
+                    let key = if state == 'R' {
+                        "R".to_string()
+                    } else {
+                        format!("{state}@{}", read("wchan").trim())
+                    };
+                    *seen.entry(name).or_default().entry(key).or_default() += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        seen
+    })
+}
+
+/// [`ThreadSamples`] in one line.
+fn show_samples(s: &ThreadSamples) -> String {
+    let threads: Vec<String> = s
+        .iter()
+        .map(|(name, states)| {
+            let st: Vec<String> = states.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            format!("{name}: {}", st.join(", "))
+        })
+        .collect();
+    threads.join("; ")
+}
+
 /// Starts a target and migrates the source at `src_sock` to it with `--max-downtime
 /// max_downtime_ms --timeout timeout_s`.
 fn vmhost_attempt(
     s: &Setup,
     src_sock: &Path,
+    src_pid: u32,
     max_downtime_ms: u64,
     timeout_s: u64,
 ) -> Result<Attempt, String> {
@@ -362,10 +421,20 @@ fn vmhost_attempt(
         "--timeout",
         &timeout,
     ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample_threads(vec![src_pid, dst.child.id()], Arc::clone(&stop));
     let t0 = Instant::now();
     // Pre-copy's give-up time, then the final round at the emulated host's pace.
-    let out = s.ctl(src_sock, &args, Duration::from_secs(timeout_s * 3 + 120))?;
+    let out = s.ctl(src_sock, &args, Duration::from_secs(timeout_s * 3 + 120));
     let t1 = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    if let Ok(samples) = sampler.join() {
+        println!(
+            "       vmhost at {max_downtime_ms} ms, migration threads every 250 ms: {}",
+            show_samples(&samples)
+        );
+    }
+    let out = out?;
     let report = out
         .json()
         .map_err(|e| format!("ctl migrate: exit {}: {e}; {}", out.code, dst.tail()))?;
@@ -386,7 +455,13 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
     let (cmd, src_sock) = s.vmhost("migsrc", &["--config", &spec.to_string_lossy()]);
     let mut src = Proc::spawn(cmd, s.env, "vmhost source")?;
     src.wait_beats(WARM_BEATS, BOOT_LIMIT)?;
-    let mut at = vmhost_attempt(s, &src_sock, MAX_DOWNTIME_MS, FIRST_TIMEOUT_S)?;
+    let mut at = vmhost_attempt(
+        s,
+        &src_sock,
+        src.child.id(),
+        MAX_DOWNTIME_MS,
+        FIRST_TIMEOUT_S,
+    )?;
     let mut gave_up = None;
     if !at.ok {
         let why = rounds_summary(&at.report);
@@ -401,7 +476,13 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
         let code = at.dst.wait_exit(JOB_LIMIT)?;
         println!("       vmhost at {MAX_DOWNTIME_MS} ms: {why}; the target: {code}");
         gave_up = Some(last_estimate(&at.report));
-        at = vmhost_attempt(s, &src_sock, FALLBACK_DOWNTIME_MS, FALLBACK_TIMEOUT_S)?;
+        at = vmhost_attempt(
+            s,
+            &src_sock,
+            src.child.id(),
+            FALLBACK_DOWNTIME_MS,
+            FALLBACK_TIMEOUT_S,
+        )?;
         ensure!(
             at.ok,
             "ctl migrate --max-downtime {FALLBACK_DOWNTIME_MS}: {}; {}; {}",
