@@ -495,7 +495,15 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
             at.dst.tail()
         );
     }
-    at.dst.wait_beats(AFTER_BEATS, JOB_LIMIT)?;
+    if let Err(e) = at.dst.wait_beats(AFTER_BEATS, JOB_LIMIT) {
+        // What the target's VM and threads were doing, for the log.
+        let dst_sock = s.env.work.join("migdst.sock");
+        let info = s.ctl(&dst_sock, &["info"], JOB_LIMIT).map(|o| o.stdout);
+        return Err(format!(
+            "{e}; the target's ctl info: {info:?}; its threads: {}",
+            host::thread_states(at.dst.child.id())
+        ));
+    }
     let mut beats = src.beats();
     beats.extend(at.dst.beats());
     let gap_ms = longest_gap(beats, at.t0, at.t1)?;
