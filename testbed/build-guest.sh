@@ -3,7 +3,8 @@
 # target/testbed/guest/:
 #   initramfs.cpio  busybox-static, testbed/guest/init as /init, and the modules it loads
 #                   (evdev + button for the ACPI power button, pvpanic + pvpanic-mmio,
-#                   virtio_mmio + vmw_vsock_virtio_transport), and /bin/vsock-test
+#                   virtio_mmio + vmw_vsock_virtio_transport), /bin/vsock-test and
+#                   /bin/dirty (the live-migration benchmark's beat and dirtying guest)
 #   initramfs-devices.cpio  the same plus testbed/guest/devices.sh and the virtio, ext4 and
 #                   vfat modules it loads (lib/modules/devices/), for the virtio device tests,
 #                   and the device benchmark's /iobench-run with its static /bin/iobench
@@ -37,6 +38,7 @@ modules+=(virtio_mmio vmw_vsock_virtio_transport)
 device_modules=(virtio_mmio virtio_pci virtio_blk virtio_net virtio_rng ext4 crc32c_generic vfat nls_cp437 nls_ascii nls_utf8)
 inputs="$kpkg busybox-static ${modules[*]} ${device_modules[*]} $(cat "$root/testbed/guest/init" "$root/testbed/guest/devices.sh" "$root/testbed/guest/migrate.sh" "$root/testbed/guest/iobench-run" "$root/testbed/guest/iobench.c" "$0" "$root/testbed/modules.sh" | sha256sum | cut -c1-16)"
 inputs+=" vsock-test:$(sha256sum < "$root/testbed/guest/vsock-test.c" | cut -c1-16)"
+inputs+=" dirty:$(sha256sum < "$root/testbed/guest/dirty.c" | cut -c1-16)"
 mkdir -p "$out"
 qemu_bundle() { # this machine's QEMU, its libraries and firmware, for the emulated host
     local q d="$out/qemu"
@@ -74,6 +76,8 @@ cp "$work/busybox/bin/busybox" "$rootfs/bin/busybox"
 install -m 0755 "$root/testbed/guest/init" "$rootfs/init"
 command -v gcc >/dev/null || die "gcc not found (the vsock test helper is a static C program): apt-get install gcc libc6-dev"
 gcc -static -O2 -Wall -o "$rootfs/bin/vsock-test" "$root/testbed/guest/vsock-test.c"
+# The live-migration benchmark's guest (`vmhost.action=beat|dirty`, testbed/guest/dirty.c).
+gcc -static -O2 -Wall -o "$rootfs/bin/dirty" "$root/testbed/guest/dirty.c"
 python3 "$root/testbed/mkcpio.py" "$rootfs" "$out/initramfs.cpio.tmp"
 # The device tests' initramfs: the same plus devices.sh and its modules (the other guests
 # boot without them, so their boot times do not change).

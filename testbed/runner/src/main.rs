@@ -19,6 +19,7 @@ mod ledger_tests;
 mod linux_bench;
 mod linux_tests;
 mod memory_tests;
+mod migration_bench;
 mod migration_tests;
 mod pod_tests;
 mod snapshot_tests;
@@ -162,6 +163,7 @@ const TWO_NODE: &[Test] = &[
 const BENCH: &[Test] = &[
     ("linux_boot_time_vs_qemu", linux_bench::boot_time_vs_qemu),
     ("virtio_vs_qemu", device_bench::virtio_vs_qemu),
+    ("migration_vs_qemu", migration_bench::migration_vs_qemu),
 ];
 
 /// The tests of the 4-node host (4 × 2 PUs, 1 GiB per node, asymmetric distances).
