@@ -25,7 +25,7 @@
 
 use std::io::{self, Read, Write};
 
-use crc::{Crc, CRC_64_XZ};
+use crc::{Crc, Table, CRC_64_XZ};
 
 use crate::auth::RecordMac;
 
@@ -41,7 +41,10 @@ pub const MAX_VERSION_STRING: usize = 64;
 
 const FLAG_MANDATORY: u16 = 1;
 const RECORD_HEADER: usize = 8;
-const CRC: Crc<u64> = Crc::<u64>::new(&CRC_64_XZ);
+/// Slicing-by-16 (a 32 KiB table): the same checksums as the crate's default one-table form,
+/// several times faster per byte; every record of a migration stream and of a snapshot file
+/// goes through it.
+static CRC: Crc<u64, Table<16>> = Crc::<u64, Table<16>>::new(&CRC_64_XZ);
 
 /// The CRC-64/XZ (ECMA-182, reflected; as `xz`) of `bytes`, the checksum used throughout.
 pub fn crc64(bytes: &[u8]) -> u64 {
@@ -720,6 +723,18 @@ impl<R: Read> Reader<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CRC-64/XZ's check value (the catalogue's `check`, of "123456789"), and the table form
+    /// agrees with a bitwise computation on lengths around the 16-byte slices.
+    #[test]
+    fn crc64_is_crc_64_xz() {
+        assert_eq!(crc64(b"123456789"), 0x995d_c9bb_df19_39fa);
+        let bitwise = Crc::<u64, crc::NoTable>::new(&CRC_64_XZ);
+        let data: Vec<u8> = (0..200u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect();
+        for len in [0, 1, 15, 16, 17, 31, 32, 33, 199, 200] {
+            assert_eq!(crc64(&data[..len]), bitwise.checksum(&data[..len]), "{len}");
+        }
+    }
 
     #[test]
     fn a_reader_accepts_its_version_and_the_one_before() {
