@@ -27,11 +27,15 @@
     clippy::cast_sign_loss
 )]
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use common::{memory_mib, now_ns};
 
 use vmhost_testsupport::pvh::{out8, pvh_elf};
 
@@ -40,16 +44,6 @@ const HLT_LOOP: [u8; 3] = [0xf4, 0xeb, 0xfd];
 /// What a run may take before the watchdog kills it (a VMM that ignored the guest's exit).
 const RUN_LIMIT: Duration = Duration::from_secs(20);
 const RESAMPLES: usize = 2000;
-
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// The guest's ways to end the VM.
 #[derive(Clone, Copy, PartialEq)]
@@ -392,23 +386,6 @@ fn report_rounds(s: &Setup, r: &Rounds) {
         let v: Vec<f64> = r.marks.iter().map(|m| m[k]).collect();
         println!("  {name:<22} {:>7.2}", median(&v));
     }
-}
-
-/// (VmRSS, Pss, Pss_Anon) in MiB.
-fn memory_mib(pid: u32) -> [f64; 3] {
-    [
-        proc_kib(pid, "status", "VmRSS:") / 1024.0,
-        proc_kib(pid, "smaps_rollup", "Pss:") / 1024.0,
-        proc_kib(pid, "smaps_rollup", "Pss_Anon:") / 1024.0,
-    ]
-}
-
-fn proc_kib(pid: u32, file: &str, field: &str) -> f64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(f64::NAN)
 }
 
 /// True once a thread of `pid` has a name with "vcpu" in it (vmhost's and Cloud Hypervisor's

@@ -17,21 +17,15 @@
 //!   paused with `-S`) whose guest RAM is on hugetlbfs, which `VmRSS` does not count.
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss)]
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+use common::{memory_mib, now_ns};
 
 fn stats(name: &str, v: &mut [f64], unit: &str) {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -57,23 +51,6 @@ fn write_spec(dir: &Path, payload: &str) -> PathBuf {
     )
     .unwrap();
     p
-}
-
-/// (VmRSS, Pss, private anonymous) in MiB.
-fn memory_mib(pid: u32) -> [f64; 3] {
-    [
-        status_kib(pid, "status", "VmRSS:") / 1024.0,
-        status_kib(pid, "smaps_rollup", "Pss:") / 1024.0,
-        status_kib(pid, "smaps_rollup", "Pss_Anon:") / 1024.0,
-    ]
-}
-
-fn status_kib(pid: u32, file: &str, field: &str) -> f64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(f64::NAN)
 }
 
 /// One vmhost `halt` run: (fixed start ms, first doorbell ms, guest RAM step ms).

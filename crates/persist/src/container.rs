@@ -730,7 +730,9 @@ mod tests {
     fn crc64_is_crc_64_xz() {
         assert_eq!(crc64(b"123456789"), 0x995d_c9bb_df19_39fa);
         let bitwise = Crc::<u64, crc::NoTable>::new(&CRC_64_XZ);
-        let data: Vec<u8> = (0..200u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect();
+        let data: Vec<u8> = (0..200u8)
+            .map(|i| i.wrapping_mul(37).wrapping_add(11))
+            .collect();
         for len in [0, 1, 15, 16, 17, 31, 32, 33, 199, 200] {
             assert_eq!(crc64(&data[..len]), bitwise.checksum(&data[..len]), "{len}");
         }
