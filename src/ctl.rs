@@ -94,16 +94,7 @@ fn follow(
 fn describe_migration(p: &Value) -> String {
     let mib = p["bytes_sent"].as_u64().unwrap_or(0) >> 20;
     let rounds = p["rounds"].as_array().map_or(0, Vec::len);
-    let mut line = format!(
-        "{} ({}), {rounds} rounds, {mib} MiB sent",
-        p["state"].as_str().unwrap_or("?"),
-        p["phase"].as_str().unwrap_or("?")
-    );
-    if let Some(e) = p["error"].as_str() {
-        line.push_str(": ");
-        line.push_str(e);
-    }
-    line
+    progress_line(p, &format!("{rounds} rounds, {mib} MiB sent"))
 }
 
 /// The source's report as text.
@@ -150,8 +141,13 @@ fn migration_text(p: &Value) -> String {
 /// One progress line: state, phase, MiB written, the error.
 fn describe(p: &Value) -> String {
     let mib = p["bytes_written"].as_u64().unwrap_or(0) >> 20;
+    progress_line(p, &format!("{mib} MiB of guest memory written"))
+}
+
+/// `state (phase), figures` and `: error` when the job failed.
+fn progress_line(p: &Value, figures: &str) -> String {
     let mut line = format!(
-        "{} ({}), {mib} MiB of guest memory written",
+        "{} ({}), {figures}",
         p["state"].as_str().unwrap_or("?"),
         p["phase"].as_str().unwrap_or("?")
     );

@@ -32,16 +32,67 @@ pub enum JobState {
     Failed,
 }
 
+/// What every job's report holds, flattened into it (`state`, `phase`, `seconds`, `error`).
+#[derive(Debug, Clone, Serialize)]
+pub struct JobStatus {
+    /// The job's state.
+    pub state: JobState,
+    /// The step in progress or last done (`queued` first, `done` at a success).
+    pub phase: String,
+    /// Seconds since the job started.
+    pub seconds: f64,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+impl JobStatus {
+    /// A job just queued.
+    pub fn queued() -> Self {
+        JobStatus {
+            state: JobState::Running,
+            phase: "queued".into(),
+            seconds: 0.0,
+            error: None,
+        }
+    }
+}
+
 /// A kind's progress report, as the runner keeps it.
 pub trait Report: Serialize + Send + 'static {
+    /// The fields every report has.
+    fn status(&self) -> &JobStatus;
+    /// The same, to change.
+    fn status_mut(&mut self) -> &mut JobStatus;
+    /// Bytes of guest memory moved so far (written or sent).
+    fn set_bytes(&mut self, bytes: u64);
+
     /// The job's state.
-    fn state(&self) -> JobState;
+    fn state(&self) -> JobState {
+        self.status().state
+    }
     /// Ends the report: [`JobState::Succeeded`] (phase `done`) or failed with `error`.
-    fn finish(&mut self, error: Option<String>);
+    fn finish(&mut self, error: Option<String>) {
+        let s = self.status_mut();
+        match error {
+            None => {
+                s.state = JobState::Succeeded;
+                s.phase = "done".into();
+            }
+            Some(e) => {
+                s.state = JobState::Failed;
+                s.error = Some(e);
+            }
+        }
+    }
     /// The live figures: bytes of guest memory moved so far, seconds since the start.
-    fn set_counters(&mut self, bytes: u64, seconds: f64);
+    fn set_counters(&mut self, bytes: u64, seconds: f64) {
+        self.set_bytes(bytes);
+        self.status_mut().seconds = seconds;
+    }
     /// The step the job is in.
-    fn set_phase(&mut self, phase: &str);
+    fn set_phase(&mut self, phase: &str) {
+        self.status_mut().phase = phase.to_string();
+    }
 }
 
 /// What the runner does once a job ended.

@@ -20,7 +20,7 @@ use vmhost_persist::dir::{FileName, FillError, SnapshotWriter};
 use vmhost_plan::Plan;
 use vmhost_vcpu::{StopHandle, VmHandle, VmState};
 
-use crate::jobs::{Job, JobState, Report, Shared, Then};
+use crate::jobs::{Job, JobState, JobStatus, Report, Shared, Then};
 
 /// Set when a snapshot with `stop` ended the VM (one VM per process): its run ends as
 /// `Stopped`, which is exit status 0 here, as a guest that ended itself, not 130.
@@ -119,11 +119,10 @@ pub struct Source {
 /// `GET /vm/snapshot`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Progress {
-    /// The job's state.
-    pub state: JobState,
-    /// The step in progress or last done: `pause`, `capture`, `spec`, `plan`,
-    /// `memory-cell<N>`, `state`, `resume`, `stop`, `done`.
-    pub phase: String,
+    /// State, phase (`pause`, `capture`, `spec`, `plan`, `memory-cell<N>`, `state`,
+    /// `resume`, `stop`, `done`), seconds since the start, the error.
+    #[serde(flatten)]
+    pub status: JobStatus,
     /// The snapshot directory.
     pub dir: Option<PathBuf>,
     /// Whether the VM ends after the snapshot.
@@ -132,34 +131,17 @@ pub struct Progress {
     pub bytes_written: u64,
     /// Each cell saved so far.
     pub cells: Vec<CellSaved>,
-    /// Seconds since the job started.
-    pub seconds: f64,
-    /// Why it failed.
-    pub error: Option<String>,
 }
 
 impl Report for Progress {
-    fn state(&self) -> JobState {
-        self.state
+    fn status(&self) -> &JobStatus {
+        &self.status
     }
-    fn finish(&mut self, error: Option<String>) {
-        match error {
-            None => {
-                self.state = JobState::Succeeded;
-                self.phase = "done".into();
-            }
-            Some(e) => {
-                self.state = JobState::Failed;
-                self.error = Some(e);
-            }
-        }
+    fn status_mut(&mut self) -> &mut JobStatus {
+        &mut self.status
     }
-    fn set_counters(&mut self, bytes: u64, seconds: f64) {
+    fn set_bytes(&mut self, bytes: u64) {
         self.bytes_written = bytes;
-        self.seconds = seconds;
-    }
-    fn set_phase(&mut self, phase: &str) {
-        self.phase = phase.to_string();
     }
 }
 
@@ -181,17 +163,14 @@ pub fn start_jobs(source: Source) -> std::io::Result<Jobs> {
 /// `PUT /vm/snapshot`: queues the job unless one is running; its first progress report.
 pub fn request(jobs: &Jobs, req: SnapshotRequest) -> Result<Value, ControlError> {
     let first = Progress {
-        state: JobState::Running,
-        phase: "queued".into(),
+        status: JobStatus::queued(),
         dir: Some(req.dir.clone()),
         stop: req.stop,
         bytes_written: 0,
         cells: Vec::new(),
-        seconds: 0.0,
-        error: None,
     };
     jobs.request(req, first, |p| {
-        (p.state == JobState::Running)
+        (p.state() == JobState::Running)
             .then(|| "a snapshot job is running; poll GET /vm/snapshot until it ends".into())
     })
 }

@@ -24,7 +24,7 @@ use vmhost_persist::precopy::{Convergence, Decision, PrecopyLimits, RoundStats};
 use vmhost_vcpu::VmState;
 
 use super::wire::{Channel, Endpoint, Stream};
-use crate::jobs::{Job, JobState, Report, Shared, Then};
+use crate::jobs::{Job, JobState, JobStatus, Report, Shared, Then};
 use crate::snapshot::Source;
 
 /// `--timeout`'s default.
@@ -57,19 +57,16 @@ pub struct RoundReport {
 /// docs/migration.md).
 #[derive(Debug, Clone, Serialize)]
 pub struct Progress {
-    /// The job's state.
-    pub state: JobState,
-    /// `connect`, `hello`, `precopy`, `pause`, `final-round`, `state`, `commit`, `resume`,
-    /// `done`.
-    pub phase: String,
+    /// State, phase (`connect`, `hello`, `precopy`, `pause`, `final-round`, `state`,
+    /// `commit`, `resume`, `done`), seconds since the start, the error.
+    #[serde(flatten)]
+    pub status: JobStatus,
     /// Where the target listens.
     pub to: String,
     /// The rounds so far.
     pub rounds: Vec<RoundReport>,
     /// Guest memory bytes sent so far.
     pub bytes_sent: u64,
-    /// Seconds since the job started.
-    pub seconds: f64,
     /// From pause to the target's commit, ms.
     pub downtime_ms: Option<f64>,
     /// The source's placement (its plan).
@@ -78,32 +75,17 @@ pub struct Progress {
     pub target_plan: Value,
     /// The target's residency audit, once it committed.
     pub target_audit: Value,
-    /// Why it failed.
-    pub error: Option<String>,
 }
 
 impl Report for Progress {
-    fn state(&self) -> JobState {
-        self.state
+    fn status(&self) -> &JobStatus {
+        &self.status
     }
-    fn finish(&mut self, error: Option<String>) {
-        match error {
-            None => {
-                self.state = JobState::Succeeded;
-                self.phase = "done".into();
-            }
-            Some(e) => {
-                self.state = JobState::Failed;
-                self.error = Some(e);
-            }
-        }
+    fn status_mut(&mut self) -> &mut JobStatus {
+        &mut self.status
     }
-    fn set_counters(&mut self, bytes: u64, seconds: f64) {
+    fn set_bytes(&mut self, bytes: u64) {
         self.bytes_sent = bytes;
-        self.seconds = seconds;
-    }
-    fn set_phase(&mut self, phase: &str) {
-        self.phase = phase.to_string();
     }
 }
 
@@ -130,20 +112,17 @@ pub fn request(
     plan: &vmhost_plan::Plan,
 ) -> Result<Value, ControlError> {
     let first = Progress {
-        state: JobState::Running,
-        phase: "queued".into(),
+        status: JobStatus::queued(),
         to: req.to.clone(),
         rounds: Vec::new(),
         bytes_sent: 0,
-        seconds: 0.0,
         downtime_ms: None,
         source_plan: serde_json::to_value(plan).unwrap_or_default(),
         target_plan: Value::Null,
         target_audit: Value::Null,
-        error: None,
     };
     jobs.request(req, first, |p| {
-        (p.state != JobState::Failed)
+        (p.state() != JobState::Failed)
             .then(|| "a migration job is running or has moved the VM; poll GET /vm/migrate".into())
     })
 }
