@@ -245,6 +245,10 @@ const VCPU: &[&[(i64, Rule)]] = &[
         ]),
         // The kick signal's handler returns.
         (SYS_rt_sigreturn, Rule::Any),
+        // A guest's MMIO access to a virtio transport that its I/O thread holds: the vCPU
+        // polls the lock with a growing sleep (`devices::bus`, at most `LOCK_POLL_MAX`).
+        // Seen in the emulated host (`vsock_linux_guest_echo_both_ways`, 2026-12-02).
+        (SYS_clock_nanosleep, Rule::Any),
     ],
     // The vCPU's own file descriptor, closed when the thread ends.
     &CLOSE,
