@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Boots the emulated host once and runs the share's `run` script inside it.
 #   testbed/boot.sh --nodes 2|4 --share DIR --log FILE [--timeout SECONDS]
+#                   [--xshare DIR2] [--nic NETDEV --mac MAC]
 # The host: QEMU in pure TCG (never -enable-kvm) emulating an AMD EPYC with SVM and nested
 # paging, so kvm_amd loads inside and /dev/kvm works.
 #   2 nodes: 2 sockets x 2 cores, 3 GiB per node, one 1 GiB page reserved per node at boot,
@@ -10,19 +11,27 @@
 # DIR is shared read-write over virtio-9p (mounted at /mnt inside), and read-only through a
 # second virtio-9p device (tag share-small, mounted at /mnt-small with a smaller msize). The serial console goes to
 # stdout and FILE; QEMU's monitor listens on the Unix socket FILE.monitor (testbed/run.sh asks
-# it where the emulated CPUs are when the machine locks up). The exit status is the status of DIR/run inside, or 124 on a time-out, or
+# it where the emulated CPUs are when the machine locks up). The cross-host suite
+# (testbed/xhost.sh) boots two hosts side by side with two more things: --xshare DIR2, one more
+# virtio-9p device (tag xshare, read-write) onto a directory both hosts get, and --nic NETDEV,
+# a virtio NIC with MAC on the QEMU network backend `-netdev NETDEV` (a UDP socket pair on
+# loopback). The exit status is the status of DIR/run inside, or 124 on a time-out, or
 # 125 when the host did not report one (it crashed or never ran the script).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 img="${VMHOST_TESTBED_DIR:-$root/target/testbed}/image"
-nodes=2 share="" log="" timeout=480
+nodes=2 share="" log="" timeout=480 extra=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --nodes) nodes="$2"; shift 2 ;;
         --share) share="$2"; shift 2 ;;
         --log) log="$2"; shift 2 ;;
         --timeout) timeout="$2"; shift 2 ;;
+        --xshare) extra+=(-fsdev "local,id=fs2,path=$2,security_model=none"
+                          -device virtio-9p-pci,fsdev=fs2,mount_tag=xshare); shift 2 ;;
+        --nic) extra+=(-netdev "$2,id=xnet"); shift 2 ;;
+        --mac) extra+=(-device "virtio-net-pci,netdev=xnet,mac=$2,romfile="); shift 2 ;;
         *) echo "testbed/boot.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -72,6 +81,7 @@ timeout -k 10 "$timeout" qemu-system-x86_64 \
     -device virtio-9p-pci,fsdev=fs0,mount_tag=share \
     -fsdev "local,id=fs1,path=$share,security_model=none,readonly=on" \
     -device virtio-9p-pci,fsdev=fs1,mount_tag=share-small \
+    "${extra[@]}" \
     -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
     -display none -monitor "unix:$log.monitor,server=on,wait=off" \
     -serial stdio -no-reboot </dev/null 2>&1 | tee "$log"

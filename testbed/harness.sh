@@ -48,9 +48,9 @@ emulator_fault() {
 # Writes the share's `run` script (busybox sh inside the emulated host). No pipeline status
 # is lost: the runner's own exit status goes to `runner-status` from inside the group whose
 # output `tee` copies, and `run` exits with it (or 125 when there is none).
-#   write_run_script SHARE SUITE ONLY
+#   write_run_script SHARE SUITE ONLY [RUNNER_ARGS]  (RUNNER_ARGS: e.g. `--role source` of xhost)
 write_run_script() {
-    local share="$1" suite="$2" only="$3" abort="" pages=""
+    local share="$1" suite="$2" only="$3" more="${4:-}" abort="" pages=""
     [[ -n "${VMHOST_TESTBED_ABORT_AFTER:-}" ]] \
         && abort="VMHOST_TESTBED_ABORT_AFTER=$VMHOST_TESTBED_ABORT_AFTER; export VMHOST_TESTBED_ABORT_AFTER"
     # 1 GiB pages: boot.sh reserves one per node of the 2-node host on the kernel command line
@@ -70,7 +70,7 @@ $pages
 skip=""; [ -s skip ] && skip="--skip \$(cat skip)"
 $abort
 rm -f runner-status
-{ ./vmhost-testbed --suite $suite --vmhost ./vmhost ${only:+--only $only} \$skip; echo \$? > runner-status; } 2>&1 | tee results.txt
+{ ./vmhost-testbed --suite $suite ${more:+$more }--vmhost ./vmhost ${only:+--only $only} \$skip; echo \$? > runner-status; } 2>&1 | tee results.txt
 [ -s runner-status ] || exit 125
 exit \$(cat runner-status)
 RUN

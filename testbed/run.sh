@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # `make testbed`: the emulated multi-NUMA host suite.
-#   testbed/run.sh [2node|4node|bench ...] [--only test_a,test_b]
+#   testbed/run.sh [2node|4node|bench|xhost ...] [--only test_a,test_b]
 #   testbed/run.sh --check-log FILE   (does a kept serial log show the emulator locking up?)
 # `2node` and `4node` are the test suites (the default: both); `bench` runs the benchmarks that
-# compare vmhost with QEMU in the 2-node host (`make bench-testbed`, docs/benchmarks.md). Tests
+# compare vmhost with QEMU in the 2-node host (`make bench-testbed`, docs/benchmarks.md); `xhost`
+# boots both hosts side by side and migrates a guest from one to the other (testbed/xhost.sh,
+# also in `make bench-testbed`: two TCG hosts at once are too much for `make test`'s CI). Tests
 # assert behaviour only; timings are reported by the benchmarks, never asserted.
 # Builds the image (cached, testbed/build-image.sh), builds vmhost and the in-host runner
 # (vmhost-testbed), then boots each emulated host (testbed/boot.sh) with both on a 9p share and
@@ -19,10 +21,10 @@ tb="${VMHOST_TESTBED_DIR:-$root/target/testbed}"
 suites=() only="" check_log=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        2node|4node|bench) suites+=("$1"); shift ;;
+        2node|4node|bench|xhost) suites+=("$1"); shift ;;
         --only) only="$2"; shift 2 ;;
         --check-log) check_log="$2"; shift 2 ;;
-        *) echo "usage: testbed/run.sh [2node|4node|bench ...] [--only a,b] | --check-log FILE" >&2; exit 2 ;;
+        *) echo "usage: testbed/run.sh [2node|4node|bench|xhost ...] [--only a,b] | --check-log FILE" >&2; exit 2 ;;
     esac
 done
 [[ ${#suites[@]} -gt 0 ]] || suites=(2node 4node)
@@ -30,6 +32,9 @@ done
 # emulator_fault, write_run_script, suite_verdict.
 # shellcheck source=testbed/harness.sh
 source "$root/testbed/harness.sh"
+# run_xhost: the cross-host suite.
+# shellcheck source=testbed/xhost.sh
+source "$root/testbed/xhost.sh"
 
 # Asks QEMU's monitor (testbed/boot.sh's FILE.monitor socket) where each emulated CPU is: `info
 # cpus` and every CPU's registers, for the log of a machine that locked up. A QEMU that does not
@@ -63,13 +68,14 @@ PY
 
 # Boots one host (testbed/boot.sh) and watches its serial log: a kernel lockup report, or no
 # output for VMHOST_TESTBED_SILENCE seconds (default 150), stops it at once instead of at the
-# timeout. Returns boot.sh's status (124 when stopped).
+# timeout. Returns boot.sh's status (124 when stopped). Further arguments go to boot.sh.
 boot_and_watch() {
     local nodes="$1" share="$2" log="$3" silence="${VMHOST_TESTBED_SILENCE:-150}"
+    shift 3
     : > "$log"
     rm -f "$log.frozen"
     bash "$root/testbed/boot.sh" --nodes "$nodes" --share "$share" --log "$log" \
-        --timeout "${VMHOST_TESTBED_TIMEOUT:-$default_limit}" > /dev/null &
+        --timeout "${VMHOST_TESTBED_TIMEOUT:-$default_limit}" "$@" > /dev/null &
     local pid=$! last size=0 grown now
     last=$(date +%s)
     while kill -0 "$pid" 2>/dev/null; do
@@ -102,6 +108,37 @@ boot_and_watch() {
     wait "$pid"
 }
 
+# Prints a host's test lines and adds them to the counts; a host whose suite did not pass
+# sets `status`, keeps its serial log and, unless its FAIL lines say it all, fails on its own.
+#   judge SUITE SHARE LOG RC
+judge() {
+    local suite="$1" share="$2" log="$3" rc="$4" why p f verdict keep
+    why=$(emulator_fault "$log")
+    grep -E '^(RUN|PASS|FAIL|     )' "$share/results.txt" 2>/dev/null || true
+    p=$(grep -c '^PASS' "$share/results.txt" 2>/dev/null || true)
+    f=$(grep -c '^FAIL' "$share/results.txt" 2>/dev/null || true)
+    passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
+    verdict=$(suite_verdict "$share" || true)
+    [[ "$why" == fail:* ]] && verdict+=$'\n'"${why#fail: }"
+    if [[ $rc -ne 0 || -n "$verdict" ]]; then
+        status=1
+        keep="$tb/failed/$(date +%Y%m%d-%H%M%S)-$suite.log"
+        cp "$log" "$keep"
+        echo "== testbed: $suite host FAILED (status $rc); serial log kept in $keep"
+        # Every listed test reported and some failed: their FAIL lines say it all. Anything
+        # else (a test without a result line, a runner that died, a lockup on a vmhost thread,
+        # a host without a status) is a failure of its own.
+        if [[ ${f:-0} -eq 0 ]] \
+            || grep -v -q -E "^(did not pass: |the runner's exit status is 1 )" <<< "$verdict"; then
+            failed=$((failed + 1))
+            echo "FAIL testbed_${suite}_host: the suite did not complete (status $rc):"
+            { grep . <<< "$verdict" || true; } | sed 's/^/     /'
+            echo "     last serial lines:"
+            tail -n 25 "$log" | sed 's/^/     /'
+        fi
+    fi
+}
+
 if [[ -n "$check_log" ]]; then
     why=$(emulator_fault "$check_log")
     echo "${why:-no emulator fault in $check_log}"
@@ -126,6 +163,10 @@ mkdir -p "$tb/logs" "$tb/failed"
 
 status=0 passed=0 failed=0 retries=()
 for suite in "${suites[@]}"; do
+    if [[ "$suite" == xhost ]]; then
+        run_xhost
+        continue
+    fi
     share="$tb/share-$suite"
     rm -rf "$share" && mkdir -p "$share"
     cp "$bin/vmhost" "$bin/vmhost-testbed" "$share/"
@@ -183,29 +224,7 @@ for suite in "${suites[@]}"; do
         cat "$share/passed-earlier" "$share/results.txt" > "$share/results.all" 2>/dev/null || true
         mv "$share/results.all" "$share/results.txt"
     fi
-    grep -E '^(RUN|PASS|FAIL|     )' "$share/results.txt" 2>/dev/null || true
-    p=$(grep -c '^PASS' "$share/results.txt" 2>/dev/null || true)
-    f=$(grep -c '^FAIL' "$share/results.txt" 2>/dev/null || true)
-    passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
-    verdict=$(suite_verdict "$share" || true)
-    [[ "$why" == fail:* ]] && verdict+=$'\n'"${why#fail: }"
-    if [[ $rc -ne 0 || -n "$verdict" ]]; then
-        status=1
-        keep="$tb/failed/$(date +%Y%m%d-%H%M%S)-$suite.log"
-        cp "$log" "$keep"
-        echo "== testbed: $suite host FAILED (status $rc); serial log kept in $keep"
-        # Every listed test reported and some failed: their FAIL lines say it all. Anything
-        # else (a test without a result line, a runner that died, a lockup on a vmhost thread,
-        # a host without a status) is a failure of its own.
-        if [[ ${f:-0} -eq 0 ]] \
-            || grep -v -q -E "^(did not pass: |the runner's exit status is 1 )" <<< "$verdict"; then
-            failed=$((failed + 1))
-            echo "FAIL testbed_${suite}_host: the suite did not complete (status $rc):"
-            { grep . <<< "$verdict" || true; } | sed 's/^/     /'
-            echo "     last serial lines:"
-            tail -n 25 "$log" | sed 's/^/     /'
-        fi
-    fi
+    judge "$suite" "$share" "$log" "$rc"
 done
 echo "== testbed: $(( $(date +%s) - start )) s in all"
 echo "testbed: $passed passed, $failed failed, ${#retries[@]} host boot(s) retried${retries:+ ($(IFS=';'; echo "${retries[*]}"))}"

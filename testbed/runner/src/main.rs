@@ -28,6 +28,7 @@ mod topology_tests;
 mod vm;
 mod vsock_af;
 mod vsock_tests;
+mod xhost_tests;
 
 use std::time::Instant;
 
@@ -214,6 +215,12 @@ const FOUR_NODE: &[Test] = &[
     ),
 ];
 
+/// The cross-host suite (`testbed/run.sh xhost`, `make bench-testbed`): the 2-node host's
+/// role (`--suite xhost --role source`) and the 4-node host's (`--role target`), booted side
+/// by side with a network and a common share between them (`xhost_tests`).
+const XHOST_SOURCE: &[Test] = &[("xhost_source_migrates", xhost_tests::source_migrates)];
+const XHOST_TARGET: &[Test] = &[("xhost_target_receives", xhost_tests::target_receives)];
+
 /// Every 60 s, one line on the serial console: the host's uptime and load, and every task in
 /// uninterruptible sleep (`D`) with its kernel wait channel. A run that hangs then shows
 /// whether the emulated host was still alive and what was stuck.
@@ -261,6 +268,8 @@ fn watchdog() {
 /// What the command line asks for.
 struct Args {
     suite: Option<String>,
+    /// `--role source|target`: which side of the cross-host suite this host is.
+    role: Option<String>,
     vmhost: String,
     only: Vec<String>,
     /// Tests that passed in an earlier boot of this host (testbed/run.sh, after the emulated
@@ -272,8 +281,8 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: vmhost-testbed --suite 2node|4node|bench [--vmhost PATH] [--only a,b] \
-         [--skip c,d] [--list]"
+        "usage: vmhost-testbed --suite 2node|4node|bench|xhost [--role source|target] \
+         [--vmhost PATH] [--only a,b] [--skip c,d] [--list]"
     );
     std::process::exit(2);
 }
@@ -281,6 +290,7 @@ fn usage() -> ! {
 fn parse_args(args: &[String]) -> Args {
     let mut a = Args {
         suite: None,
+        role: None,
         vmhost: "./vmhost".to_string(),
         only: Vec::new(),
         skip: Vec::new(),
@@ -301,6 +311,7 @@ fn parse_args(args: &[String]) -> Args {
         };
         match (args[i].as_str(), args.get(i + 1)) {
             ("--suite", Some(v)) => a.suite = Some(v.clone()),
+            ("--role", Some(v)) => a.role = Some(v.clone()),
             ("--vmhost", Some(v)) => a.vmhost = v.clone(),
             ("--only", Some(v)) => a.only.extend(names(v)),
             ("--skip", Some(v)) => a.skip.extend(names(v)),
@@ -318,8 +329,16 @@ fn select(args: &Args) -> (Vec<&'static Test>, usize) {
         Some("2node") => TWO_NODE,
         Some("4node") => FOUR_NODE,
         Some("bench") => BENCH,
+        Some("xhost") => match args.role.as_deref() {
+            Some("source") => XHOST_SOURCE,
+            Some("target") => XHOST_TARGET,
+            other => {
+                eprintln!("vmhost-testbed: suite xhost needs --role source|target, not {other:?}");
+                std::process::exit(2);
+            }
+        },
         other => {
-            eprintln!("vmhost-testbed: unknown suite {other:?} (2node, 4node or bench)");
+            eprintln!("vmhost-testbed: unknown suite {other:?} (2node, 4node, bench or xhost)");
             std::process::exit(2);
         }
     };

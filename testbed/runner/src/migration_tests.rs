@@ -39,7 +39,7 @@ use crate::vm::{at, num, Env, Running};
 use crate::{ensure, Outcome};
 
 /// 2 MiB pages per guest cell (64 MiB): the pool of each node holds exactly one cell.
-const CELL_PAGES: u64 = 32;
+pub(crate) const CELL_PAGES: u64 = 32;
 /// How long the guest may take to boot and report ready, and any later wait for a tick.
 const GUEST_LIMIT: Duration = Duration::from_secs(150);
 /// The bridge both taps join, and the host's address on it (the guest is 10.0.2.15).
@@ -47,13 +47,13 @@ const BRIDGE: &str = "tbmigbr";
 const HOST_IP: &str = "10.0.2.1/24";
 const GUEST_ADDR: &str = "10.0.2.15:7000";
 /// The VM's name, in the spec and the ledger.
-const VM: &str = "migvm";
+pub(crate) const VM: &str = "migvm";
 
 /// One `GUEST-MIGTICK` line's fields.
 #[derive(Debug, Clone, PartialEq)]
-struct Tick {
-    n: u64,
-    boot_id: String,
+pub(crate) struct Tick {
+    pub(crate) n: u64,
+    pub(crate) boot_id: String,
     lines: u64,
     whole: bool,
     mem_ok: bool,
@@ -61,7 +61,7 @@ struct Tick {
 }
 
 /// Every whole `GUEST-MIGTICK` line of `text`, in order.
-fn ticks(text: &str) -> Vec<Tick> {
+pub(crate) fn ticks(text: &str) -> Vec<Tick> {
     let whole = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
     whole
         .lines()
@@ -84,7 +84,7 @@ fn ticks(text: &str) -> Vec<Tick> {
 }
 
 /// The consoles of the guest so far, in the order the guest ran on them.
-fn console(env: &Env, names: &[&str]) -> String {
+pub(crate) fn console(env: &Env, names: &[&str]) -> String {
     names
         .iter()
         .map(|n| std::fs::read_to_string(env.work.join(format!("{n}.out"))).unwrap_or_default())
@@ -93,7 +93,7 @@ fn console(env: &Env, names: &[&str]) -> String {
 
 /// Waits until the consoles `names` show a tick past `after`; returns the last tick. Every
 /// tick must be whole: the disk file, the RAM check and the NUMA view.
-fn wait_tick_past(env: &Env, names: &[&str], after: u64) -> Result<Tick, String> {
+pub(crate) fn wait_tick_past(env: &Env, names: &[&str], after: u64) -> Result<Tick, String> {
     let deadline = Instant::now() + GUEST_LIMIT;
     loop {
         let text = console(env, names);
@@ -117,7 +117,7 @@ fn wait_tick_past(env: &Env, names: &[&str], after: u64) -> Result<Tick, String>
 }
 
 /// Waits for a line containing `what` in `<name>.err`.
-fn wait_stderr(env: &Env, name: &str, what: &str, limit: Duration) -> Outcome {
+pub(crate) fn wait_stderr(env: &Env, name: &str, what: &str, limit: Duration) -> Outcome {
     let path = env.work.join(format!("{name}.err"));
     let deadline = Instant::now() + limit;
     loop {
@@ -226,7 +226,7 @@ impl Echo {
 }
 
 /// A 0600 key file of 48 bytes of `byte`.
-fn key_file(env: &Env, name: &str, byte: u8) -> Result<String, String> {
+pub(crate) fn key_file(env: &Env, name: &str, byte: u8) -> Result<String, String> {
     let p = env.work.join(name);
     std::fs::write(&p, [byte; 48]).map_err(|e| format!("{}: {e}", p.display()))?;
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
@@ -237,16 +237,21 @@ fn key_file(env: &Env, name: &str, byte: u8) -> Result<String, String> {
 /// A copy in `/tmp` of the share's empty 32 MiB ext4 image (testbed/build-disks.sh: the
 /// emulated host has no mkfs), for the guest's log.
 fn make_disk(env: &Env) -> Result<PathBuf, String> {
+    make_disk_in(env, &env.work)
+}
+
+/// [`make_disk`] in `dir` (the common share of two emulated hosts: `xhost_tests`).
+pub(crate) fn make_disk_in(env: &Env, dir: &Path) -> Result<PathBuf, String> {
     assets(env)?; // copies the share's guest directory, the image with it, to /tmp
     let from = env.work.join("guest/virtio/empty.ext4");
-    let p = env.work.join("migdisk.ext4");
+    let p = dir.join("migdisk.ext4");
     std::fs::copy(&from, &p)
         .map_err(|e| format!("copy {} to {}: {e}", from.display(), p.display()))?;
     Ok(p)
 }
 
 /// The guest's spec: 2 cells passthrough, 128 MiB of 2 MiB pages, the log disk and a NIC.
-fn spec(env: &Env, disk: &Path) -> Result<PathBuf, String> {
+pub(crate) fn spec(env: &Env, disk: &Path) -> Result<PathBuf, String> {
     let a = assets(env)?;
     let initrd = env.work.join("guest/initramfs-devices.cpio");
     let base = linux_spec(
@@ -269,14 +274,14 @@ fn spec(env: &Env, disk: &Path) -> Result<PathBuf, String> {
 }
 
 /// The PUs of `nodes`, and a pod-like cgroup `name` confined to them and their memory.
-fn pod(env: &Env, name: &str, nodes: [u32; 2]) -> Result<PathBuf, String> {
+pub(crate) fn pod(env: &Env, name: &str, nodes: [u32; 2]) -> Result<PathBuf, String> {
     let mut cpus = host::node_cpus(nodes[0])?;
     cpus.extend(host::node_cpus(nodes[1])?);
     make_pod_with(env, name, &cpus, &format!("{}-{}", nodes[0], nodes[1]))
 }
 
 /// `vmhost receive` in `pod`, listening on `listen`; waits for its "listening on" line.
-fn receive(
+pub(crate) fn receive(
     env: &Env,
     name: &str,
     pod: &Path,
@@ -295,7 +300,7 @@ fn receive(
 }
 
 /// The longest one `ctl migrate` may take (a debug vmhost in the emulated host).
-const MIGRATE_LIMIT: Duration = Duration::from_secs(400);
+pub(crate) const MIGRATE_LIMIT: Duration = Duration::from_secs(400);
 /// `--max-downtime` of these migrations, ms. The emulated host moves a few MB/s (TCG has no
 /// SHA extensions: every record's HMAC-SHA256 and CRC-64 run in emulated software, and a
 /// debug vmhost copies), so a Linux guest's few MB of dirty pages per round never fit the
@@ -305,7 +310,12 @@ const MAX_DOWNTIME_MS: &str = "5000";
 
 /// `vmhost ctl --json migrate` of the VM at `from` to `to` with `key`. A failure to finish
 /// names the source's and every target's last lines.
-fn migrate(env: &Env, from: &Running, to: &str, key: &str) -> Result<crate::vm::Output, String> {
+pub(crate) fn migrate(
+    env: &Env,
+    from: &Running,
+    to: &str,
+    key: &str,
+) -> Result<crate::vm::Output, String> {
     let sock = from.socket.to_string_lossy().to_string();
     let args = [
         "ctl",
@@ -331,12 +341,12 @@ fn migrate(env: &Env, from: &Running, to: &str, key: &str) -> Result<crate::vm::
 }
 
 /// Free 2 MiB pages of every node.
-fn free() -> Result<Vec<u64>, String> {
+pub(crate) fn free() -> Result<Vec<u64>, String> {
     host::free_per_node(2048)
 }
 
 /// The names of the ledger's live entries (`vmhost ps --json`).
-fn ledger_names(env: &Env) -> Result<Vec<String>, String> {
+pub(crate) fn ledger_names(env: &Env) -> Result<Vec<String>, String> {
     let v = env.run(&["ps", "--json"])?.expect_code(0)?.json()?;
     Ok(v["entries"]
         .as_array()
@@ -398,7 +408,7 @@ fn wrong_key_refused(env: &Env, src: &Running, listen: &str, wrong: &str) -> Out
 }
 
 /// Step 3's checks of the job's report: rounds, downtime, and the target's plan on nodes 2–3.
-fn check_report(job: &Value) -> Result<(), String> {
+pub(crate) fn check_report(job: &Value) -> Result<(), String> {
     ensure!(job["state"] == "succeeded", "the migration job: {job}");
     let rounds = at(job, "/rounds")?.as_array().ok_or("rounds")?;
     ensure!(
@@ -432,7 +442,11 @@ fn check_report(job: &Value) -> Result<(), String> {
 }
 
 /// Every tick on the consoles once, in order, with one boot id; returns the last.
-fn check_tick_sequence(env: &Env, names: &[&str], boot_id: &str) -> Result<Tick, String> {
+pub(crate) fn check_tick_sequence(
+    env: &Env,
+    names: &[&str],
+    boot_id: &str,
+) -> Result<Tick, String> {
     let all = ticks(&console(env, names));
     for (i, t) in all.iter().enumerate() {
         ensure!(
