@@ -215,6 +215,13 @@ fn migrate_ok(d: &Path, source: &mut Child, from: &Path, listen: &str, api: &Pat
     assert!(job["target_plan"]["vcpus"].is_array(), "{job:#}");
     assert!(job["target_audit"].is_object(), "{job:#}");
     target.wait_line("migration committed");
+    // The hello carried the guest's TSC rate; on one host it is this host's.
+    let khz = vmhost_vcpu::persist::TargetCaps::of_this_host()
+        .unwrap()
+        .tsc_khz;
+    target.wait_line(&format!(
+        "TSC: the guest's {khz} kHz, this host's {khz} kHz: the same rate"
+    ));
     assert_eq!(
         source.wait().unwrap().code(),
         Some(0),
@@ -390,6 +397,13 @@ fn the_source_killed_ends_the_target_non_zero_with_its_pages_back() {
     assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
 }
 
+/// This host's CPU vendor string (`vendor_id` of /proc/cpuinfo, as CPUID leaf 0 gives it).
+fn cpu_vendor() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+    let line = info.lines().find(|l| l.starts_with("vendor_id")).unwrap();
+    line.split(':').nth(1).unwrap().trim().to_string()
+}
+
 /// Pretends to be a source: connects, authenticates with `key`, sends `hello` as the hello
 /// record (with its last byte flipped when `corrupt`); the target's answer, if it sent one.
 fn fake_source(sock: &Path, key: &Path, hello: &Hello, corrupt: bool) -> Option<Answer> {
@@ -459,6 +473,34 @@ fn a_bad_hello_is_refused_with_exit_2_before_anything_is_allocated() {
         "{log}"
     );
     assert!(!log.contains("/dev/kvm"), "{log}");
+    // A guest whose TSC ran 1 % faster than this host's: beyond KVM's tolerance where it
+    // cannot scale, refused at the hello naming both rates; where KVM scales, taken (the
+    // hello then fails on its null identity instead).
+    let caps = vmhost_vcpu::persist::TargetCaps::of_this_host().unwrap();
+    let faster = caps.tsc_khz + caps.tsc_khz / 100;
+    let target = Target::start(&d, &unix, "key", &d.join("api3.sock"), &[]);
+    let hello = Hello {
+        tsc_khz: faster,
+        cpu_vendor: cpu_vendor(),
+        ..hello
+    };
+    let answer = fake_source(&sock, &d.join("key"), &hello, false);
+    let (code, log) = target.wait();
+    assert_eq!(code, Some(2), "{log}");
+    let Some(Answer::Refused { reason }) = answer else {
+        panic!("no refusal: {answer:?}");
+    };
+    println!("TSC scaling {}: refused with: {reason}", caps.tsc_scaling);
+    if caps.tsc_scaling {
+        assert!(reason.contains("identity"), "{reason}");
+    } else {
+        let rates = format!("{faster} kHz, this host's at {} kHz", caps.tsc_khz);
+        assert!(
+            reason.contains(&rates) && reason.contains("10000 ppm"),
+            "{reason}"
+        );
+        assert!(log.contains(&rates), "{log}");
+    }
     assert!(ledger_names(&d.join("run")).is_empty());
     assert_eq!(pool(PAGE_2M), before, "nothing was allocated");
 }

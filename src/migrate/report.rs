@@ -26,6 +26,8 @@ pub struct TargetReport<'a> {
     pub seconds: f64,
     /// The target's residency audit.
     pub audit: &'a Audit,
+    /// The guest's TSC rate and how this host keeps it (absent: the source did not say).
+    pub tsc: Option<&'a super::target::TscKept>,
 }
 
 impl TargetReport<'_> {
@@ -46,6 +48,13 @@ impl TargetReport<'_> {
                 r.cell,
                 if r.last { " (final, paused)" } else { "" },
                 r.bytes >> 10
+            );
+        }
+        if let Some(t) = self.tsc {
+            let _ = writeln!(
+                s,
+                "  TSC: the guest's {} kHz, this host's {} kHz: {}",
+                t.guest_khz, t.host_khz, t.how
             );
         }
         let _ = writeln!(

@@ -219,7 +219,7 @@ fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared<Progress>) -> 
     moved
 }
 
-/// The opening message: the spec, the guest identity, the source's plan and CPU.
+/// The opening message: the spec, the guest identity, the source's plan, CPU and TSC rate.
 fn hello(source: &Source) -> Result<Hello> {
     Ok(Hello {
         protocol: msg::PROTOCOL_VERSION,
@@ -227,7 +227,7 @@ fn hello(source: &Source) -> Result<Hello> {
         spec: serde_json::to_value(&source.spec)?,
         identity: serde_json::to_value(source.plan.guest_identity())?,
         source_plan: serde_json::to_value(&source.plan)?,
-        tsc_khz: 0,
+        tsc_khz: source.handle.tsc_khz(),
         cpu_vendor: super::cpu_vendor(),
         same_distances: false,
     })

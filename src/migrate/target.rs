@@ -3,7 +3,8 @@
 //! Listens (a Unix socket 0600, or TCP on the given address only), authenticates each
 //! connection (a peer without the key is refused and logged, and the target keeps
 //! listening), reads the source's `Hello` and checks it before anything is allocated or
-//! `/dev/kvm` is opened: protocol version, spec, CPU vendor. Then the normal start path runs
+//! `/dev/kvm` is opened for the VM: protocol version, spec, CPU vendor, the guest's TSC rate
+//! (a throwaway probe VM). Then the normal start path runs
 //! (`main::start_vm`) with [`crate::run::Start::Incoming`]: admission as an incoming ledger
 //! entry planned with `plan_for_guest` (same guest topology), the `Answer`, guest memory
 //! allocated and bound per the target's plan and filled by the rounds ([`Incoming::receive`]),
@@ -48,6 +49,7 @@ pub struct Incoming {
     key: AuthKey,
     hello: Hello,
     identity: GuestIdentity,
+    tsc: Option<TscKept>,
     started: Instant,
     rounds: Vec<Received>,
     saved: Option<crate::vmstate::Saved>,
@@ -84,7 +86,7 @@ pub fn accept(
         }
     };
     match read_hello(&mut channel, args.same_distances) {
-        Ok((spec, source, hello, identity)) => Ok((
+        Ok((spec, source, hello, identity, tsc)) => Ok((
             spec,
             source,
             Incoming {
@@ -93,6 +95,7 @@ pub fn accept(
                 key,
                 hello,
                 identity,
+                tsc,
                 started: Instant::now(),
                 rounds: Vec::new(),
                 saved: None,
@@ -105,11 +108,17 @@ pub fn accept(
     }
 }
 
-/// Reads and checks the `Hello`: protocol, spec, identity, CPU vendor.
+/// Reads and checks the `Hello`: protocol, spec, identity, CPU vendor, TSC rate.
 fn read_hello(
     channel: &mut Channel,
     same_distances: bool,
-) -> Result<(vmhost_config::LoadedSpec, SpecSource, Hello, GuestIdentity)> {
+) -> Result<(
+    vmhost_config::LoadedSpec,
+    SpecSource,
+    Hello,
+    GuestIdentity,
+    Option<TscKept>,
+)> {
     let rec = channel
         .recv("the source's hello")
         .map_err(|e| invalid(format!("{e:#}")))?;
@@ -130,6 +139,7 @@ fn read_hello(
             hello.cpu_vendor
         )));
     }
+    let tsc = check_tsc(hello.tsc_khz)?;
     let source: SpecSource = serde_json::from_value(hello.spec.clone())
         .map_err(|e| invalid(format!("the source's spec record is not valid: {e}")))?;
     let spec = source
@@ -138,7 +148,39 @@ fn read_hello(
     let identity = serde_json::from_value(hello.identity.clone())
         .map_err(|e| invalid(format!("the source's guest identity is not valid: {e}")))?;
     hello.same_distances |= same_distances;
-    Ok((spec, source, hello, identity))
+    Ok((spec, source, hello, identity, tsc))
+}
+
+/// The guest's TSC on the target.
+#[derive(Debug, Clone, Serialize)]
+pub struct TscKept {
+    /// The guest's rate, from the source's hello (kHz).
+    pub guest_khz: u32,
+    /// This host's rate (`KVM_GET_TSC_KHZ` of a probe vCPU).
+    pub host_khz: u32,
+    /// How the guest's rate is kept (the same, scaled, or within KVM's tolerance).
+    pub how: String,
+}
+
+/// Whether this host can run the guest's TSC rate (0: a source that did not say; the state
+/// check decides when it arrives): KVM scales it where it can, takes it within its tolerance
+/// otherwise, and anything further is refused here, before any memory moves. Opens
+/// `/dev/kvm` for a throwaway probe VM only.
+fn check_tsc(guest_khz: u32) -> Result<Option<TscKept>> {
+    if guest_khz == 0 {
+        return Ok(None);
+    }
+    let caps = vmhost_vcpu::persist::TargetCaps::of_this_host()
+        .context("checking the guest's TSC rate")?;
+    let how = vmhost_vcpu::persist::tsc_match(guest_khz, &caps).map_err(invalid)?;
+    if how != vmhost_vcpu::persist::TscMatch::Same {
+        eprintln!("vmhost: receive: the guest's TSC runs at {guest_khz} kHz, this host's at {} kHz: {how}", caps.tsc_khz);
+    }
+    Ok(Some(TscKept {
+        guest_khz,
+        host_khz: caps.tsc_khz,
+        how: how.to_string(),
+    }))
 }
 
 /// Answers the source: accepted with the target's plan, or refused with the reason.
@@ -246,6 +288,7 @@ impl Incoming {
             bytes_received,
             seconds: self.started.elapsed().as_secs_f64(),
             audit,
+            tsc: self.tsc.as_ref(),
         };
         eprint!("{}", report.render(json));
         Ok(())

@@ -13,7 +13,7 @@
 //! state stays in KVM, nothing is lost) until [`VmHandle::resume`] or a stop. [`VmHandle::pause`]
 //! returns once every vCPU still running has parked.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -133,6 +133,8 @@ pub(crate) struct Control {
     /// The VM's dirty page log (live migration), set once the VM is built (weak: the `Vm`
     /// owns it, and with it a reference to the guest RAM).
     dirty: OnceLock<Weak<DirtyLog>>,
+    /// The guest's TSC rate in kHz (`KVM_GET_TSC_KHZ` of its vCPUs once set up; 0 before).
+    tsc_khz: AtomicU32,
 }
 
 /// Locks `m`; a panicking holder leaves plain data behind, so keep going with it.
@@ -161,7 +163,13 @@ impl Control {
             snapshot: Mutex::new(None),
             save_ids: AtomicUsize::new(0),
             dirty: OnceLock::new(),
+            tsc_khz: AtomicU32::new(0),
         }
+    }
+
+    /// Records the guest's TSC rate once its vCPUs are set up.
+    pub fn set_tsc_khz(&self, khz: u32) {
+        self.tsc_khz.store(khz, Ordering::Relaxed);
     }
 
     /// Gives the handles the VM's dirty page log (once; a second call is ignored).
@@ -538,6 +546,12 @@ impl VmHandle {
     /// `(vCPU index, kernel thread id)` of every vCPU thread alive now, by index.
     pub fn vcpu_threads(&self) -> Vec<(u32, i32)> {
         self.0.vcpu_threads()
+    }
+
+    /// The guest's TSC rate in kHz, as its vCPUs run it (0 until they are set up): what a
+    /// migration's hello tells the target.
+    pub fn tsc_khz(&self) -> u32 {
+        self.0.tsc_khz.load(Ordering::Relaxed)
     }
 
     /// Presses the guest's ACPI power button (Linux guests): the guest decides what to do,

@@ -96,6 +96,7 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
             return Err(e);
         }
     };
+    ctx.control.set_tsc_khz(tsc_khz);
     let vcpu_setup_seconds = input.run_start.elapsed().as_secs_f64();
     let placements = thread_placements().unwrap_or_else(|e| {
         tracing::warn!(error = %e, "cannot read thread placement back");

@@ -28,7 +28,7 @@ mod saved;
 mod vcpu;
 mod vm;
 
-pub use compat::{CompatError, TargetCaps};
+pub use compat::{tsc_match, CompatError, TargetCaps, TscMatch, KVM_TSC_TOLERANCE_PPM};
 pub use saved::{check_target, DevicesState, SavedPayload, SavedVm};
 pub use vcpu::{
     CpuidEntry, MsrEntry, VcpuState, VcpuStateLayout, MSR_IA32_TSC, MSR_IA32_TSC_DEADLINE,

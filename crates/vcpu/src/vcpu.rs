@@ -305,6 +305,8 @@ fn setup(cfg: &VcpuConfig, ctx: &VcpuContext) -> Result<(VcpuFd, u32, CpuId), Vc
         let restore = |source| VcpuError::Restore { vcpu, source };
         state.restore(&fd, &ctx.layout).map_err(restore)?;
         let cpuid = state.kvm_cpuid().map_err(restore)?;
+        // The guest's rate, as KVM now runs it.
+        let tsc_khz = fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?;
         return Ok((fd, tsc_khz, cpuid));
     }
     let cpuid = arch::cpuid::with_tsc_khz(vcpu, &cfg.cpuid, tsc_khz)

@@ -438,14 +438,30 @@ fn a_state_from_another_tsc_rate_or_cpu_is_refused_before_a_vm_exists() {
         .check_compatible(&target)
         .expect("compatible with itself");
 
+    // 100 MHz faster: scaled where KVM can, refused where it cannot (far beyond its
+    // tolerance), naming both rates.
     let mut faster = state.clone();
     faster.tsc_khz += 100_000;
-    let err = faster.check_compatible(&target).unwrap_err();
-    assert!(
-        matches!(err, CompatError::TscKhz { saved_khz, target_khz }
-            if saved_khz == target.tsc_khz + 100_000 && target_khz == target.tsc_khz),
-        "{err}"
+    println!(
+        "this host: {} kHz, TSC scaling {}, tolerance {} ppm",
+        target.tsc_khz, target.tsc_scaling, target.tsc_tolerance_ppm
     );
+    if target.tsc_scaling {
+        faster.check_compatible(&target).expect("KVM scales it");
+    } else {
+        let err = faster.check_compatible(&target).unwrap_err();
+        assert!(
+            matches!(err, CompatError::TscKhz { saved_khz, target_khz, ppm, .. }
+                if saved_khz == target.tsc_khz + 100_000 && target_khz == target.tsc_khz
+                    && ppm > 250),
+            "{err}"
+        );
+        assert!(err.to_string().contains("KVM_CAP_TSC_CONTROL"), "{err}");
+    }
+    // Within KVM's tolerance: taken either way.
+    let mut near = state.clone();
+    near.tsc_khz += target.tsc_khz / 10_000; // 100 ppm
+    near.check_compatible(&target).expect("100 ppm apart");
 
     // A leaf 7 EBX feature this KVM does not offer.
     let supported = target

@@ -200,6 +200,55 @@ fn an_idle_vm_restored_into_fresh_memory_continues_without_starting_again() {
     stopped_cleanly(&runner.join().expect("runner").expect("run"));
 }
 
+/// A guest whose TSC ran at a rate 100 ppm from this host's (another host's calibration)
+/// is restored at its own rate: KVM scales it where it can and otherwise takes it within its
+/// tolerance, and reports it back (`KVM_GET_TSC_KHZ` of the restored vCPUs); the guest runs.
+#[test]
+fn a_guest_from_a_tsc_rate_within_kvms_tolerance_runs_at_its_rate() {
+    if !kvm_available("a_guest_from_a_tsc_rate_within_kvms_tolerance_runs_at_its_rate") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let plan = idle_plan("snap-tsc", 2);
+    let (mut saved, at_pause, copy) = capture_idle(&plan);
+    let host_khz = saved.vcpus[0].tsc_khz;
+    let guest_khz = host_khz + host_khz / 10_000;
+    assert_ne!(guest_khz, host_khz);
+    for v in &mut saved.vcpus {
+        v.tsc_khz = guest_khz;
+    }
+    check_target(&saved).expect("100 ppm is within KVM's tolerance");
+    let mut vm = Vm::restore(&plan, copy, VmOptions::default(), saved).expect("restore");
+    let handle = vm.handle();
+    let runner = std::thread::spawn(move || vm.run());
+    let went_on = |t: &[u64]| t.iter().zip(&at_pause).all(|(t, p)| *t >= p.ticks + 5);
+    assert!(
+        wait_for(30, || went_on(&ticks(&handle, 2))),
+        "the restored guest ticks on: {:?}",
+        ticks(&handle, 2)
+    );
+    println!(
+        "host {host_khz} kHz, guest {guest_khz} kHz, restored vCPUs run {} kHz",
+        handle.tsc_khz()
+    );
+    assert_eq!(
+        handle.tsc_khz(),
+        guest_khz,
+        "KVM_GET_TSC_KHZ of the restored vCPUs"
+    );
+    handle.pause().expect("pause");
+    let again = handle.capture().expect("capture the restored VM");
+    for v in &again.vcpus {
+        assert_eq!(
+            v.tsc_khz, guest_khz,
+            "a capture saves the guest's rate again"
+        );
+    }
+    handle.resume().expect("resume");
+    handle.stop();
+    stopped_cleanly(&runner.join().expect("runner").expect("run"));
+}
+
 /// The negative control of the RAM pattern: restored on zeroed RAM instead of a copy, the
 /// guest finds its pattern pages wrong.
 #[test]
@@ -263,13 +312,17 @@ fn a_restore_with_another_guest_topology_or_payload_or_tsc_rate_is_refused() {
 
     let mut faster = saved.clone();
     faster.vcpus[1].tsc_khz += 100_000;
-    let err = check_target(&faster).expect_err("another TSC rate");
-    println!("refused as expected: {err}");
-    assert!(
-        matches!(err, CompatError::TscKhz { saved_khz, target_khz }
-            if saved_khz == target_khz + 100_000),
-        "{err}"
-    );
+    match check_target(&faster) {
+        Ok(()) => println!("KVM scales the TSC here: a 100 MHz faster guest is taken"),
+        Err(err) => {
+            println!("refused as expected: {err}");
+            assert!(
+                matches!(err, CompatError::TscKhz { saved_khz, target_khz, .. }
+                    if saved_khz == target_khz + 100_000),
+                "{err}"
+            );
+        }
+    }
 
     let mut swapped = saved;
     swapped.vcpus.swap(0, 1);

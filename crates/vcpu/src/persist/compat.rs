@@ -8,17 +8,24 @@ use super::{CpuidEntry, VcpuState};
 /// A saved state the target host cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum CompatError {
-    /// The guest's TSC ran at another frequency; this host cannot scale it (no
-    /// `KVM_CAP_TSC_CONTROL` use yet), and a guest's TSC changing rate breaks its clocks.
+    /// The guest's TSC ran at another frequency than this host's, further apart than this
+    /// host's KVM takes without scaling (no `KVM_CAP_TSC_CONTROL`): a guest's TSC changing
+    /// rate breaks its clocks.
     #[error(
-        "the saved vCPU's TSC runs at {saved_khz} kHz, this host's at {target_khz} kHz: restore \
-         on a host with the same TSC frequency"
+        "the guest's TSC runs at {saved_khz} kHz, this host's at {target_khz} kHz ({ppm} ppm \
+         apart): this host's KVM cannot scale a TSC (no KVM_CAP_TSC_CONTROL) and takes a rate \
+         within {tolerance_ppm} ppm of its own only (kvm.tsc_tolerance_ppm): move the guest to \
+         a host with TSC scaling or the same TSC frequency"
     )]
     TscKhz {
-        /// Saved `tsc_khz`.
+        /// The guest's `tsc_khz`.
         saved_khz: u32,
         /// The target's `KVM_GET_TSC_KHZ`.
         target_khz: u32,
+        /// How far apart, in parts per million of the target's rate.
+        ppm: u64,
+        /// The target KVM's tolerance.
+        tolerance_ppm: u32,
     },
     /// The saved CPUID has feature bits the target KVM cannot give.
     #[error(
@@ -57,6 +64,75 @@ pub struct TargetCaps {
     /// `KVM_CAP_TSC_DEADLINE_TIMER`: KVM emulates the TSC-deadline timer, which
     /// `KVM_GET_SUPPORTED_CPUID` does not list.
     pub tsc_deadline: bool,
+    /// `KVM_CAP_TSC_CONTROL`: KVM scales a vCPU's TSC to the rate `KVM_SET_TSC_KHZ` gives.
+    pub tsc_scaling: bool,
+    /// How far a rate set with `KVM_SET_TSC_KHZ` may be from the host's without scaling
+    /// (`/sys/module/kvm/parameters/tsc_tolerance_ppm`; KVM's default when unreadable).
+    pub tsc_tolerance_ppm: u32,
+}
+
+/// KVM's default `tsc_tolerance_ppm`.
+pub const KVM_TSC_TOLERANCE_PPM: u32 = 250;
+
+/// How a guest's TSC rate is kept on a target host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TscMatch {
+    /// The target runs the same rate.
+    Same,
+    /// KVM scales the vCPUs' TSC to the guest's rate (`KVM_CAP_TSC_CONTROL`).
+    Scaled,
+    /// No scaling, and the rates are within KVM's tolerance: KVM takes the guest's rate and
+    /// runs the host's; the guest's clock drifts by at most this much (parts per million),
+    /// which NTP in the guest corrects (it slews up to 500 ppm).
+    WithinTolerance {
+        /// How far apart, in parts per million of the target's rate.
+        ppm: u64,
+    },
+}
+
+impl std::fmt::Display for TscMatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TscMatch::Same => write!(f, "the same rate"),
+            TscMatch::Scaled => write!(f, "scaled by KVM (KVM_CAP_TSC_CONTROL)"),
+            TscMatch::WithinTolerance { ppm } => write!(
+                f,
+                "{ppm} ppm apart, within KVM's tolerance (no TSC scaling here): the guest's \
+                 clock may drift by that much until NTP corrects it"
+            ),
+        }
+    }
+}
+
+/// Whether a guest whose TSC ran at `saved_khz` can run on a host with `caps`, and how.
+pub fn tsc_match(saved_khz: u32, caps: &TargetCaps) -> Result<TscMatch, CompatError> {
+    if saved_khz == caps.tsc_khz {
+        return Ok(TscMatch::Same);
+    }
+    if caps.tsc_scaling {
+        return Ok(TscMatch::Scaled);
+    }
+    let diff = u64::from(saved_khz.abs_diff(caps.tsc_khz));
+    // Rounded up: 250.4 ppm is beyond a 250 ppm tolerance.
+    let ppm = (diff * 1_000_000).div_ceil(u64::from(caps.tsc_khz.max(1)));
+    if ppm <= u64::from(caps.tsc_tolerance_ppm) {
+        Ok(TscMatch::WithinTolerance { ppm })
+    } else {
+        Err(CompatError::TscKhz {
+            saved_khz,
+            target_khz: caps.tsc_khz,
+            ppm,
+            tolerance_ppm: caps.tsc_tolerance_ppm,
+        })
+    }
+}
+
+/// KVM's `tsc_tolerance_ppm` module parameter, or its default.
+fn tsc_tolerance_ppm() -> u32 {
+    std::fs::read_to_string("/sys/module/kvm/parameters/tsc_tolerance_ppm")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(KVM_TSC_TOLERANCE_PPM)
 }
 
 /// The feature registers compared: (leaf, subleaf, register index, name).
@@ -95,20 +171,27 @@ impl TargetCaps {
             tsc_khz,
             supported: supported.as_slice().iter().map(CpuidEntry::from).collect(),
             tsc_deadline: kvm.check_extension(Cap::TscDeadlineTimer),
+            tsc_scaling: kvm.check_extension(Cap::TscControl),
+            tsc_tolerance_ppm: tsc_tolerance_ppm(),
         })
+    }
+
+    /// [`TargetCaps::probe`] of this host's `/dev/kvm`.
+    pub fn of_this_host() -> Result<Self, CompatError> {
+        let kvm = Kvm::new().map_err(|source| CompatError::Probe {
+            what: "opening /dev/kvm",
+            source,
+        })?;
+        Self::probe(&kvm)
     }
 }
 
 impl VcpuState {
-    /// Refuses a state the target cannot run: a different TSC frequency, or CPUID feature
-    /// bits (leaves 1, 7.0, 7.1, 0xd.1, 0x8000_0001) the target's KVM does not support.
+    /// Refuses a state the target cannot run: a TSC rate it can neither scale to nor take
+    /// within its tolerance ([`tsc_match`]), or CPUID feature bits (leaves 1, 7.0, 7.1,
+    /// 0xd.1, 0x8000_0001) the target's KVM does not support.
     pub fn check_compatible(&self, target: &TargetCaps) -> Result<(), CompatError> {
-        if self.tsc_khz != target.tsc_khz {
-            return Err(CompatError::TscKhz {
-                saved_khz: self.tsc_khz,
-                target_khz: target.tsc_khz,
-            });
-        }
+        tsc_match(self.tsc_khz, target)?;
         for (leaf, subleaf, reg, name) in FEATURE_REGS {
             let find = |entries: &[CpuidEntry]| {
                 entries
@@ -137,5 +220,63 @@ impl VcpuState {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(khz: u32, scaling: bool) -> TargetCaps {
+        TargetCaps {
+            tsc_khz: khz,
+            supported: Vec::new(),
+            tsc_deadline: false,
+            tsc_scaling: scaling,
+            tsc_tolerance_ppm: KVM_TSC_TOLERANCE_PPM,
+        }
+    }
+
+    #[test]
+    fn the_tsc_rule_same_scaled_within_and_beyond_kvms_tolerance() {
+        let host = caps(2_000_000, false);
+        assert_eq!(tsc_match(2_000_000, &host).unwrap(), TscMatch::Same);
+        // 250 ppm of 2 GHz is 500 kHz: the boundary is taken, one kHz further is not.
+        assert_eq!(
+            tsc_match(2_000_500, &host).unwrap(),
+            TscMatch::WithinTolerance { ppm: 250 }
+        );
+        assert_eq!(
+            tsc_match(1_999_500, &host).unwrap(),
+            TscMatch::WithinTolerance { ppm: 250 }
+        );
+        let err = tsc_match(2_000_501, &host).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CompatError::TscKhz {
+                    saved_khz: 2_000_501,
+                    target_khz: 2_000_000,
+                    ppm: 251,
+                    tolerance_ppm: 250
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("251 ppm"), "{err}");
+        // With KVM_CAP_TSC_CONTROL any rate is scaled.
+        assert_eq!(
+            tsc_match(3_000_000, &caps(2_000_000, true)).unwrap(),
+            TscMatch::Scaled
+        );
+        // An administrator's wider tolerance is honoured.
+        let wide = TargetCaps {
+            tsc_tolerance_ppm: 1000,
+            ..host
+        };
+        assert!(matches!(
+            tsc_match(2_002_000, &wide),
+            Ok(TscMatch::WithinTolerance { ppm: 1000 })
+        ));
     }
 }

@@ -2,7 +2,6 @@
 //! [`crate::Vm::restore`] loads, and [`check_target`], run on a target host before any VM is
 //! created there. Guest RAM is not in it: it travels in its own per-cell files or streams.
 
-use kvm_ioctls::Kvm;
 use serde::{Deserialize, Serialize};
 
 use super::{CompatError, TargetCaps, VcpuState, VmState};
@@ -64,11 +63,7 @@ impl SavedVm {
 /// ([`VcpuState::check_compatible`] against [`TargetCaps::probe`]). Run it before the target
 /// VM is created; it opens `/dev/kvm` and creates only a throwaway probe VM.
 pub fn check_target(saved: &SavedVm) -> Result<(), CompatError> {
-    let kvm = Kvm::new().map_err(|source| CompatError::Probe {
-        what: "opening /dev/kvm",
-        source,
-    })?;
-    let caps = TargetCaps::probe(&kvm)?;
+    let caps = TargetCaps::of_this_host()?;
     saved
         .vcpus
         .iter()

@@ -173,6 +173,16 @@ impl VcpuState {
     /// registers (`KVM_SET_REGS` drops a pending exception); the MP state last
     /// (`KVM_SET_MP_STATE` checks a latched INIT against the SMM state the events restore).
     pub fn restore(&self, fd: &VcpuFd, layout: &VcpuStateLayout) -> Result<(), PersistError> {
+        // The TSC rate first: KVM converts the `IA32_TSC` the MSRs restore at it. A rate
+        // other than this host's is scaled (`KVM_CAP_TSC_CONTROL`) or, within KVM's
+        // tolerance, taken as is (`tsc_match` refused anything else before the VM existed).
+        let host_khz = fd
+            .get_tsc_khz()
+            .map_err(ioctl("TSC rate", "KVM_GET_TSC_KHZ"))?;
+        if self.tsc_khz != 0 && self.tsc_khz != host_khz {
+            fd.set_tsc_khz(self.tsc_khz)
+                .map_err(ioctl("TSC rate", "KVM_SET_TSC_KHZ"))?;
+        }
         let cpuid = self.kvm_cpuid()?;
         fd.set_cpuid2(&cpuid)
             .map_err(ioctl("CPUID", "KVM_SET_CPUID2"))?;
