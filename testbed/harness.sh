@@ -53,6 +53,9 @@ write_run_script() {
     local share="$1" suite="$2" only="$3" more="${4:-}" abort="" pages=""
     [[ -n "${VMHOST_TESTBED_ABORT_AFTER:-}" ]] \
         && abort="VMHOST_TESTBED_ABORT_AFTER=$VMHOST_TESTBED_ABORT_AFTER; export VMHOST_TESTBED_ABORT_AFTER"
+    # The cross-host suite's target may be given another KVM TSC tolerance (testbed/xhost.sh).
+    [[ -n "${VMHOST_TESTBED_XHOST_TSC_TOLERANCE:-}" ]] \
+        && abort+=$'\n'"VMHOST_TESTBED_XHOST_TSC_TOLERANCE=$VMHOST_TESTBED_XHOST_TSC_TOLERANCE; export VMHOST_TESTBED_XHOST_TSC_TOLERANCE"
     # 1 GiB pages: boot.sh reserves one per node of the 2-node host on the kernel command line
     # (with nokaslr, so the kernel image never takes node 0's only free 1 GiB range); should a
     # node still have none, try once more, while its memory is still unfragmented. Only in

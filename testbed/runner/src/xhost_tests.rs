@@ -22,11 +22,13 @@
 //!   migrate` with the key: ctl exits 0, the report's target cells are on nodes 2–3, the source
 //!   exits 0, its pools are whole and its ledger empty.
 //!
-//! The TSC rule: a target whose rate is within KVM's own tolerance of the source's
-//! ([`TSC_TOLERANCE_PPM`]) takes the guest; beyond it the move is refused at the hello. When the
-//! two measured rates are further apart than that, both sides assert the refusal instead: ctl
-//! exits non-zero naming both rates, the guest ticks on at the source, the target exits
-//! non-zero with nothing held.
+//! The TSC rule (docs/migration.md, "The guest's TSC rate"; the emulated hosts' KVM has no TSC
+//! scaling): a target whose rate is within its KVM's tolerance of the source's
+//! ([`TSC_TOLERANCE`], 250 ppm) takes the guest, and its report says so; beyond it the move is
+//! refused at the hello. When the two measured rates are further apart than that, both sides
+//! assert the refusal instead: ctl exits non-zero naming both rates, the guest ticks on at the
+//! source, the target exits 2 with nothing held. `VMHOST_TESTBED_XHOST_TSC_TOLERANCE=0` (set on
+//! the target's KVM before it measures) makes any difference a refusal, to exercise that side.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpStream};
@@ -59,9 +61,9 @@ const LISTEN_AT: &str = "192.168.77.2:7700";
 /// How long one side waits for the other to get somewhere: both hosts boot at once, and the
 /// source boots its guest before it migrates (two TCG hosts share this machine's CPUs).
 const PEER_LIMIT: Duration = Duration::from_secs(480);
-/// KVM's own TSC tolerance (`tsc_tolerance_ppm`): within it, KVM runs a guest at the host's
-/// rate without scaling; vmhost's migration hello applies the same rule.
-const TSC_TOLERANCE_PPM: u64 = 250;
+/// KVM's TSC tolerance (`kvm.tsc_tolerance_ppm`): within it of the host's rate KVM takes a
+/// guest's rate without scaling; vmhost's migration hello applies the target's.
+const TSC_TOLERANCE: &str = "/sys/module/kvm/parameters/tsc_tolerance_ppm";
 
 /// The path of a file on the common share.
 fn xfile(name: &str) -> PathBuf {
@@ -129,14 +131,21 @@ fn tsc_ppm(source: u32, target: u32) -> f64 {
     (f64::from(source) - f64::from(target)).abs() * 1e6 / f64::from(target.max(1))
 }
 
-/// Whether a guest may move between the two rates.
-fn tsc_compatible(source: u32, target: u32) -> bool {
-    u64::from(source.abs_diff(target)) * 1_000_000 <= u64::from(target) * TSC_TOLERANCE_PPM
+/// Whether a guest may move between the two rates, `ppm` being the target KVM's tolerance.
+fn tsc_compatible(source: u32, target: u32, ppm: u64) -> bool {
+    u64::from(source.abs_diff(target)) * 1_000_000 <= u64::from(target) * ppm
+}
+
+/// A host's TSC account: its rate and its KVM's tolerance, as `<role>.tsc` holds them.
+#[derive(Debug, Clone, Copy)]
+struct Tsc {
+    khz: u32,
+    tolerance_ppm: u64,
 }
 
 /// This host's side of the common ground: the common share mounted, the NIC's address set,
-/// this host's TSC rate measured and written to `<role>.tsc`; returns the rate.
-fn join(role: &str, addr: &str) -> Result<u32, String> {
+/// this host's TSC rate and tolerance measured and written to `<role>.tsc`.
+fn join(role: &str, addr: &str) -> Result<Tsc, String> {
     std::fs::create_dir_all(XSHARE).map_err(|e| format!("mkdir {XSHARE}: {e}"))?;
     let mounts = host::read("/proc/mounts")?;
     if !mounts.lines().any(|l| l.split(' ').nth(1) == Some(XSHARE)) {
@@ -157,28 +166,57 @@ fn join(role: &str, addr: &str) -> Result<u32, String> {
     );
     host::run_tool(&["ip", "addr", "add", addr, "dev", NIC])?;
     host::run_tool(&["ip", "link", "set", NIC, "up"])?;
-    let khz = tsc_khz()?;
-    write_x(&format!("{role}.tsc"), &khz.to_string())?;
-    println!("  xhost: the {role} host's KVM_GET_TSC_KHZ: {khz} kHz");
-    Ok(khz)
-}
-
-/// The other host's TSC rate from the common share.
-fn peer_tsc(role: &str) -> Result<u32, String> {
-    let text = wait_x(&format!("{role}.tsc"), PEER_LIMIT)?;
-    text.trim()
-        .parse()
-        .map_err(|e| format!("{XSHARE}/{role}.tsc holds {text:?}: {e}"))
-}
-
-/// Prints both rates and what the rule makes of them; returns whether the guest may move.
-fn tsc_verdict(source: u32, target: u32) -> bool {
-    let ok = tsc_compatible(source, target);
+    if let (Ok(ppm), "target") = (std::env::var("VMHOST_TESTBED_XHOST_TSC_TOLERANCE"), role) {
+        host::write(TSC_TOLERANCE, &ppm)?;
+        println!(
+            "  xhost: kvm.tsc_tolerance_ppm set to {ppm} (VMHOST_TESTBED_XHOST_TSC_TOLERANCE)"
+        );
+    }
+    let tolerance = host::read(TSC_TOLERANCE)?;
+    let tsc = Tsc {
+        khz: tsc_khz()?,
+        tolerance_ppm: tolerance
+            .trim()
+            .parse()
+            .map_err(|e| format!("{TSC_TOLERANCE} holds {tolerance:?}: {e}"))?,
+    };
+    write_x(
+        &format!("{role}.tsc"),
+        &format!("{} {}", tsc.khz, tsc.tolerance_ppm),
+    )?;
     println!(
-        "  xhost: TSC source {source} kHz, target {target} kHz: {:.1} ppm apart, {} KVM's \
-         {TSC_TOLERANCE_PPM} ppm: the move is {}",
-        tsc_ppm(source, target),
+        "  xhost: the {role} host's KVM_GET_TSC_KHZ: {} kHz (kvm.tsc_tolerance_ppm {})",
+        tsc.khz, tsc.tolerance_ppm
+    );
+    Ok(tsc)
+}
+
+/// The other host's TSC account from the common share.
+fn peer_tsc(role: &str) -> Result<Tsc, String> {
+    let text = wait_x(&format!("{role}.tsc"), PEER_LIMIT)?;
+    let bad = |e: &dyn std::fmt::Display| format!("{XSHARE}/{role}.tsc holds {text:?}: {e}");
+    let (khz, ppm) = text
+        .trim()
+        .split_once(' ')
+        .ok_or_else(|| bad(&"no space"))?;
+    Ok(Tsc {
+        khz: khz.parse().map_err(|e| bad(&e))?,
+        tolerance_ppm: ppm.parse().map_err(|e| bad(&e))?,
+    })
+}
+
+/// Prints both rates and what the target's rule makes of them; returns whether the guest may
+/// move.
+fn tsc_verdict(source: Tsc, target: Tsc) -> bool {
+    let ok = tsc_compatible(source.khz, target.khz, target.tolerance_ppm);
+    println!(
+        "  xhost: TSC source {} kHz, target {} kHz: {:.1} ppm apart, {} the target KVM's \
+         {} ppm: the move is {}",
+        source.khz,
+        target.khz,
+        tsc_ppm(source.khz, target.khz),
         if ok { "within" } else { "beyond" },
+        target.tolerance_ppm,
         if ok { "expected" } else { "to be refused" }
     );
     ok
@@ -224,7 +262,7 @@ pub fn source_migrates(env: &Env) -> Outcome {
     let result = if compatible {
         source_after_move(env, &src, &out)
     } else {
-        source_after_refusal(env, &src, &out, tsc)
+        source_after_refusal(env, &src, &out, tsc.khz)
     };
     // The target checks the ticks across both consoles.
     write_x("source.console", &console(env, &["migsrc"]))?;
@@ -268,7 +306,7 @@ fn source_after_move(env: &Env, src: &Running, out: &crate::vm::Output) -> Outco
 /// The source after a refusal for the TSC: ctl fails naming both rates, the guest ticks on
 /// here, and SIGTERM ends it (exit 130).
 fn source_after_refusal(env: &Env, src: &Running, out: &crate::vm::Output, tsc: u32) -> Outcome {
-    let target = peer_tsc("target")?;
+    let target = peer_tsc("target")?.khz;
     let said = format!("{} {}", out.stdout, out.stderr);
     ensure!(
         out.code != 0 && said.contains(&tsc.to_string()) && said.contains(&target.to_string()),
@@ -293,9 +331,9 @@ pub fn target_receives(env: &Env) -> Outcome {
     let key = key_file(env, "mig.key", 7)?;
     let pod_b = pod(env, "tbxdst", [2, 3])?;
     let dst = receive(env, "migdst", &pod_b, LISTEN, &key, None)?;
-    let compatible = tsc_verdict(peer_tsc("source")?, tsc);
-    let result = if compatible {
-        target_after_move(env, &dst)
+    let source = peer_tsc("source")?;
+    let result = if tsc_verdict(source, tsc) {
+        target_after_move(env, &dst, source.khz, tsc.khz)
     } else {
         target_after_refusal(env, &dst)
     };
@@ -337,8 +375,18 @@ fn wait_receive(dst: &Running, what: &str, limit: Duration) -> Outcome {
 
 /// The target after the move: the report against this host's account, vmhost's audit, the
 /// guest's ticks across both consoles; SIGTERM then ends the VM (exit 130).
-fn target_after_move(env: &Env, dst: &Running) -> Outcome {
+fn target_after_move(env: &Env, dst: &Running, guest_khz: u32, host_khz: u32) -> Outcome {
     wait_receive(dst, "migration committed", PEER_LIMIT + MIGRATE_LIMIT)?;
+    let said = format!("TSC: the guest's {guest_khz} kHz, this host's {host_khz} kHz");
+    let line = dst
+        .stderr()
+        .lines()
+        .find(|l| l.contains(&said))
+        .map(str::trim)
+        .map(String::from);
+    let line =
+        line.ok_or_else(|| format!("the target's report has no {said:?}: {}", dst.stderr()))?;
+    println!("  xhost: the target's report: {line}");
     let report = wait_x("source.report.json", MIGRATE_LIMIT)?;
     let job: Value =
         serde_json::from_str(&report).map_err(|e| format!("the source's report: {e}: {report}"))?;
@@ -420,8 +468,8 @@ fn report_matches_account(job: &Value, pid: u32) -> Outcome {
     Ok(())
 }
 
-/// The target after a refusal for the TSC: `vmhost receive` exits non-zero, every pool whole,
-/// no live ledger entry.
+/// The target after a refusal for the TSC: `vmhost receive` exits 2 at the hello, every pool
+/// whole, no live ledger entry.
 fn target_after_refusal(env: &Env, dst: &Running) -> Outcome {
     let deadline = Instant::now() + PEER_LIMIT + MIGRATE_LIMIT;
     while !ended(dst.pid) {
@@ -434,8 +482,8 @@ fn target_after_refusal(env: &Env, dst: &Running) -> Outcome {
     }
     let code = env.wait(dst.pid)?;
     ensure!(
-        code != 0,
-        "vmhost receive for a guest whose TSC is out of tolerance: exit 0: {}",
+        code == 2,
+        "vmhost receive for a guest whose TSC is out of tolerance: exit {code}, want 2: {}",
         dst.stderr()
     );
     let pools = free()?;
@@ -454,11 +502,12 @@ mod tests {
 
     #[test]
     fn tsc_tolerance_is_250_ppm_of_the_target() {
-        assert!(tsc_compatible(2_000_000, 2_000_000));
-        assert!(tsc_compatible(2_000_500, 2_000_000));
-        assert!(tsc_compatible(1_999_500, 2_000_000));
-        assert!(!tsc_compatible(2_000_501, 2_000_000));
-        assert!(!tsc_compatible(2_100_000, 2_000_000));
+        assert!(tsc_compatible(2_000_000, 2_000_000, 250));
+        assert!(tsc_compatible(2_000_500, 2_000_000, 250));
+        assert!(tsc_compatible(1_999_500, 2_000_000, 250));
+        assert!(!tsc_compatible(2_000_501, 2_000_000, 250));
+        assert!(!tsc_compatible(2_100_000, 2_000_000, 250));
+        assert!(!tsc_compatible(2_000_001, 2_000_000, 0));
         assert!((tsc_ppm(2_000_500, 2_000_000) - 250.0).abs() < 1e-9);
     }
 }
