@@ -61,6 +61,9 @@ const LISTEN_AT: &str = "192.168.77.2:7700";
 /// How long one side waits for the other to get somewhere: both hosts boot at once, and the
 /// source boots its guest before it migrates (two TCG hosts share this machine's CPUs).
 const PEER_LIMIT: Duration = Duration::from_secs(480);
+/// How long the target waits for the commit or the refusal: the source's guest boot, the wait
+/// for the listener and `ctl migrate` (within each host's 900 s, `VMHOST_TESTBED_TIMEOUT`).
+const COMMIT_LIMIT: Duration = Duration::from_secs(600);
 /// KVM's TSC tolerance (`kvm.tsc_tolerance_ppm`): within it of the host's rate KVM takes a
 /// guest's rate without scaling; vmhost's migration hello applies the target's.
 const TSC_TOLERANCE: &str = "/sys/module/kvm/parameters/tsc_tolerance_ppm";
@@ -77,13 +80,35 @@ fn write_x(name: &str, text: &str) -> Outcome {
     std::fs::rename(&tmp, xfile(name)).map_err(|e| format!("rename {}: {e}", tmp.display()))
 }
 
-/// Waits for the other host to write `name` on the common share; returns its text.
+/// Fails when the `role` side wrote `<role>.failed`: it gave up, and waiting for it is vain.
+fn peer_alive(role: &str) -> Outcome {
+    match std::fs::read_to_string(xfile(&format!("{role}.failed"))) {
+        Ok(why) => Err(format!("the {role} host's side failed: {why}")),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Runs one side's test; a failure is written to `<role>.failed` for the other side.
+fn side(role: &str, test: impl FnOnce() -> Outcome) -> Outcome {
+    let outcome = test();
+    if let Err(why) = &outcome {
+        if let Err(e) = write_x(&format!("{role}.failed"), why) {
+            println!("  xhost: could not tell the other host: {e}");
+        }
+    }
+    outcome
+}
+
+/// Waits for the other host to write `name` (`<role>.<what>`) on the common share; returns its
+/// text. Fails at once when that side has failed.
 fn wait_x(name: &str, limit: Duration) -> Result<String, String> {
+    let role = name.split('.').next().unwrap_or(name);
     let deadline = Instant::now() + limit;
     loop {
         if let Ok(text) = std::fs::read_to_string(xfile(name)) {
             return Ok(text);
         }
+        peer_alive(role)?;
         ensure!(
             Instant::now() < deadline,
             "the other host wrote no {XSHARE}/{name} within {limit:?}"
@@ -230,10 +255,11 @@ fn wait_listener(limit: Duration) -> Outcome {
     loop {
         match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
             Ok(_) => return Ok(()),
-            Err(e) if Instant::now() > deadline => {
+            Err(e) if Instant::now() > deadline || peer_alive("target").is_err() => {
+                peer_alive("target")?;
                 return Err(format!(
                     "the target's listener {addr} within {limit:?}: {e}"
-                ))
+                ));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(250)),
         }
@@ -242,6 +268,10 @@ fn wait_listener(limit: Duration) -> Outcome {
 
 /// The source side (module docs).
 pub fn source_migrates(env: &Env) -> Outcome {
+    side("source", || source_side(env))
+}
+
+fn source_side(env: &Env) -> Outcome {
     let started = Instant::now();
     let tsc = join("source", SOURCE_ADDR)?;
     host::set_2m_pools(&[CELL_PAGES; 2])?;
@@ -324,6 +354,10 @@ fn source_after_refusal(env: &Env, src: &Running, out: &crate::vm::Output, tsc: 
 
 /// The target side (module docs).
 pub fn target_receives(env: &Env) -> Outcome {
+    side("target", || target_side(env))
+}
+
+fn target_side(env: &Env) -> Outcome {
     let started = Instant::now();
     let tsc = join("target", TARGET_ADDR)?;
     host::set_2m_pools(&[CELL_PAGES; 4])?;
@@ -364,6 +398,7 @@ fn wait_receive(dst: &Running, what: &str, limit: Duration) -> Outcome {
             "vmhost receive ended before {what:?}: {}",
             tail(&err)
         );
+        peer_alive("source")?;
         ensure!(
             Instant::now() < deadline,
             "vmhost receive printed no {what:?} within {limit:?}: {}",
@@ -376,7 +411,7 @@ fn wait_receive(dst: &Running, what: &str, limit: Duration) -> Outcome {
 /// The target after the move: the report against this host's account, vmhost's audit, the
 /// guest's ticks across both consoles; SIGTERM then ends the VM (exit 130).
 fn target_after_move(env: &Env, dst: &Running, guest_khz: u32, host_khz: u32) -> Outcome {
-    wait_receive(dst, "migration committed", PEER_LIMIT + MIGRATE_LIMIT)?;
+    wait_receive(dst, "migration committed", COMMIT_LIMIT)?;
     let said = format!("TSC: the guest's {guest_khz} kHz, this host's {host_khz} kHz");
     let line = dst
         .stderr()
@@ -476,7 +511,7 @@ fn report_matches_account(job: &Value, pid: u32) -> Outcome {
 /// The target after a refusal for the TSC: `vmhost receive` exits 2 at the hello, every pool
 /// whole, no live ledger entry.
 fn target_after_refusal(env: &Env, dst: &Running) -> Outcome {
-    let deadline = Instant::now() + PEER_LIMIT + MIGRATE_LIMIT;
+    let deadline = Instant::now() + COMMIT_LIMIT;
     while !ended(dst.pid) {
         ensure!(
             Instant::now() < deadline,
