@@ -344,6 +344,8 @@ fn source_after_refusal(env: &Env, src: &Running, out: &crate::vm::Output, tsc: 
          both rates: {said}",
         out.code
     );
+    let job = out.json().unwrap_or_default();
+    println!("  xhost: ctl migrate exit {}: {}", out.code, job["error"]);
     let last = ticks(&console(env, &["migsrc"])).last().map_or(0, |t| t.n);
     wait_tick_past(env, &["migsrc"], last + 2)?;
     env.signal(src.pid, libc::SIGTERM)?;
@@ -521,6 +523,9 @@ fn target_after_refusal(env: &Env, dst: &Running) -> Outcome {
         std::thread::sleep(Duration::from_millis(200));
     }
     let code = env.wait(dst.pid)?;
+    let err = dst.stderr();
+    let why = err.lines().rev().find(|l| l.contains("kHz")).unwrap_or("");
+    println!("  xhost: vmhost receive exit {code}: {}", why.trim());
     ensure!(
         code == 2,
         "vmhost receive for a guest whose TSC is out of tolerance: exit {code}, want 2: {}",
