@@ -18,7 +18,9 @@ use vmhost_persist::pages::{decode_run, write_pages, CellGeometry};
 const BYTES: usize = 16 << 20;
 
 fn memory() -> Vec<u8> {
-    (0..BYTES).map(|i| u8::try_from(i % 251).unwrap_or(0) | 1).collect()
+    (0..BYTES)
+        .map(|i| u8::try_from(i % 251).unwrap_or(0) | 1)
+        .collect()
 }
 
 /// A sending and a receiving session of one handshake over a socket pair.
