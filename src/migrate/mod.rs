@@ -9,6 +9,12 @@ pub mod streams;
 pub mod target;
 pub mod wire;
 
+/// The peer's `MIG_CANCEL`, with its reason: on the target it says more than the broken
+/// streams that follow it.
+#[derive(Debug, thiserror::Error)]
+#[error("the peer cancelled the migration: {0}")]
+pub struct PeerCancelled(pub String);
+
 /// The test hook variable: `round:N:source` or `round:N:target` kills that side (`SIGABRT`,
 /// no clean-up, as a crash or a kill would) when round N begins.
 pub const FAIL_AT_VAR: &str = "VMHOST_TEST_MIGRATION_FAIL_AT";

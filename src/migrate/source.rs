@@ -205,12 +205,16 @@ fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared<Progress>) -> 
             .err()
             .map(|e| format!("{e:#}"))
             .unwrap_or_default();
-        let _ = ch.send(
-            RecordKind::MIG_CANCEL,
-            &msg::encode(&msg::Cancel { reason }),
-        );
+        // On the control connection and on every page stream (best effort: a stream that
+        // failed mid-record stays broken): the target's receivers end with the reason, not
+        // with a stream cut short.
+        let cancel = msg::encode(&msg::Cancel { reason });
+        let _ = ch.send(RecordKind::MIG_CANCEL, &cancel);
         ch.close();
-        cells.iter().for_each(|(_, c)| c.close());
+        for (_, c) in &mut cells {
+            let _ = c.send(RecordKind::MIG_CANCEL, &cancel);
+            c.close();
+        }
         if paused && was_running {
             shared.set_phase("resume");
             source.handle.resume().context("resuming the vCPUs")?;
@@ -263,7 +267,7 @@ pub(super) fn expect<T: serde::de::DeserializeOwned>(
 ) -> Result<T> {
     if rec.kind == RecordKind::MIG_CANCEL {
         let c: msg::Cancel = msg::decode("cancel", &rec.payload).map_err(anyhow::Error::msg)?;
-        bail!("the peer cancelled the migration: {}", c.reason);
+        return Err(super::PeerCancelled(c.reason).into());
     }
     if rec.kind != kind {
         bail!(

@@ -116,8 +116,10 @@ pub fn receive_all(
                 }
             }
         }
-        // A worker's own error says more than the control connection it closed.
+        // The source's cancel says most; then a worker's own error says more than the
+        // control connection it closed.
         match (first_err, state) {
+            (_, Err(e)) if e.is::<super::PeerCancelled>() => Err(e),
             (Some(e), _) | (None, Err(e)) => Err(e),
             (None, Ok(())) => Ok(rounds),
         }

@@ -22,6 +22,7 @@ use vmhost_persist::auth::{AuthKey, Role};
 use vmhost_persist::container::RecordKind;
 use vmhost_persist::migration::{self as msg, Answer, Commit, Hello};
 use vmhost_plan::{GuestIdentity, Plan};
+use vmhost_vcpu::persist::TargetCaps;
 
 use super::source::expect;
 use super::wire::{Channel, Listener};
@@ -50,6 +51,8 @@ pub struct Incoming {
     hello: Hello,
     identity: GuestIdentity,
     tsc: Option<TscKept>,
+    /// This host's KVM as probed at the hello.
+    caps: TargetCaps,
     started: Instant,
     rounds: Vec<Received>,
     saved: Option<crate::vmstate::Saved>,
@@ -86,7 +89,7 @@ pub fn accept(
         }
     };
     match read_hello(&mut channel, args.same_distances) {
-        Ok((spec, source, hello, identity, tsc)) => Ok((
+        Ok((spec, source, hello, identity, tsc, caps)) => Ok((
             spec,
             source,
             Incoming {
@@ -96,6 +99,7 @@ pub fn accept(
                 hello,
                 identity,
                 tsc,
+                caps,
                 started: Instant::now(),
                 rounds: Vec::new(),
                 saved: None,
@@ -118,6 +122,7 @@ fn read_hello(
     Hello,
     GuestIdentity,
     Option<TscKept>,
+    TargetCaps,
 )> {
     let rec = channel
         .recv("the source's hello")
@@ -139,7 +144,10 @@ fn read_hello(
             hello.cpu_vendor
         )));
     }
-    let tsc = check_tsc(hello.tsc_khz)?;
+    // This host's KVM, probed once (a throwaway VM): the TSC rule now, the vCPUs' CPUID when
+    // the state arrives, without a probe VM while the guest is paused.
+    let caps = TargetCaps::of_this_host().context("probing this host's KVM")?;
+    let tsc = check_tsc(hello.tsc_khz, &caps)?;
     let source: SpecSource = serde_json::from_value(hello.spec.clone())
         .map_err(|e| invalid(format!("the source's spec record is not valid: {e}")))?;
     let spec = source
@@ -148,7 +156,7 @@ fn read_hello(
     let identity = serde_json::from_value(hello.identity.clone())
         .map_err(|e| invalid(format!("the source's guest identity is not valid: {e}")))?;
     hello.same_distances |= same_distances;
-    Ok((spec, source, hello, identity, tsc))
+    Ok((spec, source, hello, identity, tsc, caps))
 }
 
 /// The guest's TSC on the target.
@@ -164,15 +172,12 @@ pub struct TscKept {
 
 /// Whether this host can run the guest's TSC rate (0: a source that did not say; the state
 /// check decides when it arrives): KVM scales it where it can, takes it within its tolerance
-/// otherwise, and anything further is refused here, before any memory moves. Opens
-/// `/dev/kvm` for a throwaway probe VM only.
-fn check_tsc(guest_khz: u32) -> Result<Option<TscKept>> {
+/// otherwise, and anything further is refused here, before any memory moves.
+fn check_tsc(guest_khz: u32, caps: &TargetCaps) -> Result<Option<TscKept>> {
     if guest_khz == 0 {
         return Ok(None);
     }
-    let caps = vmhost_vcpu::persist::TargetCaps::of_this_host()
-        .context("checking the guest's TSC rate")?;
-    let how = vmhost_vcpu::persist::tsc_match(guest_khz, &caps).map_err(invalid)?;
+    let how = vmhost_vcpu::persist::tsc_match(guest_khz, caps).map_err(invalid)?;
     if how != vmhost_vcpu::persist::TscMatch::Same {
         eprintln!("vmhost: receive: the guest's TSC runs at {guest_khz} kHz, this host's at {} kHz: {how}", caps.tsc_khz);
     }
@@ -242,7 +247,7 @@ impl Incoming {
 
     fn take_state(&mut self, payload: &[u8]) -> Result<()> {
         let saved = crate::vmstate::decode(payload).context("decoding the source's VM state")?;
-        if let Err(e) = crate::vmstate::check_target(&saved) {
+        if let Err(e) = saved.check_compatible(&self.caps) {
             let reason = format!("this host cannot run the guest's vCPUs: {e:#}");
             let cancel = msg::Cancel {
                 reason: reason.clone(),

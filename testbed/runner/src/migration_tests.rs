@@ -12,14 +12,18 @@
 //! In order, on one guest:
 //! 1. a target killed by the test hook when round 1 begins: `ctl migrate` fails, the source's
 //!    guest goes on (its counter, its RAM check and its disk);
-//! 2. a peer with the wrong key: refused on both sides, the guest goes on, and the same
+//! 2. a guest writing 16 MiB/s (`dirty 32 16`, started over TCP): pre-copy does not converge
+//!    at the default `--max-downtime` of 300 ms and gives up after `--timeout 5`: `ctl migrate`
+//!    fails naming it, the target exits non-zero with every page back in the pools and no
+//!    ledger entry, and the guest goes on at the source (its writer's beats and its ticks);
+//! 3. a peer with the wrong key: refused on both sides, the guest goes on, and the same
 //!    listener then takes the migration with the right key;
-//! 3. after the switch: the source exits 0 and every page it had is back in nodes 0–1's pools;
+//! 4. after the switch: the source exits 0 and every page it had is back in nodes 0–1's pools;
 //!    the ledger holds one entry; the guest's boot id, counter (every tick once, in order, across
 //!    both consoles), RAM check, disk file and NUMA view carry on; the TCP connection echoes;
 //!    every page of the target is on its planned node (`numa_maps`) and every vCPU thread on its
 //!    planned PU (`/proc/<pid>/task/*/status`), all in nodes 2–3;
-//! 4. the way back with the source (now the target of step 3) killed by the test hook at round
+//! 5. the way back with the source (now the target of step 4) killed by the test hook at round
 //!    1: the new target exits non-zero and every pool is whole again.
 
 use std::io::{BufRead, BufReader, Write};
@@ -27,6 +31,8 @@ use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -46,8 +52,10 @@ const GUEST_LIMIT: Duration = Duration::from_secs(150);
 const BRIDGE: &str = "tbmigbr";
 const HOST_IP: &str = "10.0.2.1/24";
 const GUEST_ADDR: &str = "10.0.2.15:7000";
+/// The guest's writer (`dirty 32 16` while a connection stays open; testbed/guest/migrate.sh).
+const DIRTY_ADDR: &str = "10.0.2.15:7001";
 /// The VM's name, in the spec and the ledger.
-pub(crate) const VM: &str = "migvm";
+const VM: &str = "migvm";
 
 /// One `GUEST-MIGTICK` line's fields.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,7 +125,7 @@ pub(crate) fn wait_tick_past(env: &Env, names: &[&str], after: u64) -> Result<Ti
 }
 
 /// Waits for a line containing `what` in `<name>.err`.
-pub(crate) fn wait_stderr(env: &Env, name: &str, what: &str, limit: Duration) -> Outcome {
+fn wait_stderr(env: &Env, name: &str, what: &str, limit: Duration) -> Outcome {
     let path = env.work.join(format!("{name}.err"));
     let deadline = Instant::now() + limit;
     loop {
@@ -187,22 +195,7 @@ struct Echo {
 
 impl Echo {
     fn connect() -> Result<Self, String> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let stream = loop {
-            let addr = GUEST_ADDR
-                .parse()
-                .map_err(|e| format!("{GUEST_ADDR}: {e}"))?;
-            match TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() > deadline => {
-                    return Err(format!("connect to the guest's {GUEST_ADDR}: {e}"))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(500)),
-            }
-        };
-        stream
-            .set_read_timeout(Some(Duration::from_secs(60)))
-            .map_err(|e| e.to_string())?;
+        let stream = connect_guest(GUEST_ADDR)?;
         let reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
         Ok(Echo { stream, reader })
     }
@@ -222,6 +215,89 @@ impl Echo {
             "the guest echoed {back:?} for {line:?} on the same TCP connection"
         );
         Ok(())
+    }
+}
+
+/// A TCP connection to the guest's `addr` (its listener may still be starting: retried for
+/// 60 s), reads waiting 60 s at most.
+fn connect_guest(addr: &str) -> Result<TcpStream, String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let to = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let stream = loop {
+        match TcpStream::connect_timeout(&to, Duration::from_secs(3)) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("connect to the guest's {addr}: {e}"))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| e.to_string())?;
+    Ok(stream)
+}
+
+/// The guest's writer, running while this connection is open: its beat lines (one per 10 ms
+/// of guest time) are counted by a reader thread; closing the connection ends it (SIGPIPE).
+struct Dirtier {
+    stream: TcpStream,
+    beats: Arc<AtomicU64>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Dirtier {
+    /// Connects and waits for the writer's `GUEST-DIRTY` line (its buffer is resident).
+    fn start() -> Result<Self, String> {
+        let stream = connect_guest(DIRTY_ADDR)?;
+        let mut lines = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
+        let mut first = String::new();
+        lines
+            .read_line(&mut first)
+            .map_err(|e| format!("the guest's writer: {e}"))?;
+        ensure!(
+            first.starts_with("GUEST-DIRTY buf_mib=32 rate_mib_s=16"),
+            "the guest's writer said {first:?}"
+        );
+        let beats = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&beats);
+        let reader = std::thread::spawn(move || {
+            for line in lines.lines() {
+                match line {
+                    Ok(l) if l.starts_with("B ") => {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+        });
+        Ok(Dirtier {
+            stream,
+            beats,
+            reader,
+        })
+    }
+
+    /// Waits until `more` beats past `from` arrived: the writer runs.
+    fn wait_beats(&self, from: u64, more: u64) -> Outcome {
+        let deadline = Instant::now() + GUEST_LIMIT;
+        while self.beats.load(Ordering::Relaxed) < from + more {
+            ensure!(
+                Instant::now() < deadline && !self.reader.is_finished(),
+                "the guest's writer stopped at {} beats (waited for {})",
+                self.beats.load(Ordering::Relaxed),
+                from + more
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    /// Closes the connection: the writer's next beat gets SIGPIPE.
+    fn stop(self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let _ = self.reader.join();
     }
 }
 
@@ -316,8 +392,19 @@ pub(crate) fn migrate(
     to: &str,
     key: &str,
 ) -> Result<crate::vm::Output, String> {
+    migrate_with(env, from, to, key, &["--max-downtime", MAX_DOWNTIME_MS])
+}
+
+/// [`migrate`] with the options `extra` instead of this test's `--max-downtime`.
+fn migrate_with(
+    env: &Env,
+    from: &Running,
+    to: &str,
+    key: &str,
+    extra: &[&str],
+) -> Result<crate::vm::Output, String> {
     let sock = from.socket.to_string_lossy().to_string();
-    let args = [
+    let mut args = vec![
         "ctl",
         "--api-socket",
         &sock,
@@ -326,9 +413,8 @@ pub(crate) fn migrate(
         to,
         "--auth-key",
         key,
-        "--max-downtime",
-        MAX_DOWNTIME_MS,
     ];
+    args.extend_from_slice(extra);
     let what = format!("vmhost {}", args.join(" "));
     let out = crate::vm::run_command_for(env.command(&args), &what, MIGRATE_LIMIT);
     out.map_err(|e| {
@@ -385,7 +471,51 @@ fn target_killed(env: &Env, src: &Running, pod_b: &Path, key: &str) -> Outcome {
     Ok(())
 }
 
-/// Step 2, first half: a source with the wrong key is refused by `dst`, which listens on.
+/// Step 2: a guest writing 16 MiB/s never fits the default 300 ms here; `--timeout 5` gives
+/// up, the target ends with nothing held, and the guest (writer and ticks) goes on.
+fn gives_up(env: &Env, src: &Running, pod_b: &Path, key: &str) -> Outcome {
+    let dirtier = Dirtier::start()?;
+    let listen = format!("unix:{}", env.work.join("mig-g.sock").display());
+    let dst = receive(env, "migdst-g", pod_b, &listen, key, None)?;
+    let before = free()?;
+    let out = migrate_with(env, src, &listen, key, &["--timeout", "5"])?;
+    let job = out.json()?;
+    let error = job["error"].as_str().unwrap_or("");
+    ensure!(
+        out.code == 1 && job["state"] == "failed" && error.contains("did not converge"),
+        "ctl migrate of a guest writing 16 MiB/s with --timeout 5: exit {}, {job}",
+        out.code
+    );
+    let rounds = job["rounds"].as_array().map_or(0, Vec::len);
+    ensure!(
+        rounds >= 1 && job["downtime_ms"].is_null(),
+        "pre-copy rounds and no pause: {job}"
+    );
+    println!("  migration: gave up after {rounds} round(s): {error}");
+    let code = env.wait(dst.pid)?;
+    ensure!(
+        code != 0
+            && dst
+                .stderr()
+                .contains("the peer cancelled the migration: pre-copy did not converge"),
+        "the target of a cancelled migration: exit {code}: {}",
+        dst.stderr()
+    );
+    ensure!(
+        free()? == before,
+        "free 2 MiB pages per node {before:?} before, {:?} after the give-up",
+        free()?
+    );
+    let names = ledger_names(env)?;
+    ensure!(names == [VM], "the ledger after the give-up: {names:?}");
+    dirtier.wait_beats(dirtier.beats.load(Ordering::Relaxed), 50)?;
+    let last = ticks(&console(env, &["migsrc"])).last().map_or(0, |t| t.n);
+    wait_tick_past(env, &["migsrc"], last + 1)?;
+    dirtier.stop();
+    Ok(())
+}
+
+/// Step 3, first half: a source with the wrong key is refused by `dst`, which listens on.
 fn wrong_key_refused(env: &Env, src: &Running, listen: &str, wrong: &str) -> Outcome {
     let out = migrate(env, src, listen, wrong)?;
     let job = out.json()?;
@@ -407,7 +537,7 @@ fn wrong_key_refused(env: &Env, src: &Running, listen: &str, wrong: &str) -> Out
     Ok(())
 }
 
-/// Step 3's checks of the job's report: rounds, downtime, and the target's plan on nodes 2–3.
+/// Step 4's checks of the job's report: rounds, downtime, and the target's plan on nodes 2–3.
 pub(crate) fn check_report(job: &Value) -> Result<(), String> {
     ensure!(job["state"] == "succeeded", "the migration job: {job}");
     let rounds = at(job, "/rounds")?.as_array().ok_or("rounds")?;
@@ -457,7 +587,7 @@ pub(crate) fn check_tick_sequence(
     all.last().cloned().ok_or_else(|| "no tick".to_string())
 }
 
-/// Step 3: the migration to nodes 2–3 and everything that must hold after it.
+/// Step 4: the migration to nodes 2–3 and everything that must hold after it.
 fn migrate_to_nodes_2_3(env: &Env, src: &Running, listen: &str, key: &str) -> Outcome {
     let boot_id = ticks(&console(env, &["migsrc"]))
         .first()
@@ -496,7 +626,7 @@ fn migrate_to_nodes_2_3(env: &Env, src: &Running, listen: &str, key: &str) -> Ou
     Ok(())
 }
 
-/// The host's and the kernel's account after step 3.
+/// The host's and the kernel's account after step 4.
 fn after_the_switch(env: &Env, dst: &Running) -> Outcome {
     let pools = free()?;
     ensure!(
@@ -516,7 +646,7 @@ fn after_the_switch(env: &Env, dst: &Running) -> Outcome {
     )
 }
 
-/// Step 4: back to nodes 0–1 with the source (`dst`, started with the hook) killed at round 1.
+/// Step 5: back to nodes 0–1 with the source (`dst`, started with the hook) killed at round 1.
 fn source_killed_on_the_way_back(env: &Env, dst: &Running, pod_a: &Path, key: &str) -> Outcome {
     let listen = format!("unix:{}", env.work.join("mig-back.sock").display());
     let back = receive(env, "migback", pod_a, &listen, key, None)?;
@@ -574,6 +704,8 @@ pub fn linux_between_node_pairs(env: &Env) -> Outcome {
     );
     target_killed(env, &src, &pod_b, &key)?;
     echo.round_trip("after a failed migration")?;
+    gives_up(env, &src, &pod_b, &key)?;
+    echo.round_trip("after a migration that gave up")?;
     let listen = format!("unix:{}", env.work.join("mig.sock").display());
     let dst = receive(env, "migdst", &pod_b, &listen, &key, Some("round:1:source"))?;
     wrong_key_refused(env, &src, &listen, &wrong)?;

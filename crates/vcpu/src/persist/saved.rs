@@ -63,9 +63,13 @@ impl SavedVm {
 /// ([`VcpuState::check_compatible`] against [`TargetCaps::probe`]). Run it before the target
 /// VM is created; it opens `/dev/kvm` and creates only a throwaway probe VM.
 pub fn check_target(saved: &SavedVm) -> Result<(), CompatError> {
-    let caps = TargetCaps::of_this_host()?;
-    saved
-        .vcpus
-        .iter()
-        .try_for_each(|v| v.check_compatible(&caps))
+    saved.check_compatible(&TargetCaps::of_this_host()?)
+}
+
+impl SavedVm {
+    /// [`check_target`] against `caps` probed earlier (a migration target probes at the
+    /// hello, so that no probe VM is created while the guest is paused).
+    pub fn check_compatible(&self, caps: &TargetCaps) -> Result<(), CompatError> {
+        self.vcpus.iter().try_for_each(|v| v.check_compatible(caps))
+    }
 }
