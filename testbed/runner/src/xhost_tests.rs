@@ -424,7 +424,6 @@ fn target_after_move(env: &Env, dst: &Running, guest_khz: u32, host_khz: u32) ->
     let line =
         line.ok_or_else(|| format!("the target's report has no {said:?}: {}", dst.stderr()))?;
     println!("  xhost: the target's report: {line}");
-
     let report = wait_x("source.report.json", MIGRATE_LIMIT)?;
     let job: Value =
         serde_json::from_str(&report).map_err(|e| format!("the source's report: {e}: {report}"))?;
