@@ -7,7 +7,8 @@
 #   - the share's `run` script and the suite verdict with a stand-in runner (a shell script
 #     that prints PASS lines and then dies like an aborted runner): a runner that dies
 #     mid-suite, or exits 0 without running every listed test, fails the suite;
-#   - the real runner's `--list` honours `--only` and `--skip`.
+#   - the real runner's `--list` honours `--only` and `--skip`, and lists the cross-host suite
+#     per role.
 # Prints one `ok`/`FAIL` line per check; exits 1 when any failed.
 set -euo pipefail
 
@@ -136,6 +137,11 @@ run_in "$share"
 check "a host that reports no runner status fails the suite" \
     verdict_fails "$share" "exit status is missing"
 
+mkdir -p "$work/xhost-run"
+write_run_script "$work/xhost-run" xhost "" "--role target"
+check "the run script passes the cross-host suite's role to the runner" \
+    grep -q -- "--suite xhost --role target --vmhost ./vmhost" "$work/xhost-run/run"
+
 # --- the real runner's --list --------------------------------------------------------------
 bin="$root/target/x86_64-unknown-linux-gnu/${VMHOST_TESTBED_PROFILE:-debug}/vmhost-testbed"
 (cd "$root" && cargo build --quiet -p vmhost-testbed $([[ "${VMHOST_TESTBED_PROFILE:-}" == release ]] && echo --release))
@@ -150,6 +156,12 @@ check "vmhost-testbed --list of a whole suite lists every test" \
     test "$("$bin" --suite 4node --list | wc -l)" -ge 10
 check "vmhost-testbed --list fails on an unknown --only name" \
     bash -c "! '$bin' --suite 2node --only no_such_test --list > /dev/null"
+
+check "vmhost-testbed --suite xhost lists one test per role" \
+    test "$("$bin" --suite xhost --role source --list)$("$bin" --suite xhost --role target --list)" \
+    == "xhost_source_migratesxhost_target_receives"
+check "vmhost-testbed --suite xhost without a role is refused" \
+    bash -c "! '$bin' --suite xhost --list > /dev/null 2>&1"
 
 if [[ $failures -gt 0 ]]; then
     echo "testbed/check-harness.sh: $failures check(s) failed"
