@@ -152,7 +152,7 @@ for suite in "${suites[@]}"; do
     # (migration_vs_qemu alone about 35 minutes, linux_boot_vs_peers' 11 rounds of 5 VMMs
     # about 15 on a quiet machine, twice that on a loaded one; docs/benchmarks.md).
     default_limit=900
-    [[ "$suite" == bench ]] && nodes=2 default_limit=6000
+    [[ "$suite" == bench ]] && nodes=2 default_limit=7200
     log="$tb/logs/$suite.log"
     echo "== testbed: $suite host (${nodes} NUMA nodes), serial log $log"
     rc=0

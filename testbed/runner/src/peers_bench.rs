@@ -118,7 +118,7 @@ struct Run {
 
 /// A bundled binary (`testbed/build-guest.sh`): run through the bundle's own loader with its
 /// own libraries.
-fn bundled(dir: &Path, binary: &str) -> Command {
+pub fn bundled(dir: &Path, binary: &str) -> Command {
     let mut c = Command::new(dir.join("lib/ld-linux-x86-64.so.2"));
     c.arg("--library-path")
         .arg(dir.join("lib"))
@@ -305,7 +305,7 @@ fn boot(s: &Setup, v: Vmm, exits: &ExitCounter) -> Result<Run, String> {
 }
 
 /// The peers' bundles that are there; one line for each that is not.
-fn peer_bundles(a: &Assets) -> BTreeMap<&'static str, PathBuf> {
+pub fn peer_bundles(a: &Assets) -> BTreeMap<&'static str, PathBuf> {
     let dir = a.vmlinux.with_file_name("peers");
     let mut found = BTreeMap::new();
     for (name, var, how) in HOW_TO_GET {
@@ -357,7 +357,7 @@ fn setup(env: &Env) -> Result<Setup, String> {
 }
 
 /// The rounds asked for: `VMHOST_BENCH_ROUNDS`, else [`ROUNDS`].
-fn rounds() -> usize {
+pub fn rounds() -> usize {
     std::env::var("VMHOST_BENCH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
@@ -412,7 +412,7 @@ fn report(vmms: &[Vmm], runs: &[Vec<Run>], rounds: usize) {
         };
         println!(
             "     {:<28} to /init {:>6.2} s {t:.2?}; guest uptime at /init {:.2} s; peak RSS \
-             beyond guest RAM (VmHWM) {:.2} MiB{sup}",
+             beyond guest RAM (VmHWM) {:.2} MiB {m:.2?}{sup}",
             v.label(),
             median(&t),
             median(&up),
