@@ -38,12 +38,12 @@ use std::time::{Duration, Instant};
 use common::{memory_mib, now_ns};
 
 use vmhost_testsupport::pvh::{out8, pvh_elf};
+use vmhost_testsupport::stats::{bootstrap_ci, median, verdict, RESAMPLES};
 
 /// `hlt; jmp back to the hlt`.
 const HLT_LOOP: [u8; 3] = [0xf4, 0xeb, 0xfd];
 /// What a run may take before the watchdog kills it (a VMM that ignored the guest's exit).
 const RUN_LIMIT: Duration = Duration::from_secs(20);
-const RESAMPLES: usize = 2000;
 
 /// The guest's ways to end the VM.
 #[derive(Clone, Copy, PartialEq)]
@@ -253,60 +253,6 @@ const TIMELINE: [&str; 7] = [
     "vm_created_ns",
     "vcpus_runnable_ns",
 ];
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-/// A small xorshift64 generator: the bootstrap needs no more, and a fixed seed makes the
-/// intervals reproducible for the same measurements.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-}
-
-/// The 95 % bootstrap interval of the median of `ratios` (rounds resampled with replacement).
-fn bootstrap_ci(ratios: &[f64]) -> (f64, f64) {
-    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
-    let n = ratios.len();
-    let mut medians: Vec<f64> = (0..RESAMPLES)
-        .map(|_| {
-            let sample: Vec<f64> = (0..n)
-                .map(|_| ratios[(rng.next() % n as u64) as usize])
-                .collect();
-            median(&sample)
-        })
-        .collect();
-    medians.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let at = |q: f64| medians[((RESAMPLES - 1) as f64 * q).round() as usize];
-    (at(0.025), at(0.975))
-}
-
-/// "met" only when the whole interval is at or below `target`.
-fn verdict(ci: (f64, f64), target: f64) -> &'static str {
-    if ci.1 <= target {
-        "met"
-    } else if ci.0 > target {
-        "not met"
-    } else {
-        "inconclusive"
-    }
-}
 
 fn stats_row(name: &str, v: &[f64], unit: &str) {
     let lo = v.iter().copied().fold(f64::INFINITY, f64::min);

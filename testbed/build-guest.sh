@@ -12,6 +12,11 @@
 #                   (lib/) and the firmware a direct kernel boot needs (share/): the baseline of
 #                   the boot-time benchmark, run inside the emulated host as
 #                   qemu/lib/ld-linux-x86-64.so.2 --library-path qemu/lib qemu/qemu-system-x86_64 -L qemu/share
+#   peers/ch/, peers/fc/  the peers of the boot benchmark (linux_boot_vs_peers): the binaries
+#                   VMHOST_BENCH_CH (Cloud Hypervisor) and VMHOST_BENCH_FC (Firecracker) name,
+#                   each with its shared libraries and loader in lib/, run the same way as QEMU;
+#                   a bundle whose variable is unset is removed (the benchmark then says how to
+#                   get that peer: docs/benchmarks.md, "How to get the peers")
 # The kernel is the test kernel (crates/boot/scripts/fetch-test-kernel.sh), the same Debian 6.1
 # kernel as the emulated host's. Uses the packages testbed/build-image.sh already downloaded
 # (run that first).
@@ -57,6 +62,24 @@ qemu_bundle() { # this machine's QEMU, its libraries and firmware, for the emula
     echo "qemu bundle in $d ($(du -sh "$d" | cut -f1))"
 }
 qemu_bundle
+peer_bundle() { # NAME VARIABLE: a peer VMM the user built, its libraries and loader (ldd)
+    local d="$out/peers/$1" bin="${!2:-}"
+    if [[ -z "$bin" ]]; then
+        rm -rf "$d"
+        return 0
+    fi
+    [[ -x "$bin" ]] || die "$2=$bin is not an executable"
+    [[ -x "$d/$1" ]] && cmp -s "$bin" "$d/$1" && return 0
+    rm -rf "$d" && mkdir -p "$d/lib"
+    cp "$bin" "$d/$1"
+    ldd "$bin" | awk '/=> \// {print $3} /^\s*\/lib64/ {print $1}' | while read -r lib; do
+        cp -L "$lib" "$d/lib/"
+    done
+    cp -L /lib64/ld-linux-x86-64.so.2 "$d/lib/"
+    echo "peer bundle $1 from $bin in $d ($(du -sh "$d" | cut -f1))"
+}
+peer_bundle ch VMHOST_BENCH_CH
+peer_bundle fc VMHOST_BENCH_FC
 if [[ -s "$out/initramfs.cpio" && -s "$out/initramfs-devices.cpio" && "$(cat "$out/VERSION" 2>/dev/null)" == "$inputs" ]]; then
     echo "guest initramfs up to date in $out"
     exit 0

@@ -50,12 +50,15 @@ emulator_fault() {
 # output `tee` copies, and `run` exits with it (or 125 when there is none).
 #   write_run_script SHARE SUITE ONLY [RUNNER_ARGS]  (RUNNER_ARGS: e.g. `--role source` of xhost)
 write_run_script() {
-    local share="$1" suite="$2" only="$3" more="${4:-}" abort="" pages=""
+    local share="$1" suite="$2" only="$3" more="${4:-}" abort="" rounds="" pages=""
     [[ -n "${VMHOST_TESTBED_ABORT_AFTER:-}" ]] \
         && abort="VMHOST_TESTBED_ABORT_AFTER=$VMHOST_TESTBED_ABORT_AFTER; export VMHOST_TESTBED_ABORT_AFTER"
     # The cross-host suite's target may be given another KVM TSC tolerance (testbed/xhost.sh).
     [[ -n "${VMHOST_TESTBED_XHOST_TSC_TOLERANCE:-}" ]] \
         && abort+=$'\n'"VMHOST_TESTBED_XHOST_TSC_TOLERANCE=$VMHOST_TESTBED_XHOST_TSC_TOLERANCE; export VMHOST_TESTBED_XHOST_TSC_TOLERANCE"
+    # The rounds of the peers benchmark (linux_boot_vs_peers), when set: for development.
+    [[ "${VMHOST_BENCH_ROUNDS:-}" =~ ^[0-9]+$ ]] \
+        && rounds="VMHOST_BENCH_ROUNDS=$VMHOST_BENCH_ROUNDS; export VMHOST_BENCH_ROUNDS"
     # 1 GiB pages: boot.sh reserves one per node of the 2-node host on the kernel command line
     # (with nokaslr, so the kernel image never takes node 0's only free 1 GiB range); should a
     # node still have none, try once more, while its memory is still unfragmented. Only in
@@ -72,6 +75,7 @@ $pages
 # emulated machine locked up).
 skip=""; [ -s skip ] && skip="--skip \$(cat skip)"
 $abort
+$rounds
 rm -f runner-status
 { ./vmhost-testbed --suite $suite ${more:+$more }--vmhost ./vmhost ${only:+--only $only} \$skip; echo \$? > runner-status; } 2>&1 | tee results.txt
 [ -s runner-status ] || exit 125

@@ -51,6 +51,33 @@ pub struct RoundReport {
     pub dirty_bytes_after: u64,
     /// The downtime a final round would then have cost, ms.
     pub estimated_downtime_ms: Option<f64>,
+    /// Where the cells' senders spent their time (summed over the cells).
+    pub senders: SenderTime,
+}
+
+/// Seconds of a round's page senders, summed over the cells: copying guest memory out
+/// (`mincore` and the reads), sealing records (CRC-64 and HMAC-SHA256), writing them to the
+/// socket (a copy, or a wait for room), and the whole (the rest: finding zero pages and
+/// encoding runs).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct SenderTime {
+    /// Copying guest memory out.
+    pub copy: f64,
+    /// Checksums and MACs.
+    pub seal: f64,
+    /// Socket writes.
+    pub write: f64,
+    /// Everything the senders did.
+    pub total: f64,
+}
+
+impl SenderTime {
+    fn add(&mut self, o: SenderTime) {
+        self.copy += o.copy;
+        self.seal += o.seal;
+        self.write += o.write;
+        self.total += o.total;
+    }
 }
 
 /// `GET /vm/migrate`: the source's report (KubeVirt's migration status fields in
@@ -301,8 +328,16 @@ fn migrate(
         d.union(&source.handle.take_dirty(d.cell())?);
     }
     let started = Instant::now();
-    let bytes = send_round(source, cells, round, Some(&dirty), true, &shared.bytes)?;
-    record_round(shared, round, true, bytes, started.elapsed(), 0, None);
+    let (bytes, time) = send_round(source, cells, round, Some(&dirty), true, &shared.bytes)?;
+    record_round(
+        shared,
+        round,
+        true,
+        (bytes, time),
+        started.elapsed(),
+        0,
+        None,
+    );
     shared.set_phase("state");
     let state = crate::vmstate::capture(&source.handle).context("capturing the VM's state")?;
     ch.send(RecordKind::VM_STATE, &state)?;
@@ -331,7 +366,8 @@ fn precopy(
     for round in 0u32.. {
         super::test_hook(round, "source");
         let started = Instant::now();
-        let bytes = send_round(source, cells, round, dirty.as_deref(), false, &shared.bytes)?;
+        let (bytes, time) =
+            send_round(source, cells, round, dirty.as_deref(), false, &shared.bytes)?;
         let maps = take_all(source)?;
         // What the next round would send: the dirty 4 KiB pages, on hugepages too.
         let dirty_bytes: u64 = maps.iter().map(|m| m.dirty_bytes()).sum();
@@ -348,7 +384,15 @@ fn precopy(
                 estimated_downtime, ..
             } => estimated_downtime,
         };
-        record_round(shared, round, false, bytes, elapsed, dirty_bytes, estimate);
+        record_round(
+            shared,
+            round,
+            false,
+            (bytes, time),
+            elapsed,
+            dirty_bytes,
+            estimate,
+        );
         match decision {
             Decision::Continue { .. } => dirty = Some(maps),
             Decision::FinalRound { .. } => return Ok((round + 1, maps)),
@@ -383,7 +427,7 @@ fn record_round(
     shared: &Shared<Progress>,
     round: u32,
     last: bool,
-    bytes: u64,
+    (bytes, senders): (u64, SenderTime),
     elapsed: Duration,
     dirty_bytes_after: u64,
     estimate: Option<Duration>,
@@ -396,13 +440,15 @@ fn record_round(
             seconds: elapsed.as_secs_f64(),
             dirty_bytes_after,
             estimated_downtime_ms: estimate.map(|d| d.as_secs_f64() * 1000.0),
+            senders,
         })
     });
 }
 
 /// Sends one round of every cell, each on its own stream by its own thread (`mig-c<cell>`,
 /// under this thread's filter and on its PUs, the emulator PUs): all resident non-zero pages
-/// (`dirty` None), else the pages `dirty` marks. Returns the bytes sent.
+/// (`dirty` None), else the pages `dirty` marks. Returns the bytes sent and where the senders'
+/// time went.
 fn send_round(
     source: &Source,
     cells: &mut [(u32, Channel)],
@@ -410,7 +456,7 @@ fn send_round(
     dirty: Option<&[DirtyBitmap]>,
     last: bool,
     total: &AtomicU64,
-) -> Result<u64> {
+) -> Result<(u64, SenderTime)> {
     std::thread::scope(|scope| {
         let mut handles = Vec::new();
         for (cell, ch) in cells.iter_mut() {
@@ -424,11 +470,14 @@ fn send_round(
                 .with_context(|| format!("starting the sender of cell {cell}"))?;
             handles.push(h);
         }
-        let mut sent = 0u64;
+        let (mut sent, mut time) = (0u64, SenderTime::default());
         let mut first_err = None;
         for h in handles {
             match h.join() {
-                Ok(Ok(n)) => sent += n,
+                Ok(Ok((n, t))) => {
+                    sent += n;
+                    time.add(t);
+                }
                 Ok(Err(e)) => {
                     first_err.get_or_insert(e);
                 }
@@ -437,7 +486,7 @@ fn send_round(
                 }
             }
         }
-        first_err.map_or(Ok(sent), Err)
+        first_err.map_or(Ok((sent, time)), Err)
     })
 }
 
@@ -448,15 +497,23 @@ fn send_cell(
     head: Round,
     dirty: Option<&DirtyBitmap>,
     total: &AtomicU64,
-) -> Result<u64> {
+) -> Result<(u64, SenderTime)> {
     let (round, cell) = (head.round, head.cell);
     ch.send(RecordKind::MIG_ROUND, &msg::encode(&head))?;
-    let saved = match dirty {
+    let before = ch.writer().timing();
+    let cell_saved = match dirty {
         Some(map) => vmhost_memory::cells::save_cell_dirty(regions, cell, ch.writer(), map),
         None => vmhost_memory::cells::save_cell(regions, cell, ch.writer(), |_, _| false),
     }
-    .with_context(|| format!("sending cell {cell} (round {round})"))?
-    .bytes;
+    .with_context(|| format!("sending cell {cell} (round {round})"))?;
+    let after = ch.writer().timing();
+    let time = SenderTime {
+        copy: cell_saved.copy_seconds,
+        seal: (after.sealing - before.sealing).as_secs_f64(),
+        write: (after.writing - before.writing).as_secs_f64(),
+        total: cell_saved.seconds,
+    };
+    let saved = cell_saved.bytes;
     total.fetch_add(saved, Ordering::Relaxed);
     let end = RoundEnd {
         round,
@@ -464,5 +521,5 @@ fn send_cell(
         bytes: saved,
     };
     ch.send(RecordKind::MIG_ROUND_END, &msg::encode(&end))?;
-    Ok(saved)
+    Ok((saved, time))
 }

@@ -112,6 +112,13 @@ impl Write for Stream {
         }
     }
 
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        match &*self.0 {
+            Socket::Unix(s) => (&*s).write_vectored(bufs),
+            Socket::Tcp(s) => (&*s).write_vectored(bufs),
+        }
+    }
+
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }

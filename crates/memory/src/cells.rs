@@ -127,6 +127,8 @@ pub struct CellSaved {
     pub skipped: u64,
     /// Seconds taken.
     pub seconds: f64,
+    /// Of those, seconds copying guest memory out (and finding its zero pages).
+    pub copy_seconds: f64,
 }
 
 /// What loading one cell did.
@@ -212,7 +214,9 @@ pub fn save_cell_dirty<W: Write>(
         while at < run.end {
             let n = chunk.min(run.end - at);
             let bytes = &mut buf[..usize::try_from(n).unwrap_or(0)];
+            let copy = Instant::now();
             read_run(&mine, cell, at, bytes)?;
+            saved.copy_seconds += copy.elapsed().as_secs_f64();
             let stats = write_pages(out, &geometry, at, bytes, |_, _| false)
                 .map_err(|source| CellIoError::Pages { cell, source })?;
             saved.pages += stats.pages;
@@ -246,6 +250,7 @@ fn save_cell_with<W: Write>(
         while at < r.len() {
             let n = chunk.min(r.len() - at);
             let base = r.layout.file_offset + at as u64;
+            let copy = Instant::now();
             let resident = resident(r, at, n, page)?;
             for (i, _) in resident.iter().enumerate().filter(|(_, res)| **res) {
                 let dst = &mut buf[i * page..(i + 1) * page];
@@ -258,6 +263,7 @@ fn save_cell_with<W: Write>(
                         source,
                     })?;
             }
+            saved.copy_seconds += copy.elapsed().as_secs_f64();
             let stats = write_pages(out, &geometry, base, &buf[..n], |off, p| {
                 let i = usize::try_from((off - base) / page as u64).unwrap_or(usize::MAX);
                 !resident.get(i).copied().unwrap_or(false) || is_zero_page(p) || skip(off, p)

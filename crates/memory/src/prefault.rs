@@ -284,7 +284,15 @@ fn touch(addr: *mut u8, len: usize, page: usize) {
         // to workers are disjoint; the only other access is the guest's (outside this
         // process's memory model), which the atomic read-modify-write cannot undo.
         let byte = unsafe { AtomicU8::from_ptr(addr.add(off)) };
-        byte.fetch_or(0, Ordering::Relaxed);
+        // A compare-exchange of the value with itself: a locked write that leaves the byte as
+        // it is. Not `fetch_or(0)`: LLVM turns an idempotent read-modify-write into a plain
+        // (fenced) load, which faults nothing in writable — the optimised build touched no page
+        // at all (`every_method_faults_every_page_in`).
+        let mut v = byte.load(Ordering::Relaxed);
+        while let Err(now) = byte.compare_exchange_weak(v, v, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            v = now;
+        }
         off += page;
     }
 }

@@ -256,8 +256,14 @@ const VCPU: &[&[(i64, Rule)]] = &[
 
 const EMULATOR: &[&[(i64, Rule)]] = &[KICK];
 
+/// A snapshot or migration record goes out as one vectored write of its header, payload,
+/// checksum and MAC (`vmhost_persist::container::Writer`).
+const WRITE_RECORDS: &[(i64, Rule)] = &[(SYS_writev, Rule::Any)];
+
 const VMM: &[&[(i64, Rule)]] = &[
     READ_FILES,
+    // A migration target's answer and commit.
+    WRITE_RECORDS,
     &CLOSE,
     CLEAN_UP,
     KICK,
@@ -309,6 +315,7 @@ const SIGNAL: &[&[(i64, Rule)]] = &[&[(SYS_rt_sigtimedwait, Rule::Any)], KICK];
 /// which guest pages are resident (`mincore`), and removes an unfinished snapshot.
 const SNAPSHOT: &[&[(i64, Rule)]] = &[
     READ_FILES,
+    WRITE_RECORDS,
     &CLOSE,
     CLEAN_UP,
     KICK,
@@ -479,6 +486,7 @@ const RECEIVER: &[&[(i64, Rule)]] = &[
 /// pages of guest RAM (`mincore`) and the capture of the VM's irqchip, PIT and clock.
 const MIGRATION: &[&[(i64, Rule)]] = &[
     KICK,
+    WRITE_RECORDS,
     // One sender thread per guest cell and round (`mig-c<cell>`, under this filter).
     SPAWN,
     READ_FILES,

@@ -11,6 +11,7 @@
 pub mod dirwatch;
 pub mod outer_seccomp;
 pub mod pvh;
+pub mod stats;
 
 use std::fs::File;
 use std::os::fd::AsRawFd;

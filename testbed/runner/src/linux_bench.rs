@@ -173,7 +173,7 @@ fn vmhost_phases(mut cmd: Command) -> Result<String, String> {
 }
 
 /// The number right after `key` in `text`.
-fn after(text: &str, key: &str) -> Option<f64> {
+pub fn after(text: &str, key: &str) -> Option<f64> {
     let rest = text.split(key).nth(1)?;
     let end = rest
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))

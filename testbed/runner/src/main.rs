@@ -15,12 +15,14 @@ mod device_bench;
 mod device_tests;
 mod dm_log;
 mod host;
+mod kvm_exits;
 mod ledger_tests;
 mod linux_bench;
 mod linux_tests;
 mod memory_tests;
 mod migration_bench;
 mod migration_tests;
+mod peers_bench;
 mod pod_tests;
 mod snapshot_tests;
 mod static_keys;
@@ -164,6 +166,7 @@ const TWO_NODE: &[Test] = &[
 const BENCH: &[Test] = &[
     ("linux_boot_time_vs_qemu", linux_bench::boot_time_vs_qemu),
     ("virtio_vs_qemu", device_bench::virtio_vs_qemu),
+    ("linux_boot_vs_peers", peers_bench::linux_boot_vs_peers),
     ("migration_vs_qemu", migration_bench::migration_vs_qemu),
 ];
 

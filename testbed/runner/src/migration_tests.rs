@@ -568,6 +568,12 @@ pub(crate) fn check_report(job: &Value) -> Result<(), String> {
         job["downtime_ms"],
         job["seconds"]
     );
+    for r in rounds {
+        println!(
+            "  migration: round {} {} bytes in {} s; senders {}",
+            r["round"], r["bytes"], r["seconds"], r["senders"]
+        );
+    }
     Ok(())
 }
 

@@ -1,0 +1,519 @@
+//! Linux boot to `/init`, vmhost next to Cloud Hypervisor, Firecracker and QEMU in the same
+//! emulated host (benchmark suite, `testbed/run.sh bench --only linux_boot_vs_peers`;
+//! docs/benchmarks.md, "Linux boot beside Cloud Hypervisor and Firecracker").
+//!
+//! - **Guest**: the same vmlinux (PVH entry for every VMM), busybox initramfs and command line
+//!   (`console=ttyS0 loglevel=4`), 2 vCPUs, 256 MiB of 2 MiB hugepages: vmhost's spec, Cloud
+//!   Hypervisor's `--memory size=256M,hugepages=on`, Firecracker's `huge_pages: "2M"`, QEMU's
+//!   `-mem-path /dev/hugepages`. The guest's `/init` prints `GUEST-INIT`, then powers off;
+//!   Firecracker has no ACPI power-off, so its guest reboots with `reboot=k` (the i8042 reset
+//!   it exits on).
+//! - **Time**: spawn → the first `GUEST-INIT` line on the VMM's stdout (its serial console),
+//!   read by the runner as it arrives: the same for every VMM (Firecracker has no port-0x80
+//!   timestamp). vmhost with its default `--prefault before-start` and with `--prefault
+//!   background`.
+//! - **Peak RSS beyond guest RAM**: `VmHWM` of the process that runs the vCPUs (vmhost's VMM,
+//!   the child of its cgroup supervisor; the peers' only process), polled every 20 ms while it
+//!   runs. Guest RAM is on hugetlb pages, which `VmHWM` does not count, so it is the VMM's
+//!   own peak: heap, stacks, and the mapped pages of its binary and shared libraries.
+//! - **VM exits per boot per exit reason**: the host kernel's `kvm_exit` tracepoint
+//!   ([`crate::kvm_exits`]), spawn → VMM exit (the guest's `GUEST` lines and power-off
+//!   included), in every run.
+//! - **Method**: every round runs every VMM once, the order rotated by one each round;
+//!   `VMHOST_BENCH_ROUNDS` rounds (default and at least 11). Per VMM the median; per pair the
+//!   median of the per-round ratios vmhost / peer with a 95 % bootstrap interval
+//!   (`vmhost_testsupport::stats`, shared with `benches/peers.rs`). A target is met only when
+//!   the whole interval is on its side; an interval that straddles it is inconclusive.
+//!
+//! The peers are the bundles `testbed/build-guest.sh` makes from `VMHOST_BENCH_CH` and
+//! `VMHOST_BENCH_FC` (binary, shared libraries, loader); a missing one is reported in one line
+//! saying how to get it, and the rest run.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use vmhost_testsupport::stats::{bootstrap_ci, median, verdict, RESAMPLES};
+
+use crate::host;
+use crate::kvm_exits::ExitCounter;
+use crate::linux_tests::{assets, linux_spec, Assets, CMDLINE};
+use crate::vm::Env;
+use crate::{ensure, Outcome};
+
+/// Rounds unless `VMHOST_BENCH_ROUNDS` says more (fewer only for development: the figures in
+/// docs/benchmarks.md come from at least 11).
+const ROUNDS: usize = 11;
+/// The longest a VMM may take from the spawn to the guest's `/init`.
+const TO_INIT_LIMIT: Duration = Duration::from_secs(120);
+/// How long after `/init` a VMM may take to exit when its guest powers off (or reboots).
+const EXIT_LIMIT: Duration = Duration::from_secs(60);
+/// The issue's targets (reported, never asserted): boot at most 1.0x each peer's and 0.8x
+/// QEMU's; peak RSS beyond guest RAM at most 3.5 MiB and at most each peer's.
+const BOOT_TARGET_PEER: f64 = 1.0;
+const BOOT_TARGET_QEMU: f64 = 0.8;
+const RSS_TARGET_MIB: f64 = 3.5;
+/// How to get each peer, for the line printed when its bundle is missing.
+const HOW_TO_GET: [(&str, &str, &str); 2] = [
+    (
+        "ch",
+        "VMHOST_BENCH_CH",
+        "build Cloud Hypervisor from its own source with `cargo build --release --bin \
+         cloud-hypervisor` and set VMHOST_BENCH_CH to the binary",
+    ),
+    (
+        "fc",
+        "VMHOST_BENCH_FC",
+        "build Firecracker from its own source with `cargo build --release --bin firecracker` \
+         and set VMHOST_BENCH_FC to the binary",
+    ),
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Vmm {
+    Vmhost,
+    VmhostBackground,
+    CloudHypervisor,
+    Firecracker,
+    Qemu,
+}
+
+impl Vmm {
+    fn label(self) -> &'static str {
+        match self {
+            Vmm::Vmhost => "vmhost",
+            Vmm::VmhostBackground => "vmhost --prefault background",
+            Vmm::CloudHypervisor => "Cloud Hypervisor",
+            Vmm::Firecracker => "Firecracker",
+            Vmm::Qemu => "QEMU",
+        }
+    }
+}
+
+/// What every run needs: the guest's assets, vmhost's spec, the peers' bundles.
+struct Setup {
+    a: Assets,
+    run_dir: PathBuf,
+    work: PathBuf,
+    spec: PathBuf,
+    fc_config: PathBuf,
+    peers: BTreeMap<&'static str, PathBuf>,
+}
+
+/// One VMM's run.
+struct Run {
+    /// Seconds from the spawn to `GUEST-INIT`.
+    to_init: f64,
+    /// The guest kernel's own uptime on the `GUEST-INIT` line, seconds.
+    uptime: f64,
+    /// `VmHWM` of the VMM process, MiB.
+    hwm_mib: f64,
+    /// `VmHWM` of the process spawned, when the VMM is its child (vmhost's supervisor), MiB.
+    parent_hwm_mib: Option<f64>,
+    exits: BTreeMap<String, u64>,
+}
+
+/// A bundled binary (`testbed/build-guest.sh`): run through the bundle's own loader with its
+/// own libraries.
+pub fn bundled(dir: &Path, binary: &str) -> Command {
+    let mut c = Command::new(dir.join("lib/ld-linux-x86-64.so.2"));
+    c.arg("--library-path")
+        .arg(dir.join("lib"))
+        .arg(dir.join(binary));
+    c
+}
+
+fn command(s: &Setup, v: Vmm) -> Command {
+    let cmdline = format!("{CMDLINE} vmhost.action=poweroff");
+    match v {
+        Vmm::Vmhost | Vmm::VmhostBackground => {
+            let mut c = Command::new(&s.a.vmhost_release);
+            let prefault = if v == Vmm::Vmhost {
+                "before-start"
+            } else {
+                "background"
+            };
+            c.arg("--run-dir")
+                .arg(&s.run_dir)
+                .args(["--prefault", prefault, "--config"])
+                .arg(&s.spec);
+            c
+        }
+        Vmm::CloudHypervisor => {
+            let mut c = bundled(&s.peers["ch"], "ch");
+            c.arg("--kernel")
+                .arg(&s.a.vmlinux)
+                .arg("--initramfs")
+                .arg(&s.a.initrd)
+                .arg("--cmdline")
+                .arg(cmdline)
+                .args(["--cpus", "boot=2"])
+                .args(["--memory", "size=256M,hugepages=on,hugepage_size=2M"])
+                .args(["--serial", "tty", "--console", "off"]);
+            c
+        }
+        Vmm::Firecracker => {
+            let mut c = bundled(&s.peers["fc"], "fc");
+            c.args(["--no-api", "--level", "Error", "--config-file"])
+                .arg(&s.fc_config);
+            c
+        }
+        Vmm::Qemu => {
+            let mut c = crate::linux_bench::qemu_command(&s.a, &s.a.initrd, "poweroff");
+            c.args(["-mem-path", "/dev/hugepages"]);
+            c
+        }
+    }
+}
+
+/// Firecracker's configuration: the same kernel, initramfs, command line (with `reboot=k`
+/// and `vmhost.action=reboot`: its way out), vCPUs and hugepage memory.
+fn fc_config(a: &Assets) -> serde_json::Value {
+    serde_json::json!({
+        "boot-source": {
+            "kernel_image_path": a.vmlinux,
+            "initrd_path": a.initrd,
+            "boot_args": format!("{CMDLINE} vmhost.action=reboot reboot=k"),
+        },
+        "drives": [],
+        "machine-config": { "vcpu_count": 2, "mem_size_mib": 256, "huge_pages": "2M" },
+    })
+}
+
+/// A `kB` field of `/proc/<pid>/status`, in MiB.
+fn status_mib(pid: u32, field: &str) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// The first child of `pid`, if it has one (vmhost's VMM under its cgroup supervisor).
+fn first_child(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The peaks seen so far: (the VMM process's, the spawned process's when they differ).
+#[derive(Default)]
+struct Peaks {
+    vmm: f64,
+    parent: Option<f64>,
+}
+
+impl Peaks {
+    fn poll(&mut self, pid: u32) {
+        let child = first_child(pid);
+        let vmm = child.unwrap_or(pid);
+        if let Some(m) = status_mib(vmm, "VmHWM:") {
+            self.vmm = self.vmm.max(m);
+        }
+        if child.is_some() {
+            if let Some(m) = status_mib(pid, "VmHWM:") {
+                self.parent = Some(self.parent.unwrap_or(0.0).max(m));
+            }
+        }
+    }
+}
+
+/// Kills and reaps `child`, logging what its threads were doing.
+fn stop(child: &mut Child, what: &str) {
+    println!("     {what} hung: {}", host::thread_states(child.id()));
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Runs one VMM: times its guest to `GUEST-INIT`, follows its peak RSS, waits for it to exit
+/// and reads the exits it caused.
+fn boot(s: &Setup, v: Vmm, exits: &ExitCounter) -> Result<Run, String> {
+    let what = v.label();
+    let err_path = s.work.join("peer-bench.err");
+    let err = std::fs::File::create(&err_path).map_err(|e| format!("create stderr: {e}"))?;
+    let mut cmd = command(s, v);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(err);
+    exits.clear()?;
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| format!("spawn {what}: {e}"))?;
+    let pid = child.id();
+    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut tail = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("GUEST-INIT") {
+                let uptime = crate::linux_bench::after(&line, "GUEST-INIT uptime=");
+                let _ = tx.send((t0.elapsed().as_secs_f64(), uptime));
+            }
+            tail.push(line);
+            if tail.len() > 12 {
+                tail.remove(0);
+            }
+        }
+        tail
+    });
+    let mut peaks = Peaks::default();
+    let mut to_init = None;
+    let status = loop {
+        peaks.poll(pid);
+        if to_init.is_none() {
+            to_init = rx.try_recv().ok();
+        }
+        let limit = to_init.map_or(TO_INIT_LIMIT, |(t, _)| {
+            Duration::from_secs_f64(t) + EXIT_LIMIT
+        });
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) if t0.elapsed() > limit => break None,
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("wait {what}: {e}")),
+        }
+    };
+    if status.is_none() {
+        stop(&mut child, what);
+    }
+    let counts = exits.read()?;
+    let tail = reader.join().unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let (to_init, uptime) = to_init.or_else(|| rx.try_recv().ok()).ok_or_else(|| {
+        format!("{what}: no GUEST-INIT (exit {status:?}); last lines {tail:?}; stderr {stderr}")
+    })?;
+    let uptime = uptime.ok_or_else(|| format!("{what}: no uptime on the GUEST-INIT line"))?;
+    ensure!(
+        status.is_some_and(|st| st.success()),
+        "{what}: exit {status:?} after the guest's /init; last lines {tail:?}; stderr {stderr}"
+    );
+    Ok(Run {
+        to_init,
+        uptime,
+        hwm_mib: peaks.vmm,
+        parent_hwm_mib: peaks.parent,
+        exits: counts,
+    })
+}
+
+/// The peers' bundles that are there; one line for each that is not.
+pub fn peer_bundles(a: &Assets) -> BTreeMap<&'static str, PathBuf> {
+    let dir = a.vmlinux.with_file_name("peers");
+    let mut found = BTreeMap::new();
+    for (name, var, how) in HOW_TO_GET {
+        let d = dir.join(name);
+        if d.join(name).exists() {
+            found.insert(name, d);
+        } else {
+            println!(
+                "     {var} unset: its peer is left out ({how}; docs/benchmarks.md, \"How to \
+                 get the peers\")"
+            );
+        }
+    }
+    found
+}
+
+fn setup(env: &Env) -> Result<Setup, String> {
+    let a = assets(env)?;
+    for p in [&a.qemu, &a.vmhost_release] {
+        ensure!(
+            p.exists(),
+            "benchmark asset {} missing (testbed/run.sh bench copies it)",
+            p.display()
+        );
+    }
+    let spec = env.spec(
+        "peerboot",
+        &linux_spec(
+            "peerboot",
+            (1, 2),
+            "",
+            "256Mi",
+            &a.vmlinux,
+            &a.initrd,
+            "poweroff",
+        ),
+    )?;
+    let fc_path = env.work.join("peerboot-fc.json");
+    std::fs::write(&fc_path, fc_config(&a).to_string())
+        .map_err(|e| format!("write {}: {e}", fc_path.display()))?;
+    Ok(Setup {
+        peers: peer_bundles(&a),
+        run_dir: env.run_dir.clone(),
+        work: env.work.clone(),
+        spec,
+        fc_config: fc_path,
+        a,
+    })
+}
+
+/// The rounds asked for: `VMHOST_BENCH_ROUNDS`, else [`ROUNDS`].
+pub fn rounds() -> usize {
+    std::env::var("VMHOST_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|&r| r > 0)
+        .unwrap_or(ROUNDS)
+}
+
+/// Boots vmhost, vmhost with background prefault, Cloud Hypervisor, Firecracker and QEMU in
+/// rotated order, `rounds()` times, and prints the figures, their intervals and the exits.
+pub fn linux_boot_vs_peers(env: &Env) -> Outcome {
+    let s = setup(env)?;
+    host::set_2m_pools(&[160, 0])?;
+    let mut vmms = vec![Vmm::Vmhost, Vmm::VmhostBackground];
+    if s.peers.contains_key("ch") {
+        vmms.push(Vmm::CloudHypervisor);
+    }
+    if s.peers.contains_key("fc") {
+        vmms.push(Vmm::Firecracker);
+    }
+    vmms.push(Vmm::Qemu);
+    let exits = ExitCounter::attach()?;
+    let rounds = rounds();
+    let n = vmms.len();
+    let mut runs: Vec<Vec<Run>> = (0..n).map(|_| Vec::new()).collect();
+    for r in 0..rounds {
+        for k in 0..n {
+            let i = (r + k) % n;
+            runs[i].push(boot(&s, vmms[i], &exits)?);
+        }
+    }
+    drop(exits);
+    report(&vmms, &runs, rounds);
+    Ok(())
+}
+
+/// Prints the per-VMM medians, the ratios with their intervals and verdicts, and the exits.
+fn report(vmms: &[Vmm], runs: &[Vec<Run>], rounds: usize) {
+    println!(
+        "     {rounds} rounds, order rotated every round; 2 vCPUs, 256 MiB of 2 MiB hugepages; \
+         spawn -> GUEST-INIT on the serial console; 95 % bootstrap CI ({RESAMPLES} resamples) \
+         of the median of per-round ratios"
+    );
+    for (v, r) in vmms.iter().zip(runs) {
+        let t: Vec<f64> = r.iter().map(|x| x.to_init).collect();
+        let up: Vec<f64> = r.iter().map(|x| x.uptime).collect();
+        let m: Vec<f64> = r.iter().map(|x| x.hwm_mib).collect();
+        let parent: Vec<f64> = r.iter().filter_map(|x| x.parent_hwm_mib).collect();
+        let sup = if parent.is_empty() {
+            String::new()
+        } else {
+            format!(" (its supervisor process: {:.2} MiB)", median(&parent))
+        };
+        println!(
+            "     {:<28} to /init {:>6.2} s {t:.2?}; guest uptime at /init {:.2} s; peak RSS \
+             beyond guest RAM (VmHWM) {:.2} MiB {m:.2?}{sup}",
+            v.label(),
+            median(&t),
+            median(&up),
+            median(&m),
+        );
+    }
+    let at = |v: Vmm| vmms.iter().position(|x| *x == v);
+    for ours in [Vmm::Vmhost, Vmm::VmhostBackground] {
+        for peer in [Vmm::CloudHypervisor, Vmm::Firecracker, Vmm::Qemu] {
+            let (Some(a), Some(b)) = (at(ours), at(peer)) else {
+                continue;
+            };
+            let target = if peer == Vmm::Qemu {
+                BOOT_TARGET_QEMU
+            } else {
+                BOOT_TARGET_PEER
+            };
+            ratio_line(
+                &format!("boot {} / {}", ours.label(), peer.label()),
+                &runs[a],
+                &runs[b],
+                |r| r.to_init,
+                target,
+            );
+        }
+    }
+    rss_lines(vmms, runs);
+    exit_lines(vmms, runs);
+}
+
+/// One ratio: the median of the per-round ratios `f(ours) / f(peer)`, its interval and its
+/// verdict against `target` (at or below).
+fn ratio_line(what: &str, ours: &[Run], peer: &[Run], f: impl Fn(&Run) -> f64, target: f64) {
+    let ratios: Vec<f64> = ours.iter().zip(peer).map(|(a, b)| f(a) / f(b)).collect();
+    let ci = bootstrap_ci(&ratios);
+    println!(
+        "     {what:<52} {:.3} [{:.3}, {:.3}]  target <= {target}: {}",
+        median(&ratios),
+        ci.0,
+        ci.1,
+        verdict(ci, target)
+    );
+}
+
+/// vmhost's peak RSS against 3.5 MiB and against each peer's (per-round ratios).
+fn rss_lines(vmms: &[Vmm], runs: &[Vec<Run>]) {
+    let Some(ours) = vmms.iter().position(|v| *v == Vmm::Vmhost) else {
+        return;
+    };
+    let m: Vec<f64> = runs[ours].iter().map(|r| r.hwm_mib).collect();
+    let ci = bootstrap_ci(&m);
+    println!(
+        "     {:<52} {:.2} MiB [{:.2}, {:.2}]  target <= {RSS_TARGET_MIB} MiB: {}",
+        "peak RSS beyond guest RAM, vmhost",
+        median(&m),
+        ci.0,
+        ci.1,
+        verdict(ci, RSS_TARGET_MIB)
+    );
+    for (i, peer) in vmms.iter().enumerate() {
+        if matches!(peer, Vmm::CloudHypervisor | Vmm::Firecracker | Vmm::Qemu) {
+            ratio_line(
+                &format!("peak RSS vmhost / {}", peer.label()),
+                &runs[ours],
+                &runs[i],
+                |r| r.hwm_mib,
+                1.0,
+            );
+        }
+    }
+}
+
+/// Per VMM the median count of each exit reason over the rounds, and of their total.
+fn exit_lines(vmms: &[Vmm], runs: &[Vec<Run>]) {
+    println!("     VM exits per boot (kvm_exit, spawn -> VMM exit; median of the rounds):");
+    for (v, r) in vmms.iter().zip(runs) {
+        let mut reasons: Vec<&String> = r.iter().flat_map(|x| x.exits.keys()).collect();
+        reasons.sort();
+        reasons.dedup();
+        let total: Vec<f64> = r
+            .iter()
+            .map(|x| x.exits.values().sum::<u64>() as f64)
+            .collect();
+        let mut per: Vec<(f64, &String)> = reasons
+            .into_iter()
+            .map(|reason| {
+                let c: Vec<f64> = r
+                    .iter()
+                    .map(|x| x.exits.get(reason).copied().unwrap_or(0) as f64)
+                    .collect();
+                (median(&c), reason)
+            })
+            .filter(|(c, _)| *c > 0.0)
+            .collect();
+        per.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let list: Vec<String> = per.iter().map(|(c, n)| format!("{n} {c:.0}")).collect();
+        println!(
+            "     {:<28} total {:.0}: {}",
+            v.label(),
+            median(&total),
+            list.join(", ")
+        );
+    }
+}
