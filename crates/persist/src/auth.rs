@@ -19,8 +19,8 @@
 //!
 //! Each direction then gets its own key, `HMAC-SHA256(key, "vmhost-persist-1 key " | direction
 //! label | source nonce | target nonce)`, and every header and record on the stream carries a
-//! tag `MAC(direction key, direction label | sequence number u64 | bytes)` (see
-//! [`crate::container`]): BLAKE3's keyed mode from container format 2, HMAC-SHA256 in format 1. A changed, injected, replayed, reordered or dropped record fails its
+//! tag `HMAC-SHA256(direction key, direction label | sequence number u64 | bytes)` (see
+//! [`crate::container`]). A changed, injected, replayed, reordered or dropped record fails its
 //! tag; a cut stream lacks the authenticated end record.
 //!
 //! The handshake does no I/O timing of its own: set read and write timeouts on the socket.
@@ -262,41 +262,26 @@ impl std::fmt::Debug for RecordMac {
 }
 
 impl RecordMac {
-    /// The tag of the next header or record under container format `version`: version 1
-    /// HMAC-SHA256, version 2 BLAKE3 in its keyed mode (a MAC; about twice the pace of software
-    /// SHA-256, which is all an emulated host without SHA extensions has), both keyed with the
-    /// direction key over the direction label, the sequence number and `parts`.
-    fn tag(&self, version: u32, parts: &[&[u8]]) -> [u8; TAG_LEN] {
-        let seq = self.seq.to_le_bytes();
-        if version < 2 {
-            let mut mac = keyed(&self.key, &[self.label, &seq]);
-            parts.iter().for_each(|p| mac.update(p));
-            return mac.finalize().into_bytes().into();
-        }
-        let mut mac = blake3::Hasher::new_keyed(&self.key);
-        mac.update(self.label);
-        mac.update(&seq);
-        parts.iter().for_each(|p| {
+    fn tag(&self, parts: &[&[u8]]) -> HmacSha256 {
+        let mut mac = keyed(&self.key, &[self.label, &self.seq.to_le_bytes()]);
+        for p in parts {
             mac.update(p);
-        });
-        *mac.finalize().as_bytes()
+        }
+        mac
     }
 
-    /// The tag of the next header or record (the concatenation of `parts`) of a container of
-    /// format `version`; advances the sequence number.
-    pub(crate) fn sign(&mut self, version: u32, parts: &[&[u8]]) -> [u8; TAG_LEN] {
-        let tag = self.tag(version, parts);
+    /// The tag of the next header or record (the concatenation of `parts`); advances the
+    /// sequence number.
+    pub(crate) fn sign(&mut self, parts: &[&[u8]]) -> [u8; TAG_LEN] {
+        let tag = self.tag(parts).finalize().into_bytes().into();
         self.seq += 1;
         tag
     }
 
     /// Checks `tag` against the next header or record in constant time; advances the sequence
     /// number when it matches.
-    pub(crate) fn verify(&mut self, version: u32, parts: &[&[u8]], tag: &[u8]) -> bool {
-        let mine = self.tag(version, parts);
-        // Constant time: every byte is compared whatever the first difference.
-        let ok = tag.len() == TAG_LEN
-            && mine.iter().zip(tag).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+    pub(crate) fn verify(&mut self, parts: &[&[u8]], tag: &[u8]) -> bool {
+        let ok = self.tag(parts).verify_slice(tag).is_ok();
         if ok {
             self.seq += 1;
         }

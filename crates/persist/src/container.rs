@@ -15,13 +15,11 @@
 //! other flag bits must be zero.
 //!
 //! On an authenticated stream ([`crate::auth`]) the header and every record (the end record
-//! too) are followed by a 32-byte tag (BLAKE3 keyed from version 2, HMAC-SHA256 in version 1)
-//! over the direction label, a sequence number
+//! too) are followed by a 32-byte HMAC-SHA256 tag over the direction label, a sequence number
 //! (0 for the header, then 1, 2, …) and the exact bytes of the header or record; see
 //! [`RecordMac`]. From version 2 an authenticated stream's records carry no CRC-64 (the field
 //! is 0 and not checked): the MAC already covers every byte, and the CRC was most of the
-//! sender's time in an emulated host without SHA extensions; and the MAC is BLAKE3's keyed
-//! mode, not HMAC-SHA256. Snapshot files (not
+//! sender's time in an emulated host without SHA extensions. Snapshot files (not
 //! authenticated) keep it, and a version-1 stream's CRCs are still checked.
 //!
 //! A reader accepts its own format version and the one before it ([`FORMAT_VERSION`]).
@@ -397,7 +395,7 @@ impl<W: Write> Writer<W> {
         };
         w.put(&header)?;
         if let Some(mac) = &mut w.mac {
-            let tag = mac.sign(version, &[&header]);
+            let tag = mac.sign(&[&header]);
             w.put(&tag)?;
         }
         Ok(w)
@@ -494,11 +492,7 @@ impl<W: Write> Writer<W> {
             crc.update(payload);
             crc.finalize().to_le_bytes()
         };
-        let version = self.version;
-        let tag = self
-            .mac
-            .as_mut()
-            .map(|m| m.sign(version, &[&head, payload, &sum]));
+        let tag = self.mac.as_mut().map(|m| m.sign(&[&head, payload, &sum]));
         let writing = Instant::now();
         let mut parts = [
             IoSlice::new(&head),
@@ -642,10 +636,8 @@ impl<R: Read> Reader<R> {
         if found != computed {
             return Err(ContainerError::HeaderChecksum { found, computed });
         }
-        // The header's own version says which MAC its tag is (a forged version 1 only gets the
-        // older MAC, keyed the same).
+        self.check_tag(0, "the header".to_string(), &[&fixed, &rest])?;
         let version = u32::from_le_bytes([fixed[8], fixed[9], fixed[10], fixed[11]]);
-        self.check_tag(0, version, "the header".to_string(), &[&fixed, &rest])?;
         check_version(version, FORMAT_VERSION)?;
         let vmhost_version = String::from_utf8(text.to_vec())
             .map_err(|_| ContainerError::BadVersionString { len })?;
@@ -659,7 +651,6 @@ impl<R: Read> Reader<R> {
     fn check_tag(
         &mut self,
         start: u64,
-        version: u32,
         what: String,
         parts: &[&[u8]],
     ) -> Result<(), ContainerError> {
@@ -669,7 +660,7 @@ impl<R: Read> Reader<R> {
         let mut tag = [0u8; crate::auth::TAG_LEN];
         let read = self.take(&mut tag, &|| format!("the tag of {what}"));
         let seq = mac.seq();
-        let ok = read.is_ok() && mac.verify(version, parts, &tag);
+        let ok = read.is_ok() && mac.verify(parts, &tag);
         self.mac = Some(mac);
         read?;
         if !ok {
@@ -710,13 +701,7 @@ impl<R: Read> Reader<R> {
         self.take(&mut payload, &what)?;
         let mut sum = [0u8; 8];
         self.take(&mut sum, &what)?;
-        let version = self.header.version;
-        self.check_tag(
-            start,
-            version,
-            format!("{kind} record"),
-            &[&head, &payload, &sum],
-        )?;
+        self.check_tag(start, format!("{kind} record"), &[&head, &payload, &sum])?;
         // The MAC just checked every byte of a version-2 authenticated record.
         let crc_checked = self.mac.is_none() || self.header.version < 2;
         let computed = if crc_checked {
