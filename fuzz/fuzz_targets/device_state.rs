@@ -52,7 +52,11 @@ fn address(b: &[u8]) -> u64 {
 
 fn queue(b: &[u8], max_size: u16) -> QueueState {
     QueueState {
-        max_size: if b[1] & 0x40 != 0 { u16::from(b[0]) } else { max_size },
+        max_size: if b[1] & 0x40 != 0 {
+            u16::from(b[0])
+        } else {
+            max_size
+        },
         size: if b[1] & 0x80 != 0 {
             u16::from(b[0])
         } else {
@@ -109,7 +113,11 @@ fn check(state: &TransportState, image: &[u8]) {
         Err(_) => {
             let mut status = [0u8; 4];
             t.read(u64::from(VIRTIO_MMIO_STATUS), &mut status);
-            assert_eq!(u32::from_le_bytes(status), 0, "a refused state changed the status");
+            assert_eq!(
+                u32::from_le_bytes(status),
+                0,
+                "a refused state changed the status"
+            );
         }
     }
 }

@@ -25,13 +25,13 @@ use libfuzzer_sys::fuzz_target;
 use virtio_bindings::virtio_config::{VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_mmio::*;
 use vm_memory::{FileOffset, GuestAddress};
-use vmhost_memory::GuestMemoryMmap;
 use vmhost_devices::bus::{MmioBus, SharedTransport};
 use vmhost_devices::mmio::DRIVER_INIT_SEQUENCE;
 use vmhost_devices::{
     Block, BlockConfig, CacheMode, Interrupt, MmioTransport, Net, Rng, VirtioDevice, Vsock,
     MMIO_MAGIC, MMIO_VERSION, MMIO_WINDOW_SIZE,
 };
+use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::devices::{VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 

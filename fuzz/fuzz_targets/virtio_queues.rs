@@ -17,12 +17,12 @@ use libfuzzer_sys::fuzz_target;
 use virtio_bindings::virtio_config::{VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_mmio::*;
 use vm_memory::{Bytes, GuestAddress};
-use vmhost_memory::GuestMemoryMmap;
 use vmhost_devices::mmio::DRIVER_INIT_SEQUENCE;
 use vmhost_devices::{
     Block, BlockConfig, CacheMode, Interrupt, MmioTransport, Net, Rng, VirtioDevice, Vsock,
     MMIO_WINDOW_SIZE,
 };
+use vmhost_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Guest RAM: 64 KiB, so that guest-chosen addresses land both inside and outside it.
@@ -98,7 +98,11 @@ fn start(dev: &mut MmioTransport, queues: usize, size: u32, declined: u32) {
         } else {
             (0, declined)
         };
-        write(dev, VIRTIO_MMIO_DRIVER_FEATURES, (offered & !declined) | version);
+        write(
+            dev,
+            VIRTIO_MMIO_DRIVER_FEATURES,
+            (offered & !declined) | version,
+        );
     }
     write(dev, VIRTIO_MMIO_STATUS, DRIVER_INIT_SEQUENCE[2]);
     for q in 0..queues {
