@@ -50,7 +50,6 @@ pub struct Incoming {
     key: AuthKey,
     hello: Hello,
     identity: GuestIdentity,
-    tsc: Option<TscKept>,
     /// This host's KVM as probed at the hello.
     caps: TargetCaps,
     started: Instant,
@@ -89,7 +88,7 @@ pub fn accept(
         }
     };
     match read_hello(&mut channel, args.same_distances) {
-        Ok((spec, source, hello, identity, tsc, caps)) => Ok((
+        Ok((spec, source, hello, identity, caps)) => Ok((
             spec,
             source,
             Incoming {
@@ -98,7 +97,6 @@ pub fn accept(
                 key,
                 hello,
                 identity,
-                tsc,
                 caps,
                 started: Instant::now(),
                 rounds: Vec::new(),
@@ -121,7 +119,6 @@ fn read_hello(
     SpecSource,
     Hello,
     GuestIdentity,
-    Option<TscKept>,
     TargetCaps,
 )> {
     let rec = channel
@@ -147,7 +144,7 @@ fn read_hello(
     // This host's KVM, probed once (a throwaway VM): the TSC rule now, the vCPUs' CPUID when
     // the state arrives, without a probe VM while the guest is paused.
     let caps = TargetCaps::of_this_host().context("probing this host's KVM")?;
-    let tsc = check_tsc(hello.tsc_khz, &caps)?;
+    check_tsc(hello.tsc_khz, &caps)?;
     let source: SpecSource = serde_json::from_value(hello.spec.clone())
         .map_err(|e| invalid(format!("the source's spec record is not valid: {e}")))?;
     let spec = source
@@ -156,7 +153,7 @@ fn read_hello(
     let identity = serde_json::from_value(hello.identity.clone())
         .map_err(|e| invalid(format!("the source's guest identity is not valid: {e}")))?;
     hello.same_distances |= same_distances;
-    Ok((spec, source, hello, identity, tsc, caps))
+    Ok((spec, source, hello, identity, caps))
 }
 
 /// The guest's TSC on the target.
@@ -170,22 +167,36 @@ pub struct TscKept {
     pub how: String,
 }
 
-/// Whether this host can run the guest's TSC rate (0: a source that did not say; the state
-/// check decides when it arrives): KVM scales it where it can, takes it within its tolerance
-/// otherwise, and anything further is refused here, before any memory moves.
-fn check_tsc(guest_khz: u32, caps: &TargetCaps) -> Result<Option<TscKept>> {
+/// How this host keeps a guest TSC rate of `guest_khz` (`None`: a source that did not say),
+/// or why it cannot ([`vmhost_vcpu::persist::tsc_match`]).
+fn tsc_kept(
+    guest_khz: u32,
+    caps: &TargetCaps,
+) -> Result<Option<TscKept>, vmhost_vcpu::persist::CompatError> {
     if guest_khz == 0 {
         return Ok(None);
     }
-    let how = vmhost_vcpu::persist::tsc_match(guest_khz, caps).map_err(invalid)?;
-    if how != vmhost_vcpu::persist::TscMatch::Same {
-        eprintln!("vmhost: receive: the guest's TSC runs at {guest_khz} kHz, this host's at {} kHz: {how}", caps.tsc_khz);
-    }
+    let how = vmhost_vcpu::persist::tsc_match(guest_khz, caps)?;
     Ok(Some(TscKept {
         guest_khz,
         host_khz: caps.tsc_khz,
         how: how.to_string(),
     }))
+}
+
+/// Whether this host can run the guest's TSC rate (0: a source that did not say; the state
+/// check decides when it arrives): KVM scales it where it can, takes it within its tolerance
+/// otherwise, and anything further is refused here, before any memory moves.
+fn check_tsc(guest_khz: u32, caps: &TargetCaps) -> Result<()> {
+    if let Some(t) = tsc_kept(guest_khz, caps).map_err(invalid)? {
+        if t.guest_khz != t.host_khz {
+            eprintln!(
+                "vmhost: receive: the guest's TSC runs at {} kHz, this host's at {} kHz: {}",
+                t.guest_khz, t.host_khz, t.how
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Answers the source: accepted with the target's plan, or refused with the reason.
@@ -286,6 +297,8 @@ impl Incoming {
         admission
             .hand_over()
             .context("taking over the VM's ledger entry")?;
+        // Checked at the hello: the same answer now.
+        let tsc = tsc_kept(self.hello.tsc_khz, &self.caps).ok().flatten();
         let report = super::report::TargetReport {
             source_plan: &self.hello.source_plan,
             target_plan: plan,
@@ -293,7 +306,7 @@ impl Incoming {
             bytes_received,
             seconds: self.started.elapsed().as_secs_f64(),
             audit,
-            tsc: self.tsc.as_ref(),
+            tsc: tsc.as_ref(),
         };
         eprint!("{}", report.render(json));
         Ok(())
