@@ -44,6 +44,8 @@ wait
 status=0
 for t in "${targets[@]}"; do
     if [[ "$(cat "$scratch/$t.rc" 2>/dev/null)" != 0 ]]; then
+        # The panic message first: the tail alone is the backtrace and cargo-fuzz's footer.
+        grep -m 1 -A 3 'panicked at' "$scratch/$t.log" || true
         tail -n 60 "$scratch/$t.log"
         echo "fuzz: $t FAILED; the input is in fuzz/artifacts/$t/" >&2
         status=1

@@ -1,12 +1,13 @@
 //! The control API end to end (`vmhost_api::fuzz_serve_connection`, feature `fuzzing`): the
 //! server's per-connection code reads any bytes a local client sends on a real Unix socket,
-//! routes the request to a VM whose pause, resume and shutdown succeed, conflict or fail as
-//! the input's first byte says, and answers. Invariants: exactly one well-formed HTTP/1.1
+//! routes the request to a VM whose pause, resume, shutdown and job starts (snapshot, migrate)
+//! succeed, conflict or fail as the input's first byte says, and answers. Invariants: exactly one well-formed HTTP/1.1
 //! response and nothing after it (none for an empty connection; a `100 Continue` before it
 //! only when the client asked for one), a status the API documents
 //! with its reason phrase, a JSON body of the announced length; errors are `{"error": text}`,
-//! 405 names the allowed method; the VM is called at most once, and exactly when the status
-//! is 200, 409 or 500, and a 200 carries what it returned.
+//! 405 names the allowed methods (`GET, PUT` on the job routes); the VM is called at most once,
+//! and exactly when the status is 200, 202, 409 or 500; a 200 or 202 carries what it returned,
+//! and 202 answers exactly the job starts.
 //!
 //! Input: `[VM behaviour, bytes the client sends...]`.
 #![no_main]
@@ -15,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
-use vmhost_api::{ControlError, VmControl};
+use vmhost_api::{ControlError, MigrateRequest, SnapshotRequest, VmControl};
 
 /// A VM that records its calls; `mode` picks how its actions end.
 struct Vm {
@@ -62,10 +63,26 @@ impl VmControl for Vm {
     fn shutdown(&self) -> Result<Value, ControlError> {
         self.act("shutdown")
     }
+    fn start_snapshot(&self, _: SnapshotRequest) -> Result<Value, ControlError> {
+        self.act("start_snapshot")
+    }
+    fn snapshot_job(&self) -> Value {
+        self.answer("snapshot_job")
+    }
+    fn start_migration(&self, _: MigrateRequest) -> Result<Value, ControlError> {
+        self.act("start_migration")
+    }
+    fn migration_job(&self) -> Value {
+        self.answer("migration_job")
+    }
 }
+
+/// The routes that start a long job (answered with 202, not 200).
+const JOB_STARTS: &[&str] = &["start_snapshot", "start_migration"];
 
 const STATUSES: &[(u16, &str)] = &[
     (200, "OK"),
+    (202, "Accepted"),
     (400, "Bad Request"),
     (404, "Not Found"),
     (405, "Method Not Allowed"),
@@ -154,14 +171,21 @@ fuzz_target!(|data: &[u8]| {
     let (status, body, h) = parse_answer(wire, &mut headers);
     let value: Value = serde_json::from_slice(body).expect("a JSON body");
     match status {
-        200 => assert_eq!(Some(&value), calls.first(), "a 200 not from the VM"),
+        200 | 202 => {
+            assert_eq!(Some(&value), calls.first(), "a {status} not from the VM");
+            let started = JOB_STARTS.contains(&value["route"].as_str().unwrap_or(""));
+            assert_eq!(status == 202, started, "status {status} for {value}");
+        }
         _ => assert!(value["error"].is_string(), "error body {value}"),
     }
     if status == 405 {
         let allow = header(h, "allow").expect("405 names the allowed method");
-        assert!(allow == b"GET" || allow == b"PUT", "Allow: {allow:?}");
+        assert!(
+            [&b"GET"[..], b"PUT", b"GET, PUT"].contains(&allow),
+            "Allow: {allow:?}"
+        );
     }
-    let called = usize::from(matches!(status, 200 | 409 | 500));
+    let called = usize::from(matches!(status, 200 | 202 | 409 | 500));
     assert_eq!(
         calls.len(),
         called,
