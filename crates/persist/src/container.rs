@@ -15,12 +15,13 @@
 //! other flag bits must be zero.
 //!
 //! On an authenticated stream ([`crate::auth`]) the header and every record (the end record
-//! too) are followed by a 32-byte HMAC-SHA256 tag over the direction label, a sequence number
-//! (0 for the header, then 1, 2, …) and the exact bytes of the header or record; see
-//! [`RecordMac`]. From version 2 an authenticated stream's records carry no CRC-64 (the field
+//! too) are followed by a tag bound to a sequence number (0 for the header, then 1, 2, …) and
+//! the exact bytes of the header or record; see [`RecordMac`]. From version 3 it is a 16-byte
+//! Poly1305 tag with a one-time ChaCha20-derived key per record; before, a 32-byte
+//! HMAC-SHA256 tag. From version 2 an authenticated stream's records carry no CRC-64 (the field
 //! is 0 and not checked): the MAC already covers every byte, and the CRC was most of the
 //! sender's time in an emulated host without SHA extensions. Snapshot files (not
-//! authenticated) keep it, and a version-1 stream's CRCs are still checked.
+//! authenticated) keep it; they are the same in versions 2 and 3.
 //!
 //! A reader accepts its own format version and the one before it ([`FORMAT_VERSION`]).
 //! Version 1 is the first: there is no version 0, and a header that says 0 is refused as
@@ -35,8 +36,9 @@ use crate::auth::RecordMac;
 
 /// The first eight bytes of every container.
 pub const MAGIC: [u8; 8] = *b"VMHOSTPF";
-/// The format version this crate writes (2: no record CRC on authenticated streams).
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this crate writes (3: Poly1305 record tags on authenticated streams;
+/// 2: no record CRC on them).
+pub const FORMAT_VERSION: u32 = 3;
 /// The largest record payload a reader accepts (8 MiB + 4 KiB): a reader never allocates more
 /// than this for one record, whatever length a hostile input claims.
 pub const MAX_PAYLOAD: u32 = 8 * 1024 * 1024 + 4096;
@@ -395,8 +397,10 @@ impl<W: Write> Writer<W> {
         };
         w.put(&header)?;
         if let Some(mac) = &mut w.mac {
+            mac.use_format(version);
             let tag = mac.sign(&[&header]);
-            w.put(&tag)?;
+            let len = mac.tag_len();
+            w.put(&tag[..len])?;
         }
         Ok(w)
     }
@@ -492,13 +496,16 @@ impl<W: Write> Writer<W> {
             crc.update(payload);
             crc.finalize().to_le_bytes()
         };
-        let tag = self.mac.as_mut().map(|m| m.sign(&[&head, payload, &sum]));
+        let tag = self
+            .mac
+            .as_mut()
+            .map(|m| (m.sign(&[&head, payload, &sum]), m.tag_len()));
         let writing = Instant::now();
         let mut parts = [
             IoSlice::new(&head),
             IoSlice::new(payload),
             IoSlice::new(&sum),
-            IoSlice::new(tag.as_ref().map_or(&[][..], |t| &t[..])),
+            IoSlice::new(tag.as_ref().map_or(&[][..], |(t, len)| &t[..*len])),
         ];
         self.put_all(&mut parts)?;
         self.timing.sealing += writing - sealing;
@@ -636,9 +643,14 @@ impl<R: Read> Reader<R> {
         if found != computed {
             return Err(ContainerError::HeaderChecksum { found, computed });
         }
-        self.check_tag(0, "the header".to_string(), &[&fixed, &rest])?;
         let version = u32::from_le_bytes([fixed[8], fixed[9], fixed[10], fixed[11]]);
         check_version(version, FORMAT_VERSION)?;
+        // The version picks the tag; a changed version fails the tag (of either kind) as any
+        // other changed byte does.
+        if let Some(mac) = &mut self.mac {
+            mac.use_format(version);
+        }
+        self.check_tag(0, "the header".to_string(), &[&fixed, &rest])?;
         let vmhost_version = String::from_utf8(text.to_vec())
             .map_err(|_| ContainerError::BadVersionString { len })?;
         Ok(Header {
@@ -658,9 +670,10 @@ impl<R: Read> Reader<R> {
             return Ok(());
         };
         let mut tag = [0u8; crate::auth::TAG_LEN];
-        let read = self.take(&mut tag, &|| format!("the tag of {what}"));
+        let tag = &mut tag[..mac.tag_len()];
+        let read = self.take(tag, &|| format!("the tag of {what}"));
         let seq = mac.seq();
-        let ok = read.is_ok() && mac.verify(parts, &tag);
+        let ok = read.is_ok() && mac.verify(parts, tag);
         self.mac = Some(mac);
         read?;
         if !ok {
@@ -820,28 +833,82 @@ mod tests {
         (bytes, sum, read)
     }
 
-    /// Version 2 leaves an authenticated record's CRC out (0; the MAC covers it) and a version
-    /// 1 stream, CRC included, is still read; a plain container keeps its CRC.
+    /// An authenticated record's length on the wire after `at`: header, payload, checksum
+    /// field and tag.
+    fn record_len(bytes: &[u8], at: usize) -> usize {
+        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap());
+        RECORD_HEADER + len as usize + 8
+    }
+
+    /// Version 3 tags an authenticated stream's header and records with 16-byte Poly1305 tags,
+    /// a version-2 stream (32-byte HMAC-SHA256 tags) is still read, and version 1 is refused
+    /// as too old; neither authenticated version carries record CRCs, a plain container does.
     #[test]
-    fn authenticated_records_carry_no_crc_from_version_2_and_version_1_still_reads() {
+    fn authenticated_records_carry_poly1305_tags_from_version_3_and_version_2_still_reads() {
         let payload = b"guest pages".repeat(100);
-        let (_, sum, read) = authenticated_at(2, &payload);
+        for (version, tag_len) in [(3, 16), (2, 32)] {
+            let (bytes, sum, read) = authenticated_at(version, &payload);
+            assert_eq!(sum, 0, "version {version}");
+            assert_eq!(read.unwrap(), payload, "version {version}");
+            // header (23 bytes with the version string "t"), tag, record, tag, end, tag.
+            let first = 23 + tag_len;
+            let end = first + record_len(&bytes, first) + tag_len;
+            assert_eq!(
+                bytes.len(),
+                end + record_len(&bytes, end) + tag_len,
+                "version {version}"
+            );
+        }
+        let (_, _, read) = authenticated_at(1, &payload);
+        assert!(
+            matches!(
+                read,
+                Err(ContainerError::VersionTooOld {
+                    found: 1,
+                    oldest: 2
+                })
+            ),
+            "{read:?}"
+        );
+        let (_, sum, _) = authenticated_at(3, &payload);
         assert_eq!(sum, 0);
-        assert_eq!(read.unwrap(), payload);
-        let (_, sum, read) = authenticated_at(1, &payload);
+        let mut plain = Writer::new(Vec::new(), "t").unwrap();
+        plain.write_record(RecordKind::PAGES, &payload).unwrap();
+        let bytes = plain.finish().unwrap();
         let mut head = [0u8; RECORD_HEADER];
         head[0..2].copy_from_slice(&RecordKind::PAGES.0.to_le_bytes());
         head[2..4].copy_from_slice(&FLAG_MANDATORY.to_le_bytes());
         head[4..8].copy_from_slice(&u32::try_from(payload.len()).unwrap().to_le_bytes());
-        assert_eq!(sum, crc64(&[&head[..], &payload].concat()));
-        assert_eq!(read.unwrap(), payload);
-        let mut plain = Writer::new(Vec::new(), "t").unwrap();
-        plain.write_record(RecordKind::PAGES, &payload).unwrap();
-        let bytes = plain.finish().unwrap();
+        let crc = crc64(&[&head[..], &payload].concat());
         assert!(
-            bytes.windows(8).any(|w| w == sum.to_le_bytes()),
+            bytes.windows(8).any(|w| w == crc.to_le_bytes()),
             "the plain record's CRC"
         );
+    }
+
+    /// A version-3 stream whose header is rewritten to say version 2 (CRC fixed up) fails the
+    /// header's tag: the tag kind cannot be downgraded without the key.
+    #[test]
+    fn a_stream_relabelled_as_the_older_version_fails_its_header_tag() {
+        let (src, tgt) = sessions();
+        let w = Writer::start_at(Vec::new(), 3, "t", Some(src.send)).unwrap();
+        let mut forged = w.finish().unwrap();
+        forged[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let crc = crc64(&forged[..15]);
+        forged[15..23].copy_from_slice(&crc.to_le_bytes());
+        let err = Reader::authenticated(&forged[..], &[RecordKind::PAGES], tgt.recv)
+            .err()
+            .expect("the relabelled header is refused");
+        assert!(
+            matches!(err, ContainerError::Authentication { seq: 0, .. }),
+            "{err:?}"
+        );
+        // The same bytes unaltered read (the refusal is the relabelling's).
+        let (src, tgt) = sessions();
+        let w = Writer::start_at(Vec::new(), 3, "t", Some(src.send)).unwrap();
+        let bytes = w.finish().unwrap();
+        let mut r = Reader::authenticated(&bytes[..], &[], tgt.recv).unwrap();
+        assert!(r.next_record().unwrap().is_none());
     }
 
     /// CRC-64/XZ's check value (the catalogue's `check`, of "123456789"), and the table form
@@ -860,7 +927,7 @@ mod tests {
 
     #[test]
     fn a_reader_accepts_its_version_and_the_one_before() {
-        // Today (format 1) only version 1; there is no version 0.
+        // At format 1, only version 1; there is no version 0.
         assert!(check_version(1, 1).is_ok());
         assert!(matches!(
             check_version(0, 1),

@@ -59,15 +59,18 @@ fn stream(session: Session) -> (Vec<u8>, Vec<(u16, Vec<u8>)>) {
     (w.finish().expect("end"), records)
 }
 
+/// The length of a record tag of this format (Poly1305, from format 3).
+const TAG: usize = 16;
+
 /// The frames of an authenticated container: the header, each record, the end record (each
-/// with its 32-byte tag).
+/// with its tag).
 fn frames(bytes: &[u8]) -> Vec<Vec<u8>> {
-    let header = 8 + 4 + 2 + VERSION.len() + 8 + 32;
+    let header = 8 + 4 + 2 + VERSION.len() + 8 + TAG;
     let mut out = vec![bytes[..header].to_vec()];
     let mut at = header;
     while at < bytes.len() {
         let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4")) as usize;
-        let end = at + 8 + len + 8 + 32;
+        let end = at + 8 + len + 8 + TAG;
         out.push(bytes[at..end].to_vec());
         at = end;
     }

@@ -134,26 +134,30 @@ fn wrong_magic_is_refused() {
     assert!(err.to_string().contains("not a vmhost snapshot"), "{err}");
 }
 
+/// Versions before the one before this format are refused naming the oldest readable one:
+/// version 0 (which never existed) and, from format 3, version 1.
 #[test]
-fn version_zero_is_older_than_the_oldest_readable() {
-    let mut bytes = header(0, "0.0.1");
+fn versions_older_than_the_oldest_readable_are_refused() {
+    let oldest = FORMAT_VERSION - 1;
+    for version in 0..oldest {
+        let mut bytes = header(version, "0.0.1");
+        bytes.extend(record(0, 1, &0u64.to_le_bytes()));
+        let err = read_all(&bytes, KNOWN).expect_err("too old");
+        assert!(
+            matches!(err, ContainerError::VersionTooOld { found, oldest: o } if found == version && o == oldest),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("format version {version}"))
+                && text.contains(&format!("({oldest})")),
+            "{text}"
+        );
+    }
+    // The one before this format reads.
+    let mut bytes = header(oldest, "0.0.1");
     bytes.extend(record(0, 1, &0u64.to_le_bytes()));
-    let err = read_all(&bytes, KNOWN).expect_err("version 0");
-    assert!(
-        matches!(
-            err,
-            ContainerError::VersionTooOld {
-                found: 0,
-                oldest: 1
-            }
-        ),
-        "{err:?}"
-    );
-    let text = err.to_string();
-    assert!(
-        text.contains("format version 0") && text.contains("(1)"),
-        "{text}"
-    );
+    read_all(&bytes, KNOWN).expect("the previous format");
 }
 
 #[test]
