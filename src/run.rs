@@ -129,8 +129,12 @@ pub fn run(
     let final_audit = background.is_none().then(|| audit.clone());
     let options = vm_options(plan, opts, final_audit, &started);
     let regions = memory.regions().to_vec();
+    let restoring = matches!(start, Start::Restore { .. });
     let (mut vm, incoming) = create_vm(plan, memory, options, start)?;
     timeline.vm_created_ns = now_ns();
+    if restoring && !opts.json {
+        eprintln!("vmhost: restore: {}", crate::restore::timing(&timeline));
+    }
     if let Some(mut inc) = incoming {
         inc.commit(plan, &audit, admission, opts.json)?;
     }

@@ -56,7 +56,7 @@ pub struct RoundReport {
 }
 
 /// Seconds of a round's page senders, summed over the cells: copying guest memory out
-/// (`mincore` and the reads), sealing records (CRC-64 and HMAC-SHA256), writing them to the
+/// (`mincore` and the reads), sealing records (the tag: Poly1305 from format 3), writing them to the
 /// socket (a copy, or a wait for room), and the whole (the rest: finding zero pages and
 /// encoding runs).
 #[derive(Debug, Clone, Copy, Default, Serialize)]

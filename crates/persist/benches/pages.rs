@@ -1,7 +1,7 @@
 //! The page stream's cost per byte, on this host's CPU: guest pages written as page-run
 //! records (what a snapshot's memory files and each migration round carry), plain (a snapshot
-//! file: CRC-64 per record) and authenticated (a migration stream: CRC-64 and HMAC-SHA256 per
-//! record), and read back the same two ways. The sink is memory (`io::sink` / a `Vec`): this
+//! file: CRC-64 per record) and authenticated (a migration stream: a Poly1305 tag per record,
+//! format 3), and read back the same two ways. The sink is memory (`io::sink` / a `Vec`): this
 //! is the CPU's share of a round, without the socket.
 //!
 //! Run: `cargo bench -p vmhost-persist --bench pages` (docs/benchmarks.md, "Page stream").

@@ -377,9 +377,8 @@ pub(crate) fn receive(
 
 /// The longest one `ctl migrate` may take (a debug vmhost in the emulated host).
 pub(crate) const MIGRATE_LIMIT: Duration = Duration::from_secs(400);
-/// `--max-downtime` of these migrations, ms. The emulated host moves a few MB/s (TCG has no
-/// SHA extensions: every record's HMAC-SHA256 and CRC-64 run in emulated software, and a
-/// debug vmhost copies), so a Linux guest's few MB of dirty pages per round never fit the
+/// `--max-downtime` of these migrations, ms. The emulated host moves a few MB/s (every
+/// record's tag runs in emulated software, and a debug vmhost copies), so a Linux guest's few MB of dirty pages per round never fit the
 /// default 300 ms here. This test proves what arrives and where; the benchmark
 /// (`make bench-testbed`, docs/benchmarks.md) measures downtime against QEMU's.
 const MAX_DOWNTIME_MS: &str = "5000";
