@@ -321,6 +321,41 @@ fn rounds_summary(v: &Value) -> String {
     )
 }
 
+/// Where a migration's time went, from its report: outside the rounds and the pause
+/// (connecting, the hello, the target's plan and memory, the resume), each round with its
+/// senders' split (the last one runs inside the pause), and the pause.
+fn time_split(v: &Value) -> String {
+    let rounds = v["rounds"].as_array().cloned().unwrap_or_default();
+    // The last round runs inside the pause.
+    let in_rounds: f64 = rounds
+        .iter()
+        .filter(|r| r["last"] != true)
+        .filter_map(|r| r["seconds"].as_f64())
+        .sum();
+    let total = v["seconds"].as_f64().unwrap_or(f64::NAN);
+    let pause_s = v["downtime_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0;
+    let each: Vec<String> = rounds
+        .iter()
+        .map(|r| {
+            let t = |k: &str| r["senders"][k].as_f64().unwrap_or(f64::NAN);
+            format!(
+                "{:.1} MiB in {:.3} s (senders: copy {:.3}, seal {:.3}, write {:.3}, total {:.3})",
+                r["bytes"].as_f64().unwrap_or(f64::NAN) / 1048576.0,
+                r["seconds"].as_f64().unwrap_or(f64::NAN),
+                t("copy"),
+                t("seal"),
+                t("write"),
+                t("total")
+            )
+        })
+        .collect();
+    format!(
+        "total {total:.3} s: outside the rounds and the pause {:.3} s; rounds: {}; pause {pause_s:.3} s",
+        total - in_rounds - pause_s,
+        each.join("; ")
+    )
+}
+
 /// A number of a JSON report, or an error naming it.
 fn field(v: &Value, path: &str) -> Result<f64, String> {
     v.pointer(path)
@@ -515,6 +550,7 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
     );
     at.dst.stop()?;
     let r = &at.report;
+    println!("       vmhost's report: {}", time_split(r));
     Ok(Sample {
         gap_ms,
         own_downtime_ms: field(r, "/downtime_ms")?,
