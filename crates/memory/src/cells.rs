@@ -117,7 +117,8 @@ pub enum CellIoError {
 pub struct CellSaved {
     /// The cell.
     pub cell: u32,
-    /// The page size of the encoding (the backing page size, at most 2 MiB).
+    /// The page size of the encoding: 4 KiB, whatever the backing page size (the zero 4 KiB
+    /// pages inside a resident hugepage are left out too).
     pub page_size_bytes: u32,
     /// Bytes of pages written.
     pub bytes: u64,
@@ -175,6 +176,11 @@ fn cell_regions(
 /// Writes the resident, non-zero pages of guest cell `cell` of `regions` as page runs on `out`,
 /// also leaving out each page for which `skip(offset in the cell, bytes)` is true. Pages that
 /// are not resident are neither read nor faulted in.
+///
+/// Residency is known per backing page (a hugepage is resident whole), but the runs are in
+/// 4 KiB pages ([`DIRTY_PAGE_BYTES`]) whatever the backing page size, and `skip` and the zero
+/// test see 4 KiB pages: a resident 2 MiB page that holds a few KiB of data sends those, not
+/// 2 MiB (an idle Linux guest on 2 MiB pages sent about 20 % zero bytes in its first round).
 pub fn save_cell<W: Write>(
     regions: &[MappedRegion],
     cell: u32,
@@ -236,12 +242,16 @@ fn save_cell_with<W: Write>(
     mut skip: impl FnMut(u64, &[u8]) -> bool,
 ) -> Result<CellSaved, CellIoError> {
     let start = Instant::now();
-    let (mine, geometry) = cell_regions(regions, cell)?;
-    let page = geometry.page_size() as usize;
-    let chunk = max_run_pages(geometry.page_size()) as usize * page;
+    let (mine, backing) = cell_regions(regions, cell)?;
+    // Residency per backing page; runs, zero test and `skip` per 4 KiB.
+    let page = backing.page_size() as usize;
+    let chunk = max_run_pages(backing.page_size()) as usize * page;
+    let small: u32 = 4096; // DIRTY_PAGE_BYTES
+    let geometry = CellGeometry::new(cell, small, backing.size())
+        .map_err(|source| CellIoError::Pages { cell, source })?;
     let mut saved = CellSaved {
         cell,
-        page_size_bytes: geometry.page_size(),
+        page_size_bytes: small,
         ..CellSaved::default()
     };
     let mut buf = vec![0u8; chunk];
@@ -274,7 +284,7 @@ fn save_cell_with<W: Write>(
             at += n;
         }
     }
-    saved.bytes = saved.pages * page as u64;
+    saved.bytes = saved.pages * u64::from(small);
     saved.seconds = start.elapsed().as_secs_f64();
     Ok(saved)
 }
@@ -310,8 +320,9 @@ pub fn load_cell<R: Read>(
         if rec.kind != RecordKind::PAGES {
             continue;
         }
-        let run = decode_run(&rec.payload, &geometry)
-            .map_err(|source| CellIoError::Pages { cell, source })?;
+        let g = run_geometry(cell, &geometry, &rec.payload)?;
+        let run =
+            decode_run(&rec.payload, &g).map_err(|source| CellIoError::Pages { cell, source })?;
         write_run(&mine, cell, run.offset, run.bytes)?;
         bytes += run.bytes.len() as u64;
         records += 1;
@@ -325,21 +336,31 @@ pub fn load_cell<R: Read>(
 /// be smaller than the cell's (a dirty round sends 4 KiB pages of a hugepage-backed cell); a
 /// page size the cell's is not a multiple of is refused.
 pub fn load_run(regions: &[MappedRegion], cell: u32, payload: &[u8]) -> Result<u64, CellIoError> {
-    let (mine, mut geometry) = cell_regions(regions, cell)?;
-    let run_page = payload
-        .get(4..8)
-        .and_then(|b| b.try_into().ok())
-        .map(u32::from_le_bytes);
-    if let Some(ps) = run_page.filter(|&ps| ps < geometry.page_size() && ps > 0) {
-        if geometry.page_size() % ps == 0 {
-            geometry = CellGeometry::new(cell, ps, geometry.size())
-                .map_err(|source| CellIoError::Pages { cell, source })?;
-        }
-    }
+    let (mine, geometry) = cell_regions(regions, cell)?;
+    let geometry = run_geometry(cell, &geometry, payload)?;
     let run =
         decode_run(payload, &geometry).map_err(|source| CellIoError::Pages { cell, source })?;
     write_run(&mine, cell, run.offset, run.bytes)?;
     Ok(run.bytes.len() as u64)
+}
+
+/// The geometry a run's payload is decoded with: the cell's, or the run's smaller page size
+/// when the cell's is a multiple of it (4 KiB runs of a hugepage-backed cell). Any other page
+/// size keeps the cell's geometry, which then refuses the run naming both sizes.
+fn run_geometry(
+    cell: u32,
+    geometry: &CellGeometry,
+    payload: &[u8],
+) -> Result<CellGeometry, CellIoError> {
+    let run_page = payload
+        .get(4..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_le_bytes);
+    match run_page.filter(|&ps| ps > 0 && ps < geometry.page_size()) {
+        Some(ps) if geometry.page_size() % ps == 0 => CellGeometry::new(cell, ps, geometry.size())
+            .map_err(|source| CellIoError::Pages { cell, source }),
+        _ => Ok(*geometry),
+    }
 }
 
 /// The parts of the cell's bytes `offset..offset + len` each region holds: the region, the
