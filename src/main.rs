@@ -356,6 +356,9 @@ fn cmd_receive(cli: &Cli, args: &cli::ReceiveArgs) -> Result<u8> {
         }
         .into());
     }
+    // Every thread filter compiled now, while no source is connected: after the commit the
+    // threads that start before the guest runs again only install theirs.
+    vmhost_seccomp::precompile().context("compiling the seccomp filters")?;
     let (spec, source, incoming) = migrate::target::accept(args)?;
     for w in &spec.warnings {
         eprintln!("{w}");

@@ -113,6 +113,10 @@ pub fn run(
         Err(stopped) => return Ok(stopped_before_start(plan, &stopped)),
     };
     fill_memory(&memory, plan, &mut start, opts.json)?;
+    // A migration target: the guest's state is here; the source is paused until the commit.
+    let resume = matches!(start, Start::Incoming(_))
+        .then(|| Arc::new(crate::migrate::resume::ResumeClock::start()));
+    let mark = |step| resume.as_deref().map(|r| r.mark(step));
     let background = Background::start(&mut memory, plan, enforcement.as_ref(), !opts.json)
         .context("starting the background prefault")?;
     if background.is_none() {
@@ -125,9 +129,10 @@ pub fn run(
     // With a background prefault this shows the layout and what is faulted in so far; the
     // report's audit is the one read when the prefault ended.
     let audit = memory.audit().context("auditing guest memory residency")?;
+    mark("ledger and audit");
     let started: Arc<Mutex<(Vec<ThreadPlacement>, u64)>> = Arc::default();
     let final_audit = background.is_none().then(|| audit.clone());
-    let options = vm_options(plan, opts, final_audit, &started);
+    let options = vm_options(plan, opts, final_audit, &started, resume.clone());
     let regions = memory.regions().to_vec();
     let restoring = matches!(start, Start::Restore { .. });
     let (mut vm, incoming) = create_vm(plan, memory, options, start)?;
@@ -135,10 +140,13 @@ pub fn run(
     if restoring && !opts.json {
         eprintln!("vmhost: restore: {}", crate::restore::timing(&timeline));
     }
+    mark("VM built");
     if let Some(mut inc) = incoming {
         inc.commit(plan, &audit, admission, opts.json)?;
+        mark("commit, ledger hand-over and report");
     }
     let api = serve_api(spec, plan, &audit, &vm, enforcement.as_ref(), opts, regions)?;
+    mark("API");
     signals.attach(vm.stop_handle());
     if let Some(bg) = &background {
         bg.attach(vm.stop_handle());
@@ -176,16 +184,22 @@ fn enter_cgroup(plan: &Plan, opts: &RunOptions) -> Result<Option<Arc<Enforcement
 }
 
 /// The VM's settings: the unknown-access policy, the start hook that prints the placement
-/// table and records when the vCPUs became runnable, the scratch directory.
+/// table and records when the vCPUs became runnable (on a migration target, after the line
+/// of `resume`: where the time since the guest's state arrived went), the scratch directory.
 fn vm_options(
     plan: &Plan,
     opts: &RunOptions,
     audit: Option<Audit>,
     started: &Arc<Mutex<(Vec<ThreadPlacement>, u64)>>,
+    resume: Option<Arc<crate::migrate::resume::ResumeClock>>,
 ) -> VmOptions {
     let hook = {
         let (plan, started, json) = (plan.clone(), Arc::clone(started), opts.json);
         StartHook(Arc::new(move |threads: &[ThreadPlacement]| {
+            if let (Some(r), false) = (&resume, json) {
+                r.mark("vCPUs");
+                eprintln!("vmhost: receive: {}", r.line());
+            }
             if !json {
                 print!("{}", placement_table(&plan, audit.as_ref(), threads));
             }
@@ -455,7 +469,9 @@ fn exit_code(report: &RunReport) -> u8 {
 /// Moves KVM's per-VM worker threads (`kvm-nx-lpage-recovery`, created by the kernel at the
 /// first `KVM_RUN` with the affinity of the vCPU thread that ran it) onto the emulator PUs, so
 /// that with dedicated placement nothing but the vCPU runs on a vCPU's PU. Watches for one
-/// second after the guest is released.
+/// second after the guest is released, every 20 ms (on kernels whose worker is not one of the
+/// process's threads it never appears: the watch must not crowd the emulator PUs, where the
+/// serial console and a migration target's resumed guest need them most).
 fn move_kvm_workers_off_vcpu_pus(plan: &Plan) {
     if !plan.vcpus.iter().any(|v| v.host_cpu.is_some()) || plan.emulator.host_cpus.is_empty() {
         return;
@@ -481,7 +497,7 @@ fn move_kvm_workers_off_vcpu_pus(plan: &Plan) {
                 if !workers.is_empty() {
                     return;
                 }
-                std::thread::sleep(std::time::Duration::from_millis(2));
+                std::thread::sleep(std::time::Duration::from_millis(20));
             }
         });
     if let Err(e) = spawned {

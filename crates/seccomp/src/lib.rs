@@ -30,6 +30,7 @@ mod trap;
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
 
@@ -322,7 +323,7 @@ pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> 
         SeccompMode::On => SeccompAction::Trap,
         SeccompMode::Log => SeccompAction::Log,
     };
-    let program = compile(kind, mismatch)?;
+    let program = program(kind, mode, mismatch)?;
     trap::install_handler().map_err(SeccompError::Handler)?;
     trap::install_panic_hook();
     trap::remember_thread(kind);
@@ -344,6 +345,50 @@ pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> 
     })?;
     if selftest {
         trap::forbidden_call();
+    }
+    Ok(())
+}
+
+/// The compiled programs, by kind and mode: a kind installed on many threads (vCPUs, loaders,
+/// receivers) is compiled once per process, and [`precompile`] takes the compiling off a path
+/// that must be short (a migration target's, between its commit and the guest's release).
+type Programs = Vec<(ThreadKind, SeccompMode, Arc<BpfProgram>)>;
+static PROGRAMS: Mutex<Programs> = Mutex::new(Vec::new());
+
+/// `kind`'s program in `mode`, compiled at its first use.
+fn program(
+    kind: ThreadKind,
+    mode: SeccompMode,
+    mismatch: SeccompAction,
+) -> Result<Arc<BpfProgram>, SeccompError> {
+    let cached = |programs: &Programs| {
+        programs
+            .iter()
+            .find(|(k, m, _)| (*k, *m) == (kind, mode))
+            .map(|(.., p)| Arc::clone(p))
+    };
+    if let Some(p) = cached(&PROGRAMS.lock().unwrap_or_else(PoisonError::into_inner)) {
+        return Ok(p);
+    }
+    let compiled = Arc::new(compile(kind, mismatch)?);
+    let mut programs = PROGRAMS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(p) = cached(&programs) {
+        return Ok(p);
+    }
+    programs.push((kind, mode, Arc::clone(&compiled)));
+    Ok(compiled)
+}
+
+/// Compiles every kind's filter in the process-wide [`mode`] now, so that the threads started
+/// later only install theirs (nothing when the mode is `Off`).
+pub fn precompile() -> Result<(), SeccompError> {
+    let (mode, mismatch) = match mode() {
+        SeccompMode::Off => return Ok(()),
+        SeccompMode::On => (SeccompMode::On, SeccompAction::Trap),
+        SeccompMode::Log => (SeccompMode::Log, SeccompAction::Log),
+    };
+    for kind in ThreadKind::ALL {
+        program(kind, mode, mismatch.clone())?;
     }
     Ok(())
 }

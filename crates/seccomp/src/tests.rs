@@ -276,3 +276,24 @@ fn log_mode_lets_the_forbidden_call_through() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(!stderr.contains("forbidden"), "{stderr}");
 }
+
+/// A kind's program is compiled once per mode and then shared; another mode or kind gets its
+/// own, and the shared one is the program `compile` makes.
+#[test]
+fn a_kind_is_compiled_once_per_mode() {
+    let a = program(ThreadKind::Vcpu, SeccompMode::Log, SeccompAction::Log).expect("vcpu, log");
+    let b = program(ThreadKind::Vcpu, SeccompMode::Log, SeccompAction::Log).expect("again");
+    assert!(Arc::ptr_eq(&a, &b), "compiled twice");
+    let on = program(ThreadKind::Vcpu, SeccompMode::On, SeccompAction::Trap).expect("vcpu, on");
+    assert!(!Arc::ptr_eq(&a, &on));
+    let api = program(ThreadKind::Api, SeccompMode::On, SeccompAction::Trap).expect("api, on");
+    assert!(!Arc::ptr_eq(&on, &api));
+    let fresh = compile(ThreadKind::Vcpu, SeccompAction::Trap).expect("compile");
+    let code = |p: &BpfProgram| {
+        p.iter()
+            .map(|f| (f.code, f.jt, f.jf, f.k))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(code(&on), code(&fresh));
+    assert_ne!(code(&on), code(&api));
+}
