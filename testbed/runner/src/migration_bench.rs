@@ -553,8 +553,14 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
     println!("       vmhost's report: {}", time_split(r));
     // The target's own account of the pause's end (`vmhost: receive: the guest runs again …`).
     let target_err = std::fs::read_to_string(&at.dst.err).unwrap_or_default();
-    if let Some(line) = target_err.lines().find(|l| l.contains("the guest runs again")) {
-        println!("       the target: {}", line.trim_start_matches("vmhost: receive: "));
+    if let Some(line) = target_err
+        .lines()
+        .find(|l| l.contains("the guest runs again"))
+    {
+        println!(
+            "       the target: {}",
+            line.trim_start_matches("vmhost: receive: ")
+        );
     }
     Ok(Sample {
         gap_ms,
