@@ -468,7 +468,7 @@ mod tests {
 
     fn mac(seq: u64) -> RecordMac {
         RecordMac {
-            key: std::array::from_fn(|i| i as u8 * 7 + 1),
+            key: std::array::from_fn(|i| u8::try_from(i * 7 + 1).unwrap_or(0)),
             label: b"source->target",
             seq,
             poly1305: true,
