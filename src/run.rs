@@ -461,6 +461,20 @@ fn print_bounded(text: String) {
     }
 }
 
+/// Whether KVM's worker on kernel `release` (`/proc/sys/kernel/osrelease`) is one of the VM
+/// process's threads, which the watch can see and move: from Linux 6.12/6.13 it is a
+/// `vhost_task` of the process; before, a kernel thread outside it, and watching for it only
+/// took the emulator PUs from the serial console and a just-migrated guest (an unreadable
+/// release is watched).
+fn kvm_worker_is_a_process_thread(release: &str) -> bool {
+    let mut parts = release.trim().split(['.', '-']);
+    let mut number = || parts.next().and_then(|p| p.parse::<u32>().ok());
+    match (number(), number()) {
+        (Some(major), Some(minor)) => (major, minor) >= (6, 12),
+        _ => true,
+    }
+}
+
 /// Maps a run's outcome to vmhost's exit statuses (the report's own mapping).
 fn exit_code(report: &RunReport) -> u8 {
     u8::try_from(report.exit_code()).unwrap_or(1)
@@ -474,6 +488,10 @@ fn exit_code(report: &RunReport) -> u8 {
 /// (`io_threads_share_the_isolated_emulator_pu_never_a_vcpu_pu`).
 fn move_kvm_workers_off_vcpu_pus(plan: &Plan) {
     if !plan.vcpus.iter().any(|v| v.host_cpu.is_some()) || plan.emulator.host_cpus.is_empty() {
+        return;
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    if !kvm_worker_is_a_process_thread(&release) {
         return;
     }
     let emulator = plan.emulator.host_cpus.clone();
@@ -502,5 +520,22 @@ fn move_kvm_workers_off_vcpu_pus(plan: &Plan) {
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the KVM worker pinning thread");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kvm_worker_is_a_process_thread as watched;
+
+    #[test]
+    fn the_kvm_worker_is_watched_from_linux_6_12_and_when_unknown() {
+        assert!(!watched("6.1.0-57-amd64\n"));
+        assert!(!watched("5.15.0-91-generic"));
+        assert!(!watched("6.11.9"));
+        assert!(watched("6.12.0"));
+        assert!(watched("6.18.44-fc-v1098"));
+        assert!(watched("7.0"));
+        assert!(watched(""));
+        assert!(watched("weird"));
     }
 }
