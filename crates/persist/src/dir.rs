@@ -444,41 +444,17 @@ fn decode_manifest(payload: &[u8]) -> Result<Vec<ManifestEntry>, String> {
     Ok(files)
 }
 
-/// A `Read` that checksums and counts what passes through it.
-struct ChecksumRead<R> {
-    inner: R,
-    hash: Sha256,
-    len: u64,
-}
-
-impl<R: Read> Read for ChecksumRead<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hash.update(&buf[..n]);
-        self.len += n as u64;
-        Ok(n)
-    }
-}
-
-/// Reads a whole container file, checking every record; returns its length, its CRC-64 and
-/// its first record.
-fn verify_container(path: &Path) -> Result<(u64, [u8; 32], Option<Record>), DirError> {
-    let file = open_regular(path)?;
-    let mut input = ChecksumRead {
-        inner: BufReader::new(file),
-        hash: Sha256::new(),
-        len: 0,
-    };
+/// Reads a whole container file, checking every record; returns its first record.
+fn verify_container(path: &Path) -> Result<Option<Record>, DirError> {
     let damaged = |source| DirError::Damaged {
         path: path.to_path_buf(),
         source,
     };
-    let mut reader = Reader::any_kind(&mut input).map_err(damaged)?;
+    let mut reader = Reader::any_kind(BufReader::new(open_regular(path)?)).map_err(damaged)?;
     let first = reader.next_record().map_err(damaged)?;
     while reader.next_record().map_err(damaged)?.is_some() {}
     reader.expect_eof().map_err(damaged)?;
-    drop(reader);
-    Ok((input.len, input.hash.finalize().into(), first))
+    Ok(first)
 }
 
 /// Checks every listed file against its manifest entry ([`Snapshot::open`]), on up to one
@@ -580,7 +556,7 @@ impl Snapshot {
     /// a time per file.
     pub fn open(dir: &Path) -> Result<Snapshot, DirError> {
         let state = dir.join(STATE_FILE);
-        let (_, _, first) = verify_container(&state)?;
+        let first = verify_container(&state)?;
         let bad = |why: String| DirError::Manifest {
             path: state.clone(),
             why,
