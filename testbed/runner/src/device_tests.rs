@@ -821,8 +821,8 @@ fn io_threads_in_d(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// Hung storage: the VM's disk is a dm-linear device over a loop device, suspended while the
-/// guest boots, so the guest's first read (the partition scan) leaves vmhost's I/O thread in
+/// Hung storage: the VM's disk is a dm-linear device over a loop device, suspended before
+/// vmhost starts, so the guest's first read (the partition scan) leaves vmhost's I/O thread in
 /// uninterruptible sleep. Then SIGTERM: vmhost prints its report and its vCPU threads are gone
 /// (`/proc/<pid>/task`) while the device is still suspended and the process is alive; after
 /// `dmsetup resume` it exits 130 (stopped from outside) and leaves no process behind.
@@ -840,12 +840,15 @@ pub fn hung_storage_stops(env: &Env) -> Outcome {
     let initrd = env.work.join("guest/initramfs-devices.cpio");
     std::fs::write(&yaml, hung_manifest(&a.vmlinux, &initrd, &dm.dev))
         .map_err(|e| format!("write {}: {e}", yaml.display()))?;
+    // Suspended before vmhost starts (opening the disk does no I/O), so the guest's first
+    // read, wherever its boot has got to, is the one that hangs: suspending after the start
+    // raced a guest that had already scanned the disk, and then nothing ever hung.
+    dm.suspend(true)?;
     let vm = env.start(
         HUNG_VM,
         env.command(&["--config", &yaml.to_string_lossy()]),
         2,
     )?;
-    dm.suspend(true)?;
     let hung = until(
         "vmhost's I/O thread in uninterruptible sleep on the suspended disk",
         || Some(io_threads_in_d(vm.vmm)).filter(|t| !t.is_empty()),
