@@ -65,8 +65,12 @@ pub struct RecordKind(pub u16);
 impl RecordKind {
     /// The end record.
     pub const END: RecordKind = RecordKind(0);
-    /// The snapshot manifest (first record of a snapshot's `state` file, [`crate::dir`]).
+    /// The snapshot manifest with SHA-256 digests (first record of the `state` file of a
+    /// snapshot written before [`RecordKind::MANIFEST_XXH3`]; still read, [`crate::dir`]).
     pub const MANIFEST: RecordKind = RecordKind(1);
+    /// The snapshot manifest with XXH3-128 digests: the first record of a snapshot's `state`
+    /// file as written now ([`crate::dir`]).
+    pub const MANIFEST_XXH3: RecordKind = RecordKind(5);
     /// The VM spec, as the user wrote it (UTF-8 text).
     pub const SPEC: RecordKind = RecordKind(2);
     /// The resolved plan the VM ran under (JSON).
@@ -106,7 +110,8 @@ impl std::fmt::Display for RecordKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let name = match *self {
             RecordKind::END => "end",
-            RecordKind::MANIFEST => "manifest",
+            RecordKind::MANIFEST => "manifest (SHA-256)",
+            RecordKind::MANIFEST_XXH3 => "manifest",
             RecordKind::SPEC => "spec",
             RecordKind::PLAN => "plan",
             RecordKind::PAGES => "pages",

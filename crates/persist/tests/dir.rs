@@ -82,7 +82,7 @@ fn a_snapshot_is_written_private_and_reads_back() {
     let mut s = snap.open_state(&[VMSTATE]).expect("state");
     assert_eq!(
         s.next_record().expect("r").expect("manifest").kind,
-        RecordKind::MANIFEST
+        RecordKind::MANIFEST_XXH3
     );
     assert_eq!(
         s.next_record().expect("r").expect("vm").payload,

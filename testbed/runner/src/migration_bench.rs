@@ -822,9 +822,9 @@ fn read_snapshot_memory(dir: &Path, node: u32) -> Result<(f64, u64), String> {
 }
 
 /// Prints how fast this emulated host hashes with software SHA-256 (`sha256sum` of `file`):
-/// the emulated CPU has no SHA extensions (TCG): the pace of the snapshot manifest's
-/// per-file SHA-256, and of the HMAC-SHA256 tags of migration streams before format 3
-/// (docs/migration.md, "Authenticated streams").
+/// the emulated CPU has no SHA extensions (TCG): the pace of the per-file SHA-256 of older
+/// snapshots' manifests (now XXH3-128), and of the HMAC-SHA256 tags of migration streams
+/// before format 3 (docs/migration.md, "Authenticated streams").
 fn sha256_pace(file: &Path) {
     let bytes = std::fs::metadata(file).map_or(0, |m| m.len());
     let t = Instant::now();
