@@ -38,6 +38,8 @@ pub struct Restored {
     pub saved: crate::vmstate::Saved,
     /// The guest's topology, which the restore's plan keeps (record kind 17).
     pub guest: GuestRecord,
+    /// How long the whole-directory check ([`Snapshot::open`]) took.
+    pub checked_in: std::time::Duration,
 }
 
 /// An invalid-input refusal (exit status 2) naming the snapshot.
@@ -64,7 +66,9 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// its spec is the snapshot's. Opens no `/dev/kvm` and allocates no guest memory. Returns the
 /// spec to run, its text, and the snapshot.
 pub fn prepare(dir: &Path, config: Option<&Path>) -> Result<(LoadedSpec, SpecSource, Restored)> {
+    let t = std::time::Instant::now();
     let snapshot = Snapshot::open(dir).map_err(|e| refuse(dir, chain(&e)))?;
+    let checked_in = t.elapsed();
     let raw = snapshot
         .read_single(FileName::Spec, RecordKind::SPEC)
         .map_err(|e| refuse(dir, chain(&e)))?;
@@ -96,6 +100,7 @@ pub fn prepare(dir: &Path, config: Option<&Path>) -> Result<(LoadedSpec, SpecSou
         snapshot,
         saved,
         guest,
+        checked_in,
     };
     Ok((loaded, source, restored))
 }
@@ -253,6 +258,13 @@ pub fn load_memory(memory: &GuestMemory, plan: &Plan, r: &Restored, json: bool) 
         .load_cells(plan, files)
         .with_context(|| format!("loading guest memory from {}", dir.display()))?;
     if !json {
+        let listed: u64 = r.snapshot.files().iter().map(|f| f.len).sum();
+        eprintln!(
+            "vmhost: restore: the snapshot's {} MiB of files checked against its manifest in \
+             {:.3} s",
+            listed >> 20,
+            r.checked_in.as_secs_f64()
+        );
         for c in &loaded {
             eprintln!(
                 "vmhost: restore: cell {} loaded {} MiB in {:.3} s by a worker on PUs {:?}",
