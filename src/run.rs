@@ -27,7 +27,7 @@ use crate::signals::{StopSignals, EXIT_INTERRUPTED};
 use crate::timeline::{now_ns, Timeline};
 use vmhost_vcpu::{
     pin_current_thread_to_emulator, RunReport, StartHook, ThreadPlacement, UnknownAccessPolicy, Vm,
-    VmOptions,
+    VmOptions, VmShell,
 };
 
 /// Run-time settings from the command line.
@@ -112,7 +112,7 @@ pub fn run(
         Ok(memory) => memory,
         Err(stopped) => return Ok(stopped_before_start(plan, &stopped)),
     };
-    fill_memory(&memory, plan, &mut start, opts.json)?;
+    let shell = fill_memory(&memory, plan, &mut start, opts)?;
     // A migration target: the guest's state is here; the source is paused until the commit.
     let resume = matches!(start, Start::Incoming(_))
         .then(|| Arc::new(crate::migrate::resume::ResumeClock::start()));
@@ -135,7 +135,7 @@ pub fn run(
     let options = vm_options(plan, opts, final_audit, &started, resume.clone());
     let regions = memory.regions().to_vec();
     let restoring = matches!(start, Start::Restore { .. });
-    let (mut vm, incoming) = create_vm(plan, memory, options, start)?;
+    let (mut vm, incoming) = create_vm(plan, memory, options, start, shell)?;
     timeline.vm_created_ns = now_ns();
     if restoring && !opts.json {
         eprintln!("vmhost: restore: {}", crate::restore::timing(&timeline));
@@ -225,14 +225,36 @@ fn vm_options(
     }
 }
 
-/// Fills guest memory from the snapshot or the migration source before the VM exists.
-fn fill_memory(memory: &GuestMemory, plan: &Plan, start: &mut Start, json: bool) -> Result<()> {
+/// Fills guest memory from the snapshot or the migration source before the VM exists. A
+/// migration target builds its VM's shell meanwhile, on another thread ([`VmShell`]: the KVM
+/// VM, memslots, irqchip, CPUID), so that only the state is loaded while the source is paused.
+fn fill_memory(
+    memory: &GuestMemory,
+    plan: &Plan,
+    start: &mut Start,
+    opts: &RunOptions,
+) -> Result<Option<VmShell>> {
     match start {
-        Start::Boot => Ok(()),
-        Start::Restore { restored: r, .. } => crate::restore::load_memory(memory, plan, r, json),
-        Start::Incoming(inc) => inc
-            .receive(memory, plan)
-            .context("receiving the migrating VM"),
+        Start::Boot => Ok(None),
+        Start::Restore { restored: r, .. } => {
+            crate::restore::load_memory(memory, plan, r, opts.json).map(|()| None)
+        }
+        Start::Incoming(inc) => std::thread::scope(|scope| {
+            let shell = std::thread::Builder::new()
+                .name("vmhost-shell".into())
+                .spawn_scoped(scope, || {
+                    VmShell::build(plan, memory, opts.mask_nested_cpuid)
+                })
+                .context("starting the thread that builds the VM")?;
+            let received = inc
+                .receive(memory, plan)
+                .context("receiving the migrating VM");
+            let shell = shell
+                .join()
+                .map_err(|_| anyhow::anyhow!("the thread that builds the VM panicked"))?;
+            received?;
+            shell.context("building the VM for the incoming guest")
+        }),
     }
 }
 
@@ -243,17 +265,18 @@ fn create_vm(
     memory: GuestMemory,
     options: VmOptions,
     start: Start,
+    shell: Option<VmShell>,
 ) -> Result<(Vm, Option<Box<crate::migrate::target::Incoming>>)> {
     match start {
         Start::Boot => Ok((Vm::new(plan, memory, options)?, None)),
         Start::Restore { restored: r, .. } => Ok((
-            crate::vmstate::restore(plan, memory, options, r.saved)
+            crate::vmstate::restore(shell, plan, memory, options, r.saved)
                 .context("continuing the VM from the snapshot's state")?,
             None,
         )),
         Start::Incoming(mut inc) => {
             let saved = inc.take_saved()?;
-            let vm = crate::vmstate::restore(plan, memory, options, saved)
+            let vm = crate::vmstate::restore(shell, plan, memory, options, saved)
                 .context("continuing the VM from the migration's state")?;
             Ok((vm, Some(inc)))
         }

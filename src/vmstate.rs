@@ -29,9 +29,16 @@ pub fn check_target(saved: &Saved) -> Result<()> {
     Ok(vmhost_vcpu::persist::check_target(saved)?)
 }
 
-/// Builds the VM of `plan` on `ram` (which holds the saved RAM) to continue from `saved`.
-pub fn restore(plan: &Plan, ram: impl GuestRam, options: VmOptions, saved: Saved) -> Result<Vm> {
-    Ok(Vm::restore(plan, ram, options, saved)?)
+/// Builds the VM of `plan` on `ram` (which holds the saved RAM) to continue from `saved`, on
+/// `shell` when it was built ahead over `ram`.
+pub fn restore(
+    shell: Option<vmhost_vcpu::VmShell>,
+    plan: &Plan,
+    ram: impl GuestRam,
+    options: VmOptions,
+    saved: Saved,
+) -> Result<Vm> {
+    Ok(Vm::restore_on(shell, plan, ram, options, saved)?)
 }
 
 /// Record kind 17 of a snapshot's `state` file (JSON): what the guest has seen of its topology

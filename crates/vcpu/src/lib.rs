@@ -86,7 +86,7 @@ pub use placement::{
     PlacementError, ThreadPlacement,
 };
 pub use report::{BootReport, LinuxEntry, RunReport, RunStatus, VcpuOutcome, VcpuReport};
-pub use snapshot::CaptureError;
+pub use snapshot::{CaptureError, VmShell};
 pub use sys::restore_terminal;
 pub use vcpu::{UnknownAccessPolicy, VcpuError};
 pub use vm::{GuestRam, StartHook, Vm, VmError, VmOptions};

@@ -12,6 +12,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use kvm_bindings::CpuId;
+use kvm_ioctls::{Kvm, VmFd};
 use vmhost_boot::{build_acpi, load_linux, LinuxBoot, ACPI_START};
 use vmhost_plan::Plan;
 
@@ -121,19 +123,41 @@ pub(crate) fn prepare_linux(
     })
 }
 
+/// The part of a restored Linux guest's VM that its saved state does not change: the KVM VM,
+/// the RAM memslots, the in-kernel irqchip and PIT, and every vCPU's CPUID.
+pub(crate) struct LinuxShell {
+    kvm: Kvm,
+    fd: VmFd,
+    cpuids: Vec<CpuId>,
+}
+
+impl LinuxShell {
+    /// Builds it over `ram` (`nested`: CPUID masked for an emulated ring 0).
+    pub(crate) fn build(plan: &Plan, ram: &dyn GuestRam, nested: bool) -> Result<Self, VmError> {
+        let (kvm, fd) = open_vm(plan)?;
+        register_memslots(&fd, ram.guest_memory(), None)?;
+        create_irqchip(&fd)?;
+        let cpuids = vcpu_cpuids(&kvm, plan, nested)?;
+        Ok(LinuxShell { kvm, fd, cpuids })
+    }
+}
+
 /// Prepares a restored Linux guest: no kernel is loaded (`ram` holds the saved memory); the
-/// KVM VM with its irqchip and PIT, the RAM memslots, and COM1, the legacy ports and the
-/// plan's virtio devices rebuilt with their saved state ([`LinuxDevices::restore`], before any
+/// KVM VM with its irqchip and PIT, the RAM memslots ([`LinuxShell`], built now unless
+/// `shell` was built ahead over the same `ram`), and COM1, the legacy ports and the plan's
+/// virtio devices rebuilt with their saved state ([`LinuxDevices::restore`], before any
 /// device I/O thread starts). The caller gives the vCPUs their saved states.
 pub(crate) fn prepare_restored_linux(
     plan: &Plan,
     ram: &dyn GuestRam,
     options: &VmOptions,
     saved: &DevicesState,
+    shell: Option<LinuxShell>,
 ) -> Result<Prepared, VmError> {
-    let (kvm, fd) = open_vm(plan)?;
-    register_memslots(&fd, ram.guest_memory(), None)?;
-    create_irqchip(&fd)?;
+    let LinuxShell { kvm, fd, cpuids } = match shell {
+        Some(shell) => shell,
+        None => LinuxShell::build(plan, ram, options.mask_for_nested_emulation)?,
+    };
     let dir = options
         .device_dir
         .clone()
@@ -144,7 +168,6 @@ pub(crate) fn prepare_restored_linux(
             vm: plan.name.clone(),
             source: Box::new(source),
         })?;
-    let cpuids = vcpu_cpuids(&kvm, plan, options.mask_for_nested_emulation)?;
     let configs = plan
         .vcpus
         .iter()

@@ -104,7 +104,9 @@ pub(crate) fn register_memslots(
         // SAFETY: `host..host + size` is a live mapping owned by a GuestMemoryMmap that the Vm
         // keeps (its RAM, or the boot area in its guest) until after the VM fd, declared first,
         // is closed; the slots do not overlap because the RAM regions and the boot area are
-        // disjoint.
+        // disjoint. A `VmShell` holds the fd without the RAM, but no vCPU exists until
+        // `Vm::restore_on` has checked that the RAM it is given, and keeps, maps exactly
+        // these ranges.
         unsafe { fd.set_user_memory_region(mem) }.map_err(err)?;
     }
     Ok(())

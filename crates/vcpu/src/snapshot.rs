@@ -28,7 +28,7 @@ use crate::arch::boot::VCPU_BLOCK;
 use crate::arch::BootLayout;
 use crate::control::{lock, VmHandle, VmState as RunState, PAUSE_TIMEOUT};
 use crate::devices::LinuxDevices;
-use crate::linux::prepare_restored_linux;
+use crate::linux::{prepare_restored_linux, LinuxShell};
 use crate::payload::mailbox::Mailbox;
 use crate::payload::PayloadKind;
 use crate::persist::{DevicesState, PersistError, SavedPayload, SavedVm, VmState};
@@ -292,6 +292,21 @@ impl Vm {
         options: VmOptions,
         saved: SavedVm,
     ) -> Result<Vm, VmError> {
+        Self::restore_on(None, plan, ram, options, saved)
+    }
+
+    /// [`Vm::restore`] on a [`VmShell`] built ahead over the same `ram` (a migration target
+    /// builds it while the pre-copy rounds arrive, so that only the state is loaded while the
+    /// guest is paused). `None`, or a shell for a guest the state says is a built-in payload,
+    /// builds the whole VM here. A shell built over other mappings than `ram`'s is
+    /// [`VmError::RestoreMismatch`].
+    pub fn restore_on(
+        shell: Option<VmShell>,
+        plan: &Plan,
+        ram: impl GuestRam,
+        options: VmOptions,
+        saved: SavedVm,
+    ) -> Result<Vm, VmError> {
         let t0 = Instant::now();
         check_topology(plan, &saved)?;
         let load_vm = |prepared: &Prepared| {
@@ -310,9 +325,10 @@ impl Vm {
                 prepared
             }
             SavedGuest::Linux(devices) => {
+                let shell = shell.map(|s| s.take(plan, &ram)).transpose()?;
                 // Devices (rebuilt with their state), then the irqchip, then the interrupts the
                 // devices had pending are raised again, before any vCPU runs.
-                let prepared = prepare_restored_linux(plan, &ram, &options, devices)?;
+                let prepared = prepare_restored_linux(plan, &ram, &options, devices, shell)?;
                 load_vm(&prepared)?;
                 if let Guest::Linux { devices, .. } = &prepared.guest {
                     devices.resume_restored();
@@ -324,6 +340,67 @@ impl Vm {
             cfg.start = VcpuStart::Restore(Box::new(state));
         }
         Vm::from_prepared(plan, prepared, ram, &options, t0)
+    }
+}
+
+/// The part of a Linux guest's VM that its saved state does not change, built before the
+/// state is known: the KVM VM with a memslot over each RAM region, the in-kernel irqchip and
+/// PIT, and every vCPU's CPUID. [`Vm::restore_on`] builds the rest (devices, vCPU threads)
+/// and loads the state. Dropping it closes the VM.
+pub struct VmShell {
+    linux: LinuxShell,
+    /// Each RAM region's (GPA, length, host address) the memslots were made for.
+    regions: Vec<(u64, u64, usize)>,
+}
+
+impl std::fmt::Debug for VmShell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VmShell")
+            .field("regions", &self.regions)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Each RAM region's (GPA, length, host address).
+fn ram_regions(ram: &dyn GuestRam) -> Vec<(u64, u64, usize)> {
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
+    ram.guest_memory()
+        .iter()
+        .map(|r| {
+            let host = r
+                .get_host_address(MemoryRegionAddress(0))
+                .map_or(0, |p| p as usize);
+            (r.start_addr().0, r.len(), host)
+        })
+        .collect()
+}
+
+impl VmShell {
+    /// Builds the shell of `plan`'s VM over `ram`, the guest RAM the VM will run on
+    /// (`nested`: [`VmOptions::mask_for_nested_emulation`]). `None` for a plan that runs a
+    /// built-in payload: its VM is built with its boot area, from the state.
+    pub fn build(plan: &Plan, ram: &impl GuestRam, nested: bool) -> Result<Option<Self>, VmError> {
+        if !matches!(plan.boot, BootSpec::Kernel { .. }) {
+            return Ok(None);
+        }
+        Ok(Some(VmShell {
+            linux: LinuxShell::build(plan, ram, nested)?,
+            regions: ram_regions(ram),
+        }))
+    }
+
+    /// The shell, checked to map exactly `ram`'s regions (the memslots point at them).
+    fn take(self, plan: &Plan, ram: &dyn GuestRam) -> Result<LinuxShell, VmError> {
+        let now = ram_regions(ram);
+        if now != self.regions {
+            return Err(mismatch(
+                plan,
+                "guest RAM under the VM built ahead",
+                format!("{:x?}", self.regions),
+                format!("{now:x?}"),
+            ));
+        }
+        Ok(self.linux)
     }
 }
 

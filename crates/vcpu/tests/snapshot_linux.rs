@@ -3,7 +3,8 @@
 //! waits for INIT/SIPI; the VM has a virtio-rng device. Captured once and resumed, it runs on;
 //! captured again (devices and vCPUs), stopped, and restored into fresh memory with a copy of
 //! its RAM, it counts on from where it was without printing "hi" again (it did not boot
-//! again), and its second vCPU still waits.
+//! again), and its second vCPU still waits. The restore runs on a VM shell built ahead over
+//! that memory, as a migration target builds it; a shell over other memory is refused.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -16,7 +17,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmhost_memory::{GuestLayout, GuestMemoryMmap, MMIO_HOLE_END, MMIO_HOLE_START};
 use vmhost_vcpu::persist::{check_target, SavedVm};
 use vmhost_vcpu::{
-    BootReport, ConsoleInput, LinuxEntry, RunStatus, SerialOut, VcpuOutcome, Vm, VmOptions,
+    BootReport, ConsoleInput, LinuxEntry, RunStatus, SerialOut, VcpuOutcome, Vm, VmError,
+    VmOptions, VmShell,
 };
 
 /// Where the fake kernel counts (32 MiB, above the kernel at 16 MiB).
@@ -60,6 +62,15 @@ fn copy_nonzero(from: &GuestMemoryMmap, to: &GuestMemoryMmap) {
             at += 4096;
         }
     }
+}
+
+/// KVM VMs this process holds open (`anon_inode:kvm-vm` in `/proc/self/fd`).
+fn kvm_vms_open() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| t.to_string_lossy() == "anon_inode:kvm-vm")
+        .count()
 }
 
 fn text(log: &Arc<Mutex<Vec<u8>>>) -> String {
@@ -121,7 +132,29 @@ fn a_linux_guest_restored_counts_on_without_booting_again() {
     vmhost_devices::persist::check_restorable(saved.devices.as_ref().unwrap()).unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let probe = copy.clone();
-    let mut vm = Vm::restore(&plan, (copy, layout), options(&log), saved).unwrap();
+    // The VM built ahead of the state (as a migration target does while the rounds arrive):
+    // a shell over other memory than the VM gets is refused; one over the same memory is a
+    // live KVM VM before the state is loaded.
+    let other = layout.anonymous_memory().unwrap();
+    let wrong = VmShell::build(&plan, &(other, layout.clone()), false)
+        .unwrap()
+        .expect("a Linux guest's shell");
+    let ram = (copy.clone(), layout.clone());
+    match Vm::restore_on(Some(wrong), &plan, ram, options(&log), saved.clone()) {
+        Err(err) => assert!(matches!(err, VmError::RestoreMismatch { .. }), "{err}"),
+        Ok(_) => panic!("a shell over other memory was taken"),
+    }
+    let vms = kvm_vms_open();
+    let shell = VmShell::build(&plan, &(copy.clone(), layout.clone()), false)
+        .unwrap()
+        .expect("a Linux guest's shell");
+    assert_eq!(kvm_vms_open(), vms + 1, "the shell holds a KVM VM");
+    let mut vm = Vm::restore_on(Some(shell), &plan, (copy, layout), options(&log), saved).unwrap();
+    assert_eq!(
+        kvm_vms_open(),
+        vms + 1,
+        "the VM is the shell's, no second one"
+    );
     assert!(vm.linux_boot().is_none(), "no kernel was loaded");
     let handle = vm.handle();
     let runner = std::thread::spawn(move || vm.run());
