@@ -26,8 +26,8 @@ use crate::output::placement_table;
 use crate::signals::{StopSignals, EXIT_INTERRUPTED};
 use crate::timeline::{now_ns, Timeline};
 use vmhost_vcpu::{
-    pin_current_thread_to_emulator, RunReport, StartHook, StopHandle, ThreadPlacement,
-    UnknownAccessPolicy, Vm, VmHandle, VmOptions, VmShell,
+    pin_current_thread_to_emulator, RunReport, StartHook, ThreadPlacement, UnknownAccessPolicy, Vm,
+    VmOptions, VmShell,
 };
 
 /// Run-time settings from the command line.
@@ -99,7 +99,12 @@ pub fn run(
     let enforcement = enter_cgroup(plan, opts)?;
     // After the pinning: the signal thread inherits the emulator PUs.
     let signals = StopSignals::start().context("starting the signal thread")?;
-    start_diagnostics_writer();
+    // From here on a vCPU or I/O thread that logs never blocks on stderr.
+    if let Err(e) = crate::logging::start_writer() {
+        eprintln!(
+            "vmhost: warning: cannot start the diagnostics writer ({e}); writing them directly"
+        );
+    }
     if let Start::Restore { restored: r, .. } = &start {
         crate::restore::check_this_host(r)?;
     }
@@ -136,27 +141,18 @@ pub fn run(
         eprintln!("vmhost: restore: {}", crate::restore::timing(&timeline));
     }
     mark("VM built");
+    if let Some(mut inc) = incoming {
+        inc.commit(plan, &audit, admission, opts.json)?;
+        mark("commit, ledger hand-over and report");
+    }
+    let api = serve_api(spec, plan, &audit, &vm, enforcement.as_ref(), opts, regions)?;
+    mark("API");
     signals.attach(vm.stop_handle());
     if let Some(bg) = &background {
         bg.attach(vm.stop_handle());
     }
-    let api = Api {
-        spec,
-        plan,
-        audit: &audit,
-        handles: (vm.handle(), vm.stop_handle()),
-        enforcement: enforcement.as_ref(),
-        opts,
-        regions,
-    };
-    let (report, api) = match incoming {
-        Some(inc) => run_committed(&mut vm, inc, admission, api, resume.as_deref())?,
-        None => {
-            let api = api.serve()?;
-            move_kvm_workers_off_vcpu_pus(plan);
-            (vm.run()?, api)
-        }
-    };
+    move_kvm_workers_off_vcpu_pus(plan);
+    let report = vm.run()?;
     let overhead = crate::overhead::measure(plan, sec_at_start);
     drop(api);
     // Cancels and joins a background prefault still running.
@@ -169,62 +165,6 @@ pub fn run(
         started,
     };
     finish(plan, opts, ended, background.as_ref(), timeline)
-}
-
-/// From here on a vCPU or I/O thread that logs never blocks on stderr.
-fn start_diagnostics_writer() {
-    if let Err(e) = crate::logging::start_writer() {
-        eprintln!(
-            "vmhost: warning: cannot start the diagnostics writer ({e}); writing them directly"
-        );
-    }
-}
-
-/// What the control API is served with.
-struct Api<'a> {
-    spec: &'a VmSpec,
-    plan: &'a Plan,
-    audit: &'a Audit,
-    handles: (VmHandle, StopHandle),
-    enforcement: Option<&'a Arc<Enforcement>>,
-    opts: &'a RunOptions,
-    regions: Vec<vmhost_memory::MappedRegion>,
-}
-
-impl Api<'_> {
-    fn serve(self) -> Result<Option<vmhost_api::ApiServer>> {
-        let Api {
-            spec,
-            plan,
-            audit,
-            handles,
-            enforcement,
-            opts,
-            regions,
-        } = self;
-        serve_api(spec, plan, audit, &handles, enforcement, opts, regions)
-    }
-}
-
-/// A migration target: the commit point, then the guest runs at once; the ledger hand-over,
-/// the migration's report and the control API follow while it does (a failure there stops
-/// the VM). Returns when the run ends.
-fn run_committed(
-    vm: &mut Vm,
-    mut inc: Box<crate::migrate::target::Incoming>,
-    admission: &crate::vms::Admission,
-    api: Api<'_>,
-    resume: Option<&crate::migrate::resume::ResumeClock>,
-) -> Result<(RunReport, Option<vmhost_api::ApiServer>)> {
-    inc.commit(api.plan, api.audit)?;
-    if let Some(r) = resume {
-        r.mark("commit");
-    }
-    move_kvm_workers_off_vcpu_pus(api.plan);
-    let started = vm.start()?;
-    inc.hand_over(admission, api.opts.json)?;
-    let server = api.serve()?;
-    Ok((started.wait()?, server))
 }
 
 /// Enters the cgroup `--cgroup` names. Before any thread starts: on cgroup v2 entering forks
@@ -409,7 +349,7 @@ fn serve_api(
     spec: &VmSpec,
     plan: &Plan,
     audit: &Audit,
-    (handle, stop): &(VmHandle, StopHandle),
+    vm: &Vm,
     enforcement: Option<&Arc<Enforcement>>,
     opts: &RunOptions,
     regions: Vec<vmhost_memory::MappedRegion>,
@@ -422,8 +362,8 @@ fn serve_api(
         spec: spec.absolute(),
         plan: plan.clone(),
         regions: regions.clone(),
-        handle: handle.clone(),
-        stop: stop.clone(),
+        handle: vm.handle(),
+        stop: vm.stop_handle(),
     };
     let (jobs, migrations) = match &opts.spec_source {
         Some(spec) => (
@@ -442,8 +382,8 @@ fn serve_api(
         spec.clone(),
         plan.clone(),
         audit.clone(),
-        handle.clone(),
-        stop.clone(),
+        vm.handle(),
+        vm.stop_handle(),
         enforcement.cloned(),
     )
     .context("starting the control API's grace-period timer")?

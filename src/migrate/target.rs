@@ -8,10 +8,9 @@
 //! (`main::start_vm`) with [`crate::run::Start::Incoming`]: admission as an incoming ledger
 //! entry planned with `plan_for_guest` (same guest topology), the `Answer`, guest memory
 //! allocated and bound per the target's plan and filled by the rounds ([`Incoming::receive`]),
-//! the state checked (CPUID, TSC) and restored (on the VM shell built while the rounds
-//! arrived), then the `Commit` — the commit point — and the guest runs here at once; the
-//! ledger hand-over, the report and the control API follow while it runs. Before the commit
-//! point the guest never runs here: a source that goes away or cancels ends the target with a non-zero status, its
+//! the state checked (CPUID, TSC) and restored, then the `Commit` — the commit point — the
+//! ledger hand-over, and the guest runs here. Before the commit point the guest never runs
+//! here: a source that goes away or cancels ends the target with a non-zero status, its
 //! hugepages, cgroup and ledger entry released.
 
 use std::time::Instant;
@@ -56,16 +55,6 @@ pub struct Incoming {
     started: Instant,
     rounds: Vec<Received>,
     saved: Option<crate::vmstate::Saved>,
-    /// What the commit sent, for the report after the hand-over.
-    committed: Option<Committed>,
-}
-
-/// The commit as sent: what the report after the hand-over shows.
-struct Committed {
-    plan: Plan,
-    audit: vmhost_memory::Audit,
-    bytes_received: u64,
-    seconds: f64,
 }
 
 /// An invalid-input refusal (exit status 2).
@@ -112,7 +101,6 @@ pub fn accept(
                 started: Instant::now(),
                 rounds: Vec::new(),
                 saved: None,
-                committed: None,
             },
         )),
         Err(e) => {
@@ -289,9 +277,15 @@ impl Incoming {
         self.saved.take().context("the source sent no VM state")
     }
 
-    /// The commit point: tells the source the state is loaded and the guest resumes here.
-    /// The caller releases the guest next, then [`Incoming::hand_over`].
-    pub fn commit(&mut self, plan: &Plan, audit: &vmhost_memory::Audit) -> Result<()> {
+    /// The commit point: tells the source the state is loaded and the guest resumes here,
+    /// takes over the VM's ledger name, and reports the migration on stderr.
+    pub fn commit(
+        &mut self,
+        plan: &Plan,
+        audit: &vmhost_memory::Audit,
+        admission: &crate::vms::Admission,
+        json: bool,
+    ) -> Result<()> {
         let bytes_received: u64 = self.rounds.iter().map(|r| r.bytes).sum();
         let commit = Commit {
             bytes_received,
@@ -300,22 +294,6 @@ impl Incoming {
         self.channel
             .send(RecordKind::MIG_COMMIT, &msg::encode(&commit))
             .context("sending the commit to the source (the guest does not run here)")?;
-        self.committed = Some(Committed {
-            plan: plan.clone(),
-            audit: audit.clone(),
-            bytes_received,
-            seconds: self.started.elapsed().as_secs_f64(),
-        });
-        Ok(())
-    }
-
-    /// After the commit, while the guest runs here: takes over the VM's ledger name, and
-    /// reports the migration on stderr (its time ends at the commit).
-    pub fn hand_over(&mut self, admission: &crate::vms::Admission, json: bool) -> Result<()> {
-        let c = self
-            .committed
-            .take()
-            .context("the ledger is handed over only after the commit")?;
         admission
             .hand_over()
             .context("taking over the VM's ledger entry")?;
@@ -323,11 +301,11 @@ impl Incoming {
         let tsc = tsc_kept(self.hello.tsc_khz, &self.caps).ok().flatten();
         let report = super::report::TargetReport {
             source_plan: &self.hello.source_plan,
-            target_plan: &c.plan,
+            target_plan: plan,
             rounds: &self.rounds,
-            bytes_received: c.bytes_received,
-            seconds: c.seconds,
-            audit: &c.audit,
+            bytes_received,
+            seconds: self.started.elapsed().as_secs_f64(),
+            audit,
             tsc: tsc.as_ref(),
         };
         eprint!("{}", report.render(json));

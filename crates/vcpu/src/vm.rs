@@ -504,18 +504,8 @@ impl Vm {
     /// Runs the guest to its end: starts the `vmhost-emu` thread, which starts one pinned
     /// `vcpu<N>` thread per vCPU, and returns when every thread has been joined. Guest failures
     /// are in the report ([`crate::RunStatus::GuestFailed`]), not errors; so are a Linux
-    /// guest's power-off and reboot. A VM runs once. [`Vm::start`] then [`Started::wait`].
+    /// guest's power-off and reboot. A VM runs once.
     pub fn run(&mut self) -> Result<RunReport, VmError> {
-        self.start()?.wait()
-    }
-
-    /// Starts the guest and returns while it runs: the `vmhost-emu` thread starts the vCPU
-    /// threads and releases the guest once they are all ready ([`VmOptions::on_start`] is
-    /// called then), whatever the caller does meanwhile. [`Started::wait`] installs the
-    /// calling thread's filter ([`VmOptions::filter_calling_thread`]) and returns the report;
-    /// in between the caller may do what needs its wider system calls (start the control
-    /// API) without holding up the guest. The VM stays borrowed until then.
-    pub fn start(&mut self) -> Result<Started<'_>, VmError> {
         let configs = self.configs.take().ok_or(VmError::AlreadyRun)?;
         let run_start = Instant::now();
         let (events, rx, gate) = emulator::channel();
@@ -549,13 +539,24 @@ impl Vm {
         let emu = std::thread::Builder::new()
             .name("vmhost-emu".into())
             .spawn(move || emulator::run(input, rx));
-        Ok(Started {
-            vm: self,
-            emu: Some(emu),
-            emulator_filtered,
-            console,
-            devices,
-        })
+        if self.filter_calling_thread && emu.is_ok() {
+            // After the emulator and vCPU threads have their own filters: a thread starts with
+            // its creator's filter, and theirs would otherwise hold this one too.
+            let _ = emulator_filtered.recv();
+            vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Vmm);
+        }
+        let result = match emu {
+            Ok(t) => t.join().map_err(|_| VmError::EmulatorPanicked),
+            Err(e) => Err(VmError::SpawnEmulator(e)),
+        };
+        if let Some(c) = console {
+            c.finish();
+        }
+        if let Some(d) = &devices {
+            flush_serial(d);
+        }
+        self.control.mark_ended();
+        result?
     }
 
     /// What the emulator thread and the vCPU threads need of the guest.
@@ -592,66 +593,6 @@ impl Vm {
                 },
                 Some(Arc::clone(devices)),
             ),
-        }
-    }
-}
-
-/// A started VM ([`Vm::start`]): its guest runs until [`Started::wait`] has its report.
-/// Dropped without waiting (the caller failed between the two), it stops the VM and waits
-/// for its threads, so that none outlives the VM's memory.
-pub struct Started<'a> {
-    vm: &'a mut Vm,
-    emu: Option<std::io::Result<std::thread::JoinHandle<Result<RunReport, VmError>>>>,
-    emulator_filtered: std::sync::mpsc::Receiver<()>,
-    console: Option<ConsoleReader>,
-    devices: Option<Arc<LinuxDevices>>,
-}
-
-impl std::fmt::Debug for Started<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Started")
-            .field("vm", &self.vm.name)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Started<'_> {
-    /// Installs the calling thread's filter (when [`VmOptions::filter_calling_thread`]), then
-    /// waits for the guest's end and every thread; the run's report.
-    pub fn wait(mut self) -> Result<RunReport, VmError> {
-        let spawned = self.emu.as_ref().is_some_and(Result::is_ok);
-        if self.vm.filter_calling_thread && spawned {
-            // After the emulator and vCPU threads have their own filters: a thread starts with
-            // its creator's filter, and theirs would otherwise hold this one too.
-            let _ = self.emulator_filtered.recv();
-            vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Vmm);
-        }
-        self.join()
-    }
-
-    /// Joins the emulator thread (which joins the vCPU threads) and finishes the console.
-    fn join(&mut self) -> Result<RunReport, VmError> {
-        let result = match self.emu.take() {
-            Some(Ok(t)) => t.join().map_err(|_| VmError::EmulatorPanicked),
-            Some(Err(e)) => Err(VmError::SpawnEmulator(e)),
-            None => Err(VmError::AlreadyRun),
-        };
-        if let Some(c) = self.console.take() {
-            c.finish();
-        }
-        if let Some(d) = &self.devices {
-            flush_serial(d);
-        }
-        self.vm.control.mark_ended();
-        result?
-    }
-}
-
-impl Drop for Started<'_> {
-    fn drop(&mut self) {
-        if self.emu.is_some() {
-            self.vm.stop_handle().stop();
-            let _ = self.join();
         }
     }
 }
