@@ -97,6 +97,7 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
         }
     };
     ctx.control.set_tsc_khz(tsc_khz);
+    raise_restored_interrupts(&input.guest, &ctx.guest);
     let vcpu_setup_seconds = input.run_start.elapsed().as_secs_f64();
     let placements = thread_placements().unwrap_or_else(|e| {
         tracing::warn!(error = %e, "cannot read thread placement back");
@@ -373,6 +374,24 @@ fn run_status(vcpus: &[VcpuReport], reason: Option<StopReason>) -> RunStatus {
         RunStatus::Completed
     } else {
         RunStatus::Stopped
+    }
+}
+
+/// A restored Linux guest, every vCPU created and loaded, the gate still shut: its UART's
+/// pending interrupt is raised again. Raised earlier (the restore of the device), it went to
+/// an irqchip about to be overwritten by the saved one, with no vCPU to deliver an edge to.
+fn raise_restored_interrupts(run: &RunGuest, guest: &GuestCtx) {
+    if let (
+        RunGuest::Linux {
+            entry: LinuxEntry::Restored,
+            ..
+        },
+        GuestCtx::Linux { devices, .. },
+    ) = (run, guest)
+    {
+        if devices.raise_restored_interrupts() {
+            tracing::debug!("raised the restored UART's pending interrupt again");
+        }
     }
 }
 

@@ -128,4 +128,10 @@ impl LinuxDevices {
             v.resume_restored();
         }
     }
+
+    /// Once every vCPU of a restored guest and its LAPIC exist (before the guest runs): raises
+    /// COM1's pending interrupt again ([`SerialConsole::raise_pending`]).
+    pub(crate) fn raise_restored_interrupts(&self) -> bool {
+        self.serial.raise_pending()
+    }
 }

@@ -260,6 +260,25 @@ mod tests {
         assert_ne!(lsr[0] & 0x20, 0, "THR empty");
     }
 
+    /// `raise_pending` raises the interrupt only while one is pending and enabled.
+    #[test]
+    fn a_pending_interrupt_is_raised_again_only_while_pending() {
+        let sink = || Some(SerialOut(Arc::new(Mutex::new(io::sink()))));
+        let s = SerialConsole::new(sink()).unwrap();
+        while s.irq_fd().read().is_ok() {}
+        assert!(!s.raise_pending(), "nothing enabled, nothing pending");
+        s.write(COM1_BASE + 1, &[0x02]); // IER: THR empty interrupt
+        s.write(COM1_BASE, b"x");
+        assert!(s.sync_output(Duration::from_secs(5)));
+        while s.irq_fd().read().is_ok() {}
+        assert!(s.raise_pending(), "THR empty, enabled, not acknowledged");
+        assert!(s.irq_fd().read().unwrap() >= 1, "raised on the irqfd");
+        let mut iir = [0u8; 1];
+        s.read(COM1_BASE + 2, &mut iir); // reading IIR acknowledges THR empty
+        assert_eq!(iir[0] & 0x0f, 0x02, "IIR said THR empty");
+        assert!(!s.raise_pending(), "acknowledged: nothing pending");
+    }
+
     /// LSR, IER, LCR, the scratch register, the divisor and buffered input survive a save
     /// and a restore into a fresh console; the restored one raises its pending interrupt.
     #[test]

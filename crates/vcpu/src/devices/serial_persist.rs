@@ -37,9 +37,11 @@ impl SerialConsole {
         }
     }
 
-    /// Takes over a saved UART state (before the guest runs). A pending interrupt (data ready
-    /// or transmitter empty, enabled) is raised again on the irqfd. Refused, with the UART
-    /// unchanged, when the buffered input is larger than the FIFO.
+    /// Takes over a saved UART state (before the guest runs). Refused, with the UART
+    /// unchanged, when the buffered input is larger than the FIFO. vm-superio raises a pending
+    /// interrupt at once; a restore runs before the irqchip is loaded and before any vCPU
+    /// exists, where that edge is lost, so the VM raises it again with
+    /// [`SerialConsole::raise_pending`] once its vCPUs are loaded.
     pub fn restore(&self, saved: &UartState) -> Result<(), PersistError> {
         if saved.in_buffer.len() > UART_FIFO {
             return Err(PersistError::Serial(format!(
@@ -71,4 +73,27 @@ impl SerialConsole {
         *lock(&self.uart) = uart;
         Ok(())
     }
+
+    /// Raises the UART's interrupt on the irqfd when one is pending and enabled (transmitter
+    /// empty, or data ready): for a restored guest once every vCPU and its LAPIC exist. On the
+    /// source the guest's last THR write may have raised an edge that KVM had not injected
+    /// yet (an IOAPIC route's irqfd injects from a workqueue) when the VM was saved; the
+    /// saved UART still says pending, and without this the guest's driver waits for it
+    /// forever. Returns whether it raised one.
+    pub fn raise_pending(&self) -> bool {
+        let s = lock(&self.uart).state();
+        let thr = s.interrupt_enable & IER_THR_EMPTY != 0
+            && s.interrupt_identification & IIR_THR_EMPTY != 0;
+        let rda = s.interrupt_enable & IER_RDA != 0 && s.interrupt_identification & IIR_RDA != 0;
+        (thr || rda) && self.irq.write(1).is_ok()
+    }
 }
+
+/// IER: data-ready interrupt enable (as vm-superio).
+const IER_RDA: u8 = 0x01;
+/// IER: transmitter-empty interrupt enable.
+const IER_THR_EMPTY: u8 = 0x02;
+/// IIR: transmitter empty pending.
+const IIR_THR_EMPTY: u8 = 0x02;
+/// IIR: data ready pending.
+const IIR_RDA: u8 = 0x04;
