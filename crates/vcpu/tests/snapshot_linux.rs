@@ -77,19 +77,27 @@ fn text(log: &Arc<Mutex<Vec<u8>>>) -> String {
     String::from_utf8(log.lock().unwrap().clone()).unwrap()
 }
 
-#[test]
-fn a_linux_guest_restored_counts_on_without_booting_again() {
-    let test = "a_linux_guest_restored_counts_on_without_booting_again";
-    if !kvm_available(test) {
-        return;
-    }
-    let _cpus = lock_cpus();
+/// The counting guest, booted and counting: its scratch directory (the kernel), plan, RAM
+/// and console log, and the running VM.
+struct Counting {
+    dir: std::path::PathBuf,
+    plan: vmhost_plan::Plan,
+    layout: GuestLayout,
+    mem: GuestMemoryMmap,
+    log: Arc<Mutex<Vec<u8>>>,
+    handle: vmhost_vcpu::VmHandle,
+    runner: std::thread::JoinHandle<Result<vmhost_vcpu::RunReport, VmError>>,
+}
+
+/// Boots the counting guest (`cores` vCPUs, `extra` spec lines such as devices) for `test`
+/// and waits until it counts.
+fn start_counting(test: &str, name: &str, cores: u32, extra: &str) -> Counting {
     let dir = std::env::temp_dir().join(format!("vmhost-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let kernel = dir.join("kernel.elf");
     std::fs::write(&kernel, pvh_elf(&program())).unwrap();
     let plan = plan_toml(&format!(
-        "name = \"snap-linux\"\n[cpu]\ncores = 2\n[memory]\nguest = \"64Mi\"\n[devices.rng]\n[boot]\nkernel = \"{}\"\n",
+        "name = \"{name}\"\n[cpu]\ncores = {cores}\n[memory]\nguest = \"64Mi\"\n{extra}[boot]\nkernel = \"{}\"\n",
         kernel.display()
     ));
     let layout = GuestLayout::from_plan(&plan, MMIO_HOLE_START..MMIO_HOLE_END).unwrap();
@@ -99,6 +107,33 @@ fn a_linux_guest_restored_counts_on_without_booting_again() {
     let handle = vm.handle();
     let runner = std::thread::spawn(move || vm.run());
     assert!(wait_for(60, || counter(&mem) > 10_000), "the guest counts");
+    Counting {
+        dir,
+        plan,
+        layout,
+        mem,
+        log,
+        handle,
+        runner,
+    }
+}
+
+#[test]
+fn a_linux_guest_restored_counts_on_without_booting_again() {
+    let test = "a_linux_guest_restored_counts_on_without_booting_again";
+    if !kvm_available(test) {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let Counting {
+        dir,
+        plan,
+        layout,
+        mem,
+        log,
+        handle,
+        runner,
+    } = start_counting(test, "snap-linux", 2, "[devices.rng]\n");
     // A capture the VM resumes from: its devices run again and so does the guest.
     handle.pause().unwrap();
     let t = std::time::Instant::now();
@@ -211,27 +246,13 @@ fn a_uart_interrupt_pending_at_the_save_reaches_the_restored_vcpu() {
         return;
     }
     let _cpus = lock_cpus();
-    let dir = std::env::temp_dir().join(format!("vmhost-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kernel = dir.join("kernel.elf");
-    std::fs::write(&kernel, pvh_elf(&program())).unwrap();
-    let plan = plan_toml(&format!(
-        "name = \"uart-irq\"\n[cpu]\ncores = 1\n[memory]\nguest = \"64Mi\"\n[boot]\nkernel = \"{}\"\n",
-        kernel.display()
-    ));
-    let layout = GuestLayout::from_plan(&plan, MMIO_HOLE_START..MMIO_HOLE_END).unwrap();
-    let mem = layout.anonymous_memory().unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let mut vm = Vm::new(&plan, (mem.clone(), layout.clone()), options(&log)).unwrap();
-    let handle = vm.handle();
-    let runner = std::thread::spawn(move || vm.run());
-    assert!(wait_for(60, || counter(&mem) > 10_000), "the guest counts");
-    handle.pause().unwrap();
-    let mut saved = handle.capture().unwrap();
-    let copy = layout.anonymous_memory().unwrap();
-    copy_nonzero(&mem, &copy);
-    handle.stop();
-    runner.join().unwrap().unwrap();
+    let g = start_counting(test, "uart-irq", 1, "");
+    g.handle.pause().unwrap();
+    let mut saved = g.handle.capture().unwrap();
+    let copy = g.layout.anonymous_memory().unwrap();
+    copy_nonzero(&g.mem, &copy);
+    g.handle.stop();
+    g.runner.join().unwrap().unwrap();
 
     const VECTOR: usize = 0x24;
     let uart = saved.devices.as_mut().unwrap().serial.as_mut().unwrap();
@@ -246,7 +267,7 @@ fn a_uart_interrupt_pending_at_the_save_reaches_the_restored_vcpu() {
     assert!(!irr_has(lapic, VECTOR), "not pending before the restore");
 
     let probe = copy.clone();
-    let mut vm = Vm::restore(&plan, (copy, layout), options(&log), saved).unwrap();
+    let mut vm = Vm::restore(&g.plan, (copy, g.layout), options(&g.log), saved).unwrap();
     let handle = vm.handle();
     let runner = std::thread::spawn(move || vm.run());
     let at = counter(&probe);
@@ -258,7 +279,7 @@ fn a_uart_interrupt_pending_at_the_save_reaches_the_restored_vcpu() {
     let after = handle.capture().unwrap();
     handle.stop();
     runner.join().unwrap().unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&g.dir).unwrap();
     assert!(
         irr_has(&after.vcpus[0].lapic, VECTOR),
         "COM1's pending THR-empty interrupt reached vCPU 0's LAPIC (IRR vector {VECTOR:#x})"
