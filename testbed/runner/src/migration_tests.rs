@@ -514,7 +514,17 @@ fn gives_up(env: &Env, src: &Running, pod_b: &Path, key: &str) -> Outcome {
         free()?
     );
     let names = ledger_names(env)?;
-    ensure!(names == [VM], "the ledger after the give-up: {names:?}");
+    if names != [VM] {
+        // What the ledger held, whatever its state, and whether the source still runs.
+        let ps = env.run(&["ps", "--json"]).map(|o| o.stdout);
+        return Err(format!(
+            "the ledger after the give-up: {names:?}; vmhost ps --json: {ps:?}; the source \
+             (pid {}): {}",
+            src.vmm,
+            std::fs::read_to_string(format!("/proc/{}/stat", src.vmm))
+                .unwrap_or_else(|e| format!("no /proc entry: {e}"))
+        ));
+    }
     dirtier.wait_beats(dirtier.beats.load(Ordering::Relaxed), 50)?;
     let last = ticks(&console(env, &["migsrc"])).last().map_or(0, |t| t.n);
     wait_tick_past(env, &["migsrc"], last + 1)?;
