@@ -253,17 +253,29 @@ impl MmioTransport {
     }
 
     /// After a restore, once the VM's interrupt controller is restored and before the guest
-    /// runs: raises the line again if an interrupt was pending, and serves each ready queue
-    /// once, so work the driver made available before the save and did not notify again is
-    /// not left waiting.
+    /// runs: serves each ready queue once, so work the driver made available before the save
+    /// and did not notify again is not left waiting. What that serving signals, and what was
+    /// pending at the save, is raised by [`MmioTransport::raise_restored_interrupt`].
     pub fn resume(&mut self) {
-        if self.interrupt.status() != 0 {
-            if let Err(e) = self.interrupt.raise_pending() {
-                tracing::warn!(error = %e, "virtio-mmio: cannot raise the restored interrupt");
-            }
-        }
         for index in 0..self.queues.len() {
             self.notify(index);
+        }
+    }
+
+    /// After a restore, once every vCPU and its LAPIC are loaded and before the guest runs:
+    /// raises the line again when the driver has bits to acknowledge. An edge raised earlier
+    /// (while the irqchip was being restored, or before any vCPU existed) reaches no LAPIC,
+    /// and the driver would wait for it forever. Returns whether it raised one.
+    pub fn raise_restored_interrupt(&self) -> bool {
+        if self.interrupt.status() == 0 {
+            return false;
+        }
+        match self.interrupt.raise_pending() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "virtio-mmio: cannot raise the restored interrupt");
+                false
+            }
         }
     }
 }

@@ -377,9 +377,10 @@ fn run_status(vcpus: &[VcpuReport], reason: Option<StopReason>) -> RunStatus {
     }
 }
 
-/// A restored Linux guest, every vCPU created and loaded, the gate still shut: its UART's
-/// pending interrupt is raised again. Raised earlier (the restore of the device), it went to
-/// an irqchip about to be overwritten by the saved one, with no vCPU to deliver an edge to.
+/// A restored Linux guest, every vCPU created and loaded, the gate still shut: its UART's and
+/// its virtio devices' pending interrupts are raised again. Raised earlier (the restore of
+/// the devices), they went to an irqchip about to be overwritten by the saved one, or with no
+/// vCPU to deliver an edge to.
 fn raise_restored_interrupts(run: &RunGuest, guest: &GuestCtx) {
     if let (
         RunGuest::Linux {
@@ -389,8 +390,12 @@ fn raise_restored_interrupts(run: &RunGuest, guest: &GuestCtx) {
         GuestCtx::Linux { devices, .. },
     ) = (run, guest)
     {
-        if devices.raise_restored_interrupts() {
-            tracing::debug!("raised the restored UART's pending interrupt again");
+        let raised = devices.raise_restored_interrupts();
+        if raised > 0 {
+            tracing::debug!(
+                raised,
+                "raised the restored devices' pending interrupts again"
+            );
         }
     }
 }

@@ -210,12 +210,25 @@ impl VirtioAttachment {
     }
 
     /// After [`attach_restored`], once the VM's interrupt controller is restored and before
-    /// the vCPUs run: each device raises an interrupt that was pending when it was saved and
-    /// serves what its queues hold ([`MmioTransport::resume`]).
+    /// the vCPUs run: each device serves what its queues hold ([`MmioTransport::resume`]).
     pub fn resume_restored(&self) {
         for (_, t) in self.bus.transports() {
             t.lock().unwrap_or_else(PoisonError::into_inner).resume();
         }
+    }
+
+    /// Once every vCPU of the restored VM and its LAPIC are loaded, before the guest runs:
+    /// each device with interrupt bits the driver has not acknowledged raises its line again
+    /// ([`MmioTransport::raise_restored_interrupt`]). Returns how many did.
+    pub fn raise_restored_interrupts(&self) -> usize {
+        self.bus
+            .transports()
+            .filter(|(_, t)| {
+                t.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .raise_restored_interrupt()
+            })
+            .count()
     }
 }
 

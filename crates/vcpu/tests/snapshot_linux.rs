@@ -242,11 +242,44 @@ fn irr_has(lapic: &[u8], vector: usize) -> bool {
 #[test]
 fn a_uart_interrupt_pending_at_the_save_reaches_the_restored_vcpu() {
     let test = "a_uart_interrupt_pending_at_the_save_reaches_the_restored_vcpu";
+    pending_at_the_save_reaches_the_restored_vcpu(test, "uart-irq", "", 4, |saved| {
+        let uart = saved.devices.as_mut().unwrap().serial.as_mut().unwrap();
+        uart.interrupt_enable = 0x02; // THR empty
+        uart.interrupt_identification = (uart.interrupt_identification & 0xc0) | 0x02;
+    });
+}
+
+/// As above for a virtio device: the virtio-rng's `InterruptStatus` says a used buffer is not
+/// acknowledged yet, its GSI (16, the first virtio slot's) is unmasked to vector 0x24. Raised
+/// only while the transport is resumed (the irqchip is loaded, but no vCPU exists yet) the
+/// edge reaches no LAPIC, and a driver would wait for its used buffer forever.
+#[test]
+fn a_virtio_interrupt_pending_at_the_save_reaches_the_restored_vcpu() {
+    let test = "a_virtio_interrupt_pending_at_the_save_reaches_the_restored_vcpu";
+    let extra = "[devices.rng]\n";
+    pending_at_the_save_reaches_the_restored_vcpu(test, "virtio-irq", extra, 16, |saved| {
+        let virtio = &mut saved.devices.as_mut().unwrap().virtio;
+        assert_eq!(virtio.len(), 1, "the rng");
+        virtio[0].transport.interrupt_status = 1; // VIRTIO_MMIO_INT_VRING
+    });
+}
+
+/// Captures a counting guest (plan extras `extra`), marks an interrupt pending in the saved
+/// state with `mark`, routes IOAPIC pin `pin` (edge, fixed) to vector 0x24 on APIC ID 0,
+/// software-enables vCPU 0's LAPIC, restores, lets the guest run (IF stays 0, so the vector
+/// stays requested) and checks that vector 0x24 is in vCPU 0's IRR.
+fn pending_at_the_save_reaches_the_restored_vcpu(
+    test: &str,
+    name: &str,
+    extra: &str,
+    pin: usize,
+    mark: impl FnOnce(&mut SavedVm),
+) {
     if !kvm_available(test) {
         return;
     }
     let _cpus = lock_cpus();
-    let g = start_counting(test, "uart-irq", 1, "");
+    let g = start_counting(test, name, 1, extra);
     g.handle.pause().unwrap();
     let mut saved = g.handle.capture().unwrap();
     let copy = g.layout.anonymous_memory().unwrap();
@@ -255,13 +288,11 @@ fn a_uart_interrupt_pending_at_the_save_reaches_the_restored_vcpu() {
     g.runner.join().unwrap().unwrap();
 
     const VECTOR: usize = 0x24;
-    let uart = saved.devices.as_mut().unwrap().serial.as_mut().unwrap();
-    uart.interrupt_enable = 0x02; // THR empty
-    uart.interrupt_identification = (uart.interrupt_identification & 0xc0) | 0x02;
+    mark(&mut saved);
     // kvm_irqchip: chip id and pad (8), then kvm_ioapic_state: base (8), ioregsel, id, irr,
-    // pad (4 each), then the redirection table: pin 4 at 32 + 4 * 8.
-    let pin4 = 8 + 8 + 16 + 4 * 8;
-    saved.vm.ioapic[pin4..pin4 + 8].copy_from_slice(&(VECTOR as u64).to_le_bytes());
+    // pad (4 each), then the redirection table, 8 bytes per pin.
+    let entry = 8 + 8 + 16 + pin * 8;
+    saved.vm.ioapic[entry..entry + 8].copy_from_slice(&(VECTOR as u64).to_le_bytes());
     let lapic = &mut saved.vcpus[0].lapic;
     lapic[0xf0 + 1] |= 0x01; // SVR bit 8: software-enabled
     assert!(!irr_has(lapic, VECTOR), "not pending before the restore");
@@ -282,6 +313,6 @@ fn a_uart_interrupt_pending_at_the_save_reaches_the_restored_vcpu() {
     std::fs::remove_dir_all(&g.dir).unwrap();
     assert!(
         irr_has(&after.vcpus[0].lapic, VECTOR),
-        "COM1's pending THR-empty interrupt reached vCPU 0's LAPIC (IRR vector {VECTOR:#x})"
+        "{name}: the interrupt pending at the save reached vCPU 0's LAPIC (IRR vector {VECTOR:#x})"
     );
 }

@@ -11,7 +11,9 @@
 //! the VM ends. Order on the target: `vmhost_devices::persist::check_restorable` before any
 //! memory moves; then, with guest RAM loaded, `restore` (the devices' state is applied
 //! before any I/O thread starts), then the VM's irqchip state, then
-//! [`LinuxDevices::resume_restored`] (pending interrupts raised again), then the vCPUs run.
+//! [`LinuxDevices::resume_restored`] (each queue served once), then the vCPUs are created and
+//! loaded, then [`LinuxDevices::raise_restored_interrupts`] (pending interrupts raised again),
+//! then the guest runs.
 
 use std::path::Path;
 
@@ -121,8 +123,8 @@ impl LinuxDevices {
         Ok(devices.with_virtio(virtio))
     }
 
-    /// After [`LinuxDevices::restore`] and the VM's irqchip state, before the vCPUs run:
-    /// virtio interrupts pending at the save are raised again and each queue is served once.
+    /// After [`LinuxDevices::restore`] and the VM's irqchip state, before the vCPUs run: each
+    /// virtio queue is served once.
     pub fn resume_restored(&self) {
         if let Some(v) = &self.virtio {
             v.resume_restored();
@@ -130,8 +132,13 @@ impl LinuxDevices {
     }
 
     /// Once every vCPU of a restored guest and its LAPIC exist (before the guest runs): raises
-    /// COM1's pending interrupt again ([`SerialConsole::raise_pending`]).
-    pub(crate) fn raise_restored_interrupts(&self) -> bool {
-        self.serial.raise_pending()
+    /// COM1's pending interrupt again ([`SerialConsole::raise_pending`]) and every virtio
+    /// device's ([`crate::virtio::VirtioAttachment::raise_restored_interrupts`]). Returns how many it raised.
+    pub(crate) fn raise_restored_interrupts(&self) -> usize {
+        let virtio = self
+            .virtio
+            .as_ref()
+            .map_or(0, |v| v.raise_restored_interrupts());
+        usize::from(self.serial.raise_pending()) + virtio
     }
 }
