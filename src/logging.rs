@@ -1,7 +1,6 @@
 //! Diagnostics: the `tracing` events of every crate (and `log` records, which
 //! `tracing_subscriber` forwards through `LogTracer`) go to stderr: warnings and errors by
-//! default, more with `VMHOST_LOG` (an `EnvFilter` directive such as `info` or
-//! `vmhost_devices=debug`).
+//! default, more with `VMHOST_LOG` (a target list such as `info` or `vmhost_devices=debug`).
 //!
 //! Until the run path starts the writer thread ([`start_writer`]) a line is written to stderr
 //! directly. From then on lines go into a bounded buffer that the `vmhost-diag` thread drains
@@ -17,7 +16,10 @@ use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 use vmhost_vcpu::devices::output::{sink_of, Drain, DrainThread, FLUSH_TIMEOUT};
 
 /// The diagnostics writer thread.
@@ -59,14 +61,34 @@ fn dropped_line(n: u64) -> String {
 
 /// Installs the `tracing` subscriber (stderr directly until [`start_writer`]).
 pub fn init() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VMHOST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // The builder's own level (INFO by default) would cap the filter's.
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_max_level(LevelFilter::TRACE)
         .with_writer(DiagWriter)
         .with_target(false)
         .without_time()
+        .finish()
+        .with(filter(std::env::var("VMHOST_LOG").ok().as_deref()))
         .try_init();
+}
+
+/// The filter `VMHOST_LOG` asks for: `tracing_subscriber`'s target list (`info`,
+/// `vmhost_devices=debug`, `warn,vmhost_memory=trace`), as `RUST_LOG`-style directives without
+/// span or field matching. Unset, empty or not a valid list: warnings and errors, and a
+/// directive that cannot be parsed is said so on stderr.
+fn filter(directives: Option<&str>) -> Targets {
+    let default = Targets::new().with_default(LevelFilter::WARN);
+    match directives.map(str::trim).filter(|d| !d.is_empty()) {
+        None => default,
+        Some(d) => d.parse().unwrap_or_else(|e| {
+            eprintln!(
+                "vmhost: warning: VMHOST_LOG={d:?} is not a filter ({e}); showing warnings as \
+                 without it. Write a level (info) or target=level pairs separated by commas \
+                 (vmhost_devices=debug)"
+            );
+            default
+        }),
+    }
 }
 
 /// Starts the `vmhost-diag` thread; diagnostics go through its bounded buffer from now on.
@@ -134,5 +156,35 @@ impl Write for DiagLine {
             Some(_) => Ok(()),
             None => io::stderr().flush(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter;
+    use tracing::Level;
+
+    #[test]
+    fn vmhost_log_selects_levels_per_target() {
+        let unset = filter(None);
+        assert!(unset.would_enable("vmhost_devices", &Level::WARN));
+        assert!(!unset.would_enable("vmhost_devices", &Level::INFO));
+        assert_eq!(format!("{:?}", filter(Some(" "))), format!("{unset:?}"));
+
+        let info = filter(Some("info"));
+        assert!(info.would_enable("vmhost_memory::cells", &Level::INFO));
+        assert!(!info.would_enable("vmhost_memory::cells", &Level::DEBUG));
+
+        let devices = filter(Some("warn,vmhost_devices=debug"));
+        assert!(devices.would_enable("vmhost_devices::block", &Level::DEBUG));
+        assert!(!devices.would_enable("vmhost_memory", &Level::INFO));
+        assert!(devices.would_enable("vmhost_memory", &Level::WARN));
+    }
+
+    #[test]
+    fn a_vmhost_log_that_is_not_a_filter_shows_warnings() {
+        let bad = filter(Some("vmhost_devices=loud"));
+        assert!(bad.would_enable("vmhost_devices", &Level::WARN));
+        assert!(!bad.would_enable("vmhost_devices", &Level::INFO));
     }
 }
