@@ -112,24 +112,33 @@ pub fn run(
         Ok(memory) => memory,
         Err(stopped) => return Ok(stopped_before_start(plan, &stopped)),
     };
+    // A migration target whose RAM is all in place records and audits it before the rounds:
+    // the pages do not move when the rounds write them, and the source pauses only after the
+    // last round, so this is not in the guest's downtime.
+    let early = (matches!(start, Start::Incoming(_))
+        && opts.prefault == PrefaultTiming::BeforeStart)
+        .then(|| taken(&memory, admission))
+        .transpose()?;
     let shell = fill_memory(&memory, plan, &mut start, opts)?;
     // A migration target: the guest's state is here; the source is paused until the commit.
     let resume = matches!(start, Start::Incoming(_))
         .then(|| Arc::new(crate::migrate::resume::ResumeClock::start()));
     let mark = |step| resume.as_deref().map(|r| r.mark(step));
-    let background = Background::start(&mut memory, plan, enforcement.as_ref(), !opts.json)
-        .context("starting the background prefault")?;
-    if background.is_none() {
-        if let Some(e) = &enforcement {
-            e.narrow_after_prefault()?;
-        }
-        timeline.memory_ready_ns = now_ns();
-    }
-    admission.running()?;
-    // With a background prefault this shows the layout and what is faulted in so far; the
-    // report's audit is the one read when the prefault ended.
-    let audit = memory.audit().context("auditing guest memory residency")?;
-    mark("ledger and audit");
+    let audited_early = early.is_some();
+    let (background, audit) = settle_memory(
+        &mut memory,
+        plan,
+        &enforcement,
+        admission,
+        early,
+        opts,
+        &mut timeline,
+    )?;
+    mark(if audited_early {
+        "cgroup narrowed"
+    } else {
+        "ledger and audit"
+    });
     let started: Arc<Mutex<(Vec<ThreadPlacement>, u64)>> = Arc::default();
     let final_audit = background.is_none().then(|| audit.clone());
     let options = vm_options(plan, opts, final_audit, &started, resume.clone());
@@ -165,6 +174,43 @@ pub fn run(
         started,
     };
     finish(plan, opts, ended, background.as_ref(), timeline)
+}
+
+/// After guest RAM is filled (or, for a boot, allocated): starts the background prefault
+/// that `--prefault background` deferred, or else narrows the cgroup's cpuset to the envelope
+/// (after a migration target's rounds: its receivers run on their cells' nodes, outside the
+/// envelope's PUs); then the ledger entry and the residency audit ([`taken`]) unless they
+/// were done `early`.
+fn settle_memory(
+    memory: &mut GuestMemory,
+    plan: &Plan,
+    enforcement: &Option<Arc<Enforcement>>,
+    admission: &crate::vms::Admission,
+    early: Option<Audit>,
+    opts: &RunOptions,
+    timeline: &mut Timeline,
+) -> Result<(Option<Background>, Audit)> {
+    let background = Background::start(memory, plan, enforcement.as_ref(), !opts.json)
+        .context("starting the background prefault")?;
+    if background.is_none() {
+        if let Some(e) = enforcement {
+            e.narrow_after_prefault()?;
+        }
+        timeline.memory_ready_ns = now_ns();
+    }
+    let audit = match early {
+        Some(audit) => audit,
+        None => taken(memory, admission)?,
+    };
+    Ok((background, audit))
+}
+
+/// Guest RAM allocated: the ledger told that its pages are taken, and their residency read
+/// back. With a background prefault still running the audit shows the layout and what is
+/// faulted in so far; the report's audit is then the one read when the prefault ended.
+fn taken(memory: &GuestMemory, admission: &crate::vms::Admission) -> Result<Audit> {
+    admission.running()?;
+    memory.audit().context("auditing guest memory residency")
 }
 
 /// Enters the cgroup `--cgroup` names. Before any thread starts: on cgroup v2 entering forks
