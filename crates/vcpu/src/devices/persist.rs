@@ -133,7 +133,8 @@ impl LinuxDevices {
 
     /// Once every vCPU of a restored guest and its LAPIC exist (before the guest runs): raises
     /// COM1's pending interrupt again ([`SerialConsole::raise_pending`]) and every virtio
-    /// device's ([`crate::virtio::VirtioAttachment::raise_restored_interrupts`]). Returns how many it raised.
+    /// device's ([`crate::virtio::VirtioAttachment::raise_restored_interrupts`]). Returns how
+    /// many it raised.
     pub(crate) fn raise_restored_interrupts(&self) -> usize {
         let virtio = self
             .virtio
