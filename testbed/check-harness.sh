@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The testbed harness's own checks, on the CI host, without booting QEMU (`make test` runs them
 # before testbed/run.sh; a few seconds). They exercise testbed/harness.sh, which run.sh uses:
-#   - lockup detection on crafted serial logs: the host's own lockup is retried, a nested
-#     guest's (prefixed) lockup line is not taken for one, a lockup on a CPU running a vmhost
-#     thread is a failure;
+#   - lockup and oops detection on crafted serial logs: the host's own lockup or oops is
+#     retried, a nested guest's (prefixed) line is not taken for one, a lockup or oops on a
+#     CPU running a vmhost thread is a failure;
 #   - the share's `run` script and the suite verdict with a stand-in runner (a shell script
 #     that prints PASS lines and then dies like an aborted runner): a runner that dies
 #     mid-suite, or exits 0 without running every listed test, fails the suite;
@@ -54,6 +54,12 @@ check "a host RCU stall whose backtrace names a vmhost thread fails" fault_is fa
     $'[  101.000001] rcu: INFO: rcu_preempt self-detected stall on CPU\n[  101.000003] CPU: 1 PID: 77 Comm: prefault-c0-1 Not tainted 6.1.0-28-amd64 #1'
 check "a host soft lockup on the runner itself is retried" fault_is retry: \
     '[   48.1] watchdog: BUG: soft lockup - CPU#0 stuck for 26s! [vmhost-testbed:99]'
+check "a host oops in the idle task is retried" fault_is retry: \
+    $'RUN  vsock_linux_guest_echo_both_ways\n[  308.999616] BUG: unable to handle page fault for address: ffff8880067b4508\n[  308.999616] #PF: supervisor instruction fetch in kernel mode\n[  308.999616] Oops: 0011 [#1] PREEMPT SMP NOPTI\n[  308.999616] CPU: 1 PID: 0 Comm: swapper/1 Not tainted 6.1.0-57-amd64 #1  Debian 6.1.192-3'
+check "a host oops on a vmhost vCPU thread fails" fault_is fail: \
+    $'[  120.5] general protection fault, probably for non-canonical address 0xdead000000000100: 0000 [#1] PREEMPT SMP NOPTI\n[  120.5] CPU: 0 PID: 4242 Comm: vcpu0 Not tainted 6.1.0-57-amd64 #1'
+check "a prefixed guest oops line is not the host's" fault_is "" \
+    '     guest| [   12.0] BUG: unable to handle page fault for address: 0000000000000008'
 check "silence is retried" fault_is retry: \
     'testbed: no output for 150 s: the emulated machine is frozen'
 

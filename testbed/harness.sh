@@ -7,6 +7,9 @@
 # and indents a FAIL reason's further lines, so a guest's kernel can never print such a line.
 host_kernel_line='^\[ *[0-9]+\.[0-9]+\] '
 host_lockup="${host_kernel_line}(watchdog: BUG: soft lockup - CPU#[0-9]+|rcu: INFO: rcu_(preempt|sched) (self-)?detected stall)"
+# The emulated host's own kernel failing (an oops: boot.sh's `oops=panic` then ends the
+# machine): `BUG: unable to handle …`, `general protection fault`, `kernel BUG at`, `Oops:`.
+host_oops="${host_kernel_line}(BUG: unable to handle|general protection fault|kernel BUG at|invalid opcode:|Oops: )"
 
 # Is a task name (`comm`) one of vmhost's threads? vCPUs are `vcpu<N>`, prefault workers
 # `prefault-c<cell>-<i>`, the rest `vmhost` or `vmhost-<what>`; the runner
@@ -15,15 +18,16 @@ is_vmhost_comm() {
     [[ "$1" != vmhost-testbed ]] && [[ "$1" =~ ^(vcpu[0-9]+|prefault-c[0-9]+-[0-9]+|vmhost(-[a-z]+)?)$ ]]
 }
 
-# What in a serial log shows that the emulated machine locked up, one line, empty when nothing
-# does: `retry: WHY` for a fault of the emulator (a CPU stuck in the host's own kernel, or no
-# output at all), `fail: WHY` when the stuck CPU was running a vmhost thread (a vmhost guest or
-# a vmhost bug must not be retried into green). The task on the stuck CPU comes from the
-# soft-lockup line's `[comm:pid]` and from any `CPU: N PID: P Comm: X` / `task:X` line the
-# kernel printed after the first lockup line.
+# What in a serial log shows that the emulated machine locked up or its kernel failed, one
+# line, empty when nothing does: `retry: WHY` for a fault of the emulator (a CPU stuck in the
+# host's own kernel, an oops of that kernel outside vmhost's threads, or no output at all),
+# `fail: WHY` when the stuck or failing CPU was running a vmhost thread (a vmhost guest or a
+# vmhost bug must not be retried into green). The task on that CPU comes from the soft-lockup
+# line's `[comm:pid]` and from any `CPU: N PID: P Comm: X` / `task:X` line the kernel printed
+# after the first lockup or oops line.
 emulator_fault() {
     local log="$1" line first comm comms=()
-    first=$(grep -a -n -m1 -E "$host_lockup" "$log" | cut -d: -f1 || true)
+    first=$(grep -a -n -m1 -E "$host_lockup|$host_oops" "$log" | cut -d: -f1 || true)
     if [[ -n "$first" ]]; then
         line=$(sed -n "${first}p" "$log" | tr -d '\r')
         [[ "$line" =~ !\ \[([^[]+):[0-9]+\]$ ]] && comms+=("${BASH_REMATCH[1]}")

@@ -215,7 +215,7 @@ for suite in "${suites[@]}"; do
             names=$(sed -E 's/^PASS ([^ ]+).*/\1/' "$share/passed-earlier" 2>/dev/null | paste -sd, -)
             if [[ -n "$names" ]]; then echo "$names" > "$share/skip"; else rm -f "$share/skip"; fi
             retries+=("$suite boot $attempt: ${why#retry: }")
-            echo "== testbed: the emulated $suite host locked up (${why#retry: }); serial log kept in $keep;" \
+            echo "== testbed: the emulated $suite host locked up or its kernel failed (${why#retry: }); serial log kept in $keep;" \
                 "this is a fault of the emulated machine, not a test result: booting it again" \
                 "(boot $((attempt + 1)) of at most 3) for the tests that have not passed yet"
             rc=0
