@@ -167,6 +167,11 @@ impl Control {
         }
     }
 
+    /// The number of vCPUs this control was made for.
+    pub fn vcpus(&self) -> usize {
+        self.kicks.len()
+    }
+
     /// Records the guest's TSC rate once its vCPUs are set up.
     pub fn set_tsc_khz(&self, khz: u32) {
         self.tsc_khz.store(khz, Ordering::Relaxed);
@@ -515,6 +520,13 @@ impl std::fmt::Debug for VmHandle {
 }
 
 impl VmHandle {
+    /// A handle for a VM of `vcpus` vCPUs that is not built yet: give it to the VM through
+    /// [`crate::VmOptions::handle`]. Until then the VM is `Created`: a pause or a capture is
+    /// refused, and a stop is kept (the VM, once built, ends at once).
+    pub fn unbuilt(vcpus: usize) -> VmHandle {
+        VmHandle(Arc::new(Control::new(vcpus)))
+    }
+
     /// Stops the VM (see [`StopHandle::stop`]); a paused VM stops too.
     pub fn stop(&self) {
         self.0.request_stop(StopReason::Requested);

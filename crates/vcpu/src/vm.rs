@@ -91,6 +91,11 @@ pub struct VmOptions {
     /// down and report. Off by default (a library caller's thread is its own); the `vmhost`
     /// binary sets it.
     pub filter_calling_thread: bool,
+    /// The handle the VM is to answer through, made before it is built
+    /// ([`VmHandle::unbuilt`]): a control API served while guest memory is still being
+    /// filled sees the VM as `Created` and, once built, controls it. Its vCPU count must be
+    /// the plan's. `None`: the VM makes its own.
+    pub handle: Option<crate::control::VmHandle>,
 }
 
 /// The function a [`StartHook`] calls.
@@ -144,6 +149,16 @@ pub enum VmError {
     NoVcpus {
         /// VM name.
         vm: String,
+    },
+    /// [`VmOptions::handle`] was made for another number of vCPUs than the plan has.
+    #[error("VM {vm}: the handle made before the VM has {handle} vCPUs, the plan {plan}")]
+    HandleMismatch {
+        /// VM name.
+        vm: String,
+        /// The handle's vCPUs.
+        handle: usize,
+        /// The plan's vCPUs.
+        plan: usize,
     },
     /// The virtio devices could not be attached.
     #[error("VM {vm}: cannot attach the virtio devices")]
@@ -428,7 +443,17 @@ impl Vm {
         let layout = VcpuStateLayout::probe(&prepared.kvm, &prepared.fd)
             .map_err(|source| VmError::State { vcpu: None, source })?;
         let fd = Arc::new(prepared.fd);
-        let control = Arc::new(Control::new(plan.vcpus.len()));
+        let control = match &options.handle {
+            Some(h) if h.0.vcpus() == plan.vcpus.len() => Arc::clone(&h.0),
+            Some(h) => {
+                return Err(VmError::HandleMismatch {
+                    vm: plan.name.clone(),
+                    handle: h.0.vcpus(),
+                    plan: plan.vcpus.len(),
+                })
+            }
+            None => Arc::new(Control::new(plan.vcpus.len())),
+        };
         if linux {
             control.set_power_button(&fd);
         }

@@ -5,7 +5,9 @@ mod common;
 
 use common::*;
 use vmhost_vcpu::payload::touch;
-use vmhost_vcpu::{PayloadResult, RunStatus, VcpuOutcome, Vm, VmError, VmOptions};
+use vmhost_vcpu::{
+    PayloadResult, RunStatus, VcpuOutcome, Vm, VmError, VmHandle, VmOptions, VmState,
+};
 
 #[test]
 fn touch_writes_every_page_of_each_cell_on_hugepages() {
@@ -144,4 +146,56 @@ fn stop_before_the_guest_runs_ends_every_vcpu() {
         .iter()
         .all(|v| v.outcome == VcpuOutcome::Stopped && v.exits == 0));
     assert_eq!(report.exit_code(), 130);
+}
+
+/// A handle made before the VM (a migration target serves its control API while guest memory
+/// arrives): the VM answers through it once built; before that it is `Created`, a pause is
+/// refused, and a stop is kept: the VM ends before any vCPU runs guest code. A handle for
+/// another vCPU count is refused.
+#[test]
+fn a_handle_made_before_the_vm_controls_it() {
+    if !kvm_available("a_handle_made_before_the_vm_controls_it") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let plan = plan_toml("name = \"early-handle\"\n[cpu]\ncores = 2\n[memory]\nguest = \"16Mi\"\n[boot]\npayload = \"touch\"\n");
+    let wrong = VmOptions {
+        handle: Some(VmHandle::unbuilt(3)),
+        ..Default::default()
+    };
+    assert!(matches!(
+        Vm::new(&plan, memory(&plan), wrong),
+        Err(VmError::HandleMismatch {
+            handle: 3,
+            plan: 2,
+            ..
+        })
+    ));
+    let handle = VmHandle::unbuilt(2);
+    assert_eq!(handle.state(), VmState::Created);
+    assert!(handle.pause().is_err(), "nothing runs yet to pause");
+    handle.stop();
+    let options = VmOptions {
+        handle: Some(handle.clone()),
+        ..Default::default()
+    };
+    let mut vm = Vm::new(&plan, memory(&plan), options).expect("VM");
+    assert_eq!(vm.handle().state(), VmState::Stopped, "the same control");
+    let report = vm.run().expect("run");
+    assert_eq!(report.status, RunStatus::Stopped);
+    assert!(report
+        .vcpus
+        .iter()
+        .all(|v| v.outcome == VcpuOutcome::Stopped && v.exits == 0));
+
+    // Not stopped before: the VM runs to its end and the early handle sees it.
+    let handle = VmHandle::unbuilt(2);
+    let options = VmOptions {
+        handle: Some(handle.clone()),
+        ..Default::default()
+    };
+    let mut vm = Vm::new(&plan, memory(&plan), options).expect("VM");
+    let report = vm.run().expect("run");
+    assert_eq!(report.status, RunStatus::Completed);
+    assert_eq!(handle.state(), VmState::Stopped);
 }
