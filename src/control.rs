@@ -46,7 +46,9 @@ impl Control {
         stop: StopHandle,
         envelope_guard: Option<Arc<crate::enforce::Enforcement>>,
     ) -> std::io::Result<Self> {
-        let grace = if handle.has_power_button() {
+        // From the plan, not the handle: a migration target serves its API before its VM
+        // (and the power button) exists.
+        let grace = if matches!(plan.boot, vmhost_config::BootSpec::Kernel { .. }) {
             Some(Mutex::new(start_grace_timer(stop.clone())?))
         } else {
             None

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use vmhost_api::ServerLimits;
 use vmhost_config::{BootSpec, Payload, VmSpec};
@@ -27,7 +27,7 @@ use crate::signals::{StopSignals, EXIT_INTERRUPTED};
 use crate::timeline::{now_ns, Timeline};
 use vmhost_vcpu::{
     pin_current_thread_to_emulator, RunReport, StartHook, ThreadPlacement, UnknownAccessPolicy, Vm,
-    VmOptions, VmShell,
+    VmHandle, VmOptions, VmShell, VmState,
 };
 
 /// Run-time settings from the command line.
@@ -93,21 +93,7 @@ pub fn run(
     mut start: Start,
 ) -> Result<u8> {
     let sec_at_start = crate::overhead::sec_page_tables();
-    // The stop signals are blocked since `main` (see `signals`): one that came during setup
-    // is still pending, and the signal thread takes it.
-    pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
-    let enforcement = enter_cgroup(plan, opts)?;
-    // After the pinning: the signal thread inherits the emulator PUs.
-    let signals = StopSignals::start().context("starting the signal thread")?;
-    // From here on a vCPU or I/O thread that logs never blocks on stderr.
-    if let Err(e) = crate::logging::start_writer() {
-        eprintln!(
-            "vmhost: warning: cannot start the diagnostics writer ({e}); writing them directly"
-        );
-    }
-    if let Start::Restore { restored: r, .. } = &start {
-        crate::restore::check_this_host(r)?;
-    }
+    let (enforcement, signals) = prepare(plan, opts, &start)?;
     let mut memory = match guest_memory(plan, enforcement.as_deref(), &signals, opts.prefault)? {
         Ok(memory) => memory,
         Err(stopped) => return Ok(stopped_before_start(plan, &stopped)),
@@ -119,6 +105,16 @@ pub fn run(
         && opts.prefault == PrefaultTiming::BeforeStart)
         .then(|| taken(&memory, admission))
         .transpose()?;
+    // The handle the VM answers through, before the VM exists: a target that audited early
+    // serves its API now, outside the guest's downtime, and a socket it cannot bind fails the
+    // move before any page of it moves.
+    let handle = VmHandle::unbuilt(plan.vcpus.len());
+    let view = |audit| ApiView::new(spec, plan, audit, &handle, memory.regions().to_vec());
+    let mut api = early
+        .as_ref()
+        .map(|audit| serve_api(view(audit), enforcement.as_ref(), opts))
+        .transpose()?
+        .flatten();
     let shell = fill_memory(&memory, plan, &mut start, opts)?;
     // A migration target: the guest's state is here; the source is paused until the commit.
     let resume = matches!(start, Start::Incoming(_))
@@ -141,7 +137,8 @@ pub fn run(
     });
     let started: Arc<Mutex<(Vec<ThreadPlacement>, u64)>> = Arc::default();
     let final_audit = background.is_none().then(|| audit.clone());
-    let options = vm_options(plan, opts, final_audit, &started, resume.clone());
+    let mut options = vm_options(plan, opts, final_audit, &started, resume.clone());
+    options.handle = Some(handle.clone());
     let regions = memory.regions().to_vec();
     let restoring = matches!(start, Start::Restore { .. });
     let (mut vm, incoming) = create_vm(plan, memory, options, start, shell)?;
@@ -150,12 +147,15 @@ pub fn run(
         eprintln!("vmhost: restore: {}", crate::restore::timing(&timeline));
     }
     mark("VM built");
-    if let Some(mut inc) = incoming {
-        inc.commit(plan, &audit, admission, opts.json)?;
+    if let Some(inc) = incoming {
+        commit(inc, &handle, plan, &audit, admission, opts)?;
         mark("commit, ledger hand-over and report");
     }
-    let api = serve_api(spec, plan, &audit, &vm, enforcement.as_ref(), opts, regions)?;
-    mark("API");
+    if api.is_none() {
+        let view = ApiView::new(spec, plan, &audit, &handle, regions);
+        api = serve_api(view, enforcement.as_ref(), opts)?;
+        mark("API");
+    }
     signals.attach(vm.stop_handle());
     if let Some(bg) = &background {
         bg.attach(vm.stop_handle());
@@ -174,6 +174,49 @@ pub fn run(
         started,
     };
     finish(plan, opts, ended, background.as_ref(), timeline)
+}
+
+/// Before guest memory: pins the VMM thread to the emulator PUs, enters the cgroup, starts
+/// the signal thread and the diagnostics writer, and checks that a snapshot's host allows
+/// its restore here.
+fn prepare(
+    plan: &Plan,
+    opts: &RunOptions,
+    start: &Start,
+) -> Result<(Option<Arc<Enforcement>>, StopSignals)> {
+    // The stop signals are blocked since `main` (see `signals`): one that came during setup
+    // is still pending, and the signal thread takes it.
+    pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
+    let enforcement = enter_cgroup(plan, opts)?;
+    // After the pinning: the signal thread inherits the emulator PUs.
+    let signals = StopSignals::start().context("starting the signal thread")?;
+    // From here on a vCPU or I/O thread that logs never blocks on stderr.
+    if let Err(e) = crate::logging::start_writer() {
+        eprintln!(
+            "vmhost: warning: cannot start the diagnostics writer ({e}); writing them directly"
+        );
+    }
+    if let Start::Restore { restored: r, .. } = start {
+        crate::restore::check_this_host(r)?;
+    }
+    Ok((enforcement, signals))
+}
+
+/// A migration target's commit point, once its VM is built: refused when the VM was stopped
+/// (through the API, which a target serves while the guest arrives) meanwhile, so that the
+/// source keeps the guest.
+fn commit(
+    mut inc: Box<crate::migrate::target::Incoming>,
+    handle: &VmHandle,
+    plan: &Plan,
+    audit: &Audit,
+    admission: &crate::vms::Admission,
+    opts: &RunOptions,
+) -> Result<()> {
+    if handle.state() == VmState::Stopped {
+        bail!("the VM was stopped before the migration committed: the source keeps the guest");
+    }
+    inc.commit(plan, audit, admission, opts.json)
 }
 
 /// After guest RAM is filled (or, for a boot, allocated): starts the background prefault
@@ -392,24 +435,27 @@ fn finish(
 
 /// Serves the control API when `--api-socket` asks for it; the limit exit removes its socket.
 fn serve_api(
-    spec: &VmSpec,
-    plan: &Plan,
-    audit: &Audit,
-    vm: &Vm,
+    view: ApiView<'_>,
     enforcement: Option<&Arc<Enforcement>>,
     opts: &RunOptions,
-    regions: Vec<vmhost_memory::MappedRegion>,
 ) -> Result<Option<vmhost_api::ApiServer>> {
     let Some(path) = &opts.api_socket else {
         return Ok(None);
     };
+    let ApiView {
+        spec,
+        plan,
+        audit,
+        handle,
+        regions,
+    } = view;
     // Started here, on the main thread: the API thread's filter lets it start no thread.
     let source = |spec: &crate::snapshot::SpecSource| crate::snapshot::Source {
         spec: spec.absolute(),
         plan: plan.clone(),
         regions: regions.clone(),
-        handle: vm.handle(),
-        stop: vm.stop_handle(),
+        handle: handle.clone(),
+        stop: handle.stop_handle(),
     };
     let (jobs, migrations) = match &opts.spec_source {
         Some(spec) => (
@@ -428,8 +474,8 @@ fn serve_api(
         spec.clone(),
         plan.clone(),
         audit.clone(),
-        vm.handle(),
-        vm.stop_handle(),
+        handle.clone(),
+        handle.stop_handle(),
         enforcement.cloned(),
     )
     .context("starting the control API's grace-period timer")?
@@ -441,6 +487,34 @@ fn serve_api(
         e.remove_at_limit_exit(path.clone());
     }
     Ok(Some(server))
+}
+
+/// What the control API shows and acts on: the VM (through its handle, which may come before
+/// the VM itself), its spec, plan, residency audit and guest RAM.
+struct ApiView<'a> {
+    spec: &'a VmSpec,
+    plan: &'a Plan,
+    audit: &'a Audit,
+    handle: &'a VmHandle,
+    regions: Vec<vmhost_memory::MappedRegion>,
+}
+
+impl<'a> ApiView<'a> {
+    fn new(
+        spec: &'a VmSpec,
+        plan: &'a Plan,
+        audit: &'a Audit,
+        handle: &'a VmHandle,
+        regions: Vec<vmhost_memory::MappedRegion>,
+    ) -> Self {
+        ApiView {
+            spec,
+            plan,
+            audit,
+            handle,
+            regions,
+        }
+    }
 }
 
 /// A prefault a stop signal cancelled: how far it got.

@@ -562,3 +562,54 @@ fn a_disk_missing_on_the_target_is_refused_before_memory_moves() {
     assert_eq!(source.wait().unwrap().code(), Some(0));
     assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
 }
+
+/// A control API socket the target cannot serve on (a regular file sits at its path) fails
+/// the move before any page of it moves: the target serves its API before the rounds, so the
+/// source never commits, its guest runs on, and the target exits non-zero with the path named
+/// and its hugepages back. Served after the commit instead, the failure would end the guest.
+#[test]
+fn a_target_api_socket_that_cannot_be_served_fails_before_memory_moves() {
+    if !need_kvm("cli_migrate") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_pool();
+    if !need_pages("cli_migrate", PAGE_2M, 32) {
+        return;
+    }
+    let before = pool(PAGE_2M);
+    let d = dir("bad-api");
+    let (mut source, sock) = common::start_with_api(&d, &d.join("vm.toml"), &[], Stdio::null());
+    let mut _guard = KillOnPanic(vec![source.id()]);
+    let taken = d.join("api2.sock");
+    std::fs::write(&taken, "not a socket").unwrap();
+    let unix = format!("unix:{}", d.join("mig.sock").display());
+    let target = Target::start(&d, &unix, "key", &taken, &[]);
+    _guard.0.push(target.child.id());
+    let o = migrate(&sock, &unix, &d.join("key"));
+    assert_eq!(o.status.code(), Some(1), "{}", common::text(&o));
+    let job: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(job["state"], "failed", "{job:#}");
+    let (code, log) = target.wait();
+    assert_ne!(code, Some(0), "{log}");
+    assert!(
+        log.contains("serving the control API") && log.contains("api2.sock"),
+        "{log}"
+    );
+    assert!(!log.contains("migration committed"), "{log}");
+    assert_eq!(
+        std::fs::read_to_string(&taken).unwrap(),
+        "not a socket",
+        "the file is left alone"
+    );
+    let (_, t) = common::progress(&sock);
+    common::ticks_pass(&sock, t);
+    assert_eq!(
+        ledger_names(&d.join("run")),
+        ["mig-vm"],
+        "the source's entry only"
+    );
+    assert_eq!(common::ctl(&sock, "shutdown").0, 0);
+    assert_eq!(source.wait().unwrap().code(), Some(0));
+    assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
+}
