@@ -397,6 +397,21 @@ fn the_source_killed_ends_the_target_non_zero_with_its_pages_back() {
     assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
 }
 
+/// After a move that failed before its commit: the source's guest runs on, its ledger entry
+/// is the only one, it shuts down with 0 and every hugepage is back in the pool (`before`).
+fn the_source_runs_on_alone(d: &Path, sock: &Path, mut source: Child, before: (u64, u64)) {
+    let (_, t) = common::progress(sock);
+    common::ticks_pass(sock, t);
+    assert_eq!(
+        ledger_names(&d.join("run")),
+        ["mig-vm"],
+        "the source's entry only"
+    );
+    assert_eq!(common::ctl(sock, "shutdown").0, 0);
+    assert_eq!(source.wait().unwrap().code(), Some(0));
+    assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
+}
+
 /// This host's CPU vendor string (`vendor_id` of /proc/cpuinfo, as CPUID leaf 0 gives it).
 fn cpu_vendor() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap();
@@ -529,7 +544,7 @@ fn a_disk_missing_on_the_target_is_refused_before_memory_moves() {
         image.display()
     );
     std::fs::write(d.join("disk.toml"), spec).unwrap();
-    let (mut source, sock) = common::start_with_api(&d, &d.join("disk.toml"), &[], Stdio::null());
+    let (source, sock) = common::start_with_api(&d, &d.join("disk.toml"), &[], Stdio::null());
     let mut _guard = KillOnPanic(vec![source.id()]);
     std::fs::remove_file(&image).unwrap();
     let unix = format!("unix:{}", d.join("mig.sock").display());
@@ -551,16 +566,7 @@ fn a_disk_missing_on_the_target_is_refused_before_memory_moves() {
     assert_eq!(code, Some(2), "{log}");
     assert!(log.contains("volumes[0].host_disk.path"), "{log}");
     assert!(!log.contains("/dev/kvm"), "{log}");
-    let (_, t) = common::progress(&sock);
-    common::ticks_pass(&sock, t);
-    assert_eq!(
-        ledger_names(&d.join("run")),
-        ["mig-vm"],
-        "the source's entry only"
-    );
-    assert_eq!(common::ctl(&sock, "shutdown").0, 0);
-    assert_eq!(source.wait().unwrap().code(), Some(0));
-    assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
+    the_source_runs_on_alone(&d, &sock, source, before);
 }
 
 /// A control API socket the target cannot serve on (a regular file sits at its path) fails
@@ -579,7 +585,7 @@ fn a_target_api_socket_that_cannot_be_served_fails_before_memory_moves() {
     }
     let before = pool(PAGE_2M);
     let d = dir("bad-api");
-    let (mut source, sock) = common::start_with_api(&d, &d.join("vm.toml"), &[], Stdio::null());
+    let (source, sock) = common::start_with_api(&d, &d.join("vm.toml"), &[], Stdio::null());
     let mut _guard = KillOnPanic(vec![source.id()]);
     let taken = d.join("api2.sock");
     std::fs::write(&taken, "not a socket").unwrap();
@@ -602,14 +608,5 @@ fn a_target_api_socket_that_cannot_be_served_fails_before_memory_moves() {
         "not a socket",
         "the file is left alone"
     );
-    let (_, t) = common::progress(&sock);
-    common::ticks_pass(&sock, t);
-    assert_eq!(
-        ledger_names(&d.join("run")),
-        ["mig-vm"],
-        "the source's entry only"
-    );
-    assert_eq!(common::ctl(&sock, "shutdown").0, 0);
-    assert_eq!(source.wait().unwrap().code(), Some(0));
-    assert_eq!(pool(PAGE_2M), before, "every hugepage is back in the pool");
+    the_source_runs_on_alone(&d, &sock, source, before);
 }
