@@ -26,8 +26,8 @@ use crate::output::placement_table;
 use crate::signals::{StopSignals, EXIT_INTERRUPTED};
 use crate::timeline::{now_ns, Timeline};
 use vmhost_vcpu::{
-    pin_current_thread_to_emulator, RunReport, StartHook, ThreadPlacement, UnknownAccessPolicy, Vm,
-    VmHandle, VmOptions, VmShell, VmState,
+    pin_current_thread_to_emulator, AfterStart, RunReport, StartHook, ThreadPlacement,
+    UnknownAccessPolicy, Vm, VmHandle, VmOptions, VmShell, VmState,
 };
 
 /// Run-time settings from the command line.
@@ -139,6 +139,8 @@ pub fn run(
     let final_audit = background.is_none().then(|| audit.clone());
     let mut options = vm_options(plan, opts, final_audit, &started, resume.clone());
     options.handle = Some(handle.clone());
+    let after_start = AfterStart::default();
+    options.after_start = Some(after_start.clone());
     let regions = memory.regions().to_vec();
     let restoring = matches!(start, Start::Restore { .. });
     let (mut vm, incoming) = create_vm(plan, memory, options, start, shell)?;
@@ -148,8 +150,9 @@ pub fn run(
     }
     mark("VM built");
     if let Some(inc) = incoming {
-        commit(inc, &handle, plan, &audit, admission, opts)?;
-        mark("commit, ledger hand-over and report");
+        let arrival = commit(inc, &handle, plan, &audit, admission, opts)?;
+        after_start.set(Box::new(move |_| arrival.finish()));
+        mark("commit");
     }
     if api.is_none() {
         let view = ApiView::new(spec, plan, &audit, &handle, regions);
@@ -204,15 +207,15 @@ fn prepare(
 
 /// A migration target's commit point, once its VM is built: refused when the VM was stopped
 /// (through the API, which a target serves while the guest arrives) meanwhile, so that the
-/// source keeps the guest.
+/// source keeps the guest. The ledger hand-over and the report follow once the guest runs.
 fn commit(
-    mut inc: Box<crate::migrate::target::Incoming>,
+    inc: Box<crate::migrate::target::Incoming>,
     handle: &VmHandle,
     plan: &Plan,
     audit: &Audit,
     admission: &crate::vms::Admission,
     opts: &RunOptions,
-) -> Result<()> {
+) -> Result<crate::migrate::target::Arrival> {
     if handle.state() == VmState::Stopped {
         bail!("the VM was stopped before the migration committed: the source keeps the guest");
     }

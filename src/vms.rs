@@ -39,10 +39,32 @@ impl Admission {
 }
 
 impl Admission {
-    /// The switch of a migration on the target: this incoming entry becomes the VM's and the
-    /// source's entry is removed ([`Ledger::hand_over`]).
-    pub fn hand_over(&self) -> Result<()> {
-        let done = self.ledger.hand_over(&self.name, self.pid)?;
+    /// The switch of a migration on the target, to run once the guest runs: this incoming
+    /// entry becomes the VM's and the source's entry is removed ([`Ledger::hand_over`]).
+    pub fn handover(&self) -> HandOver {
+        HandOver {
+            ledger: self.ledger.clone(),
+            name: self.name.clone(),
+            pid: self.pid,
+        }
+    }
+}
+
+/// A migration target's ledger hand-over ([`Ledger::hand_over`]), owned: it runs once the
+/// guest runs, after the commit.
+pub struct HandOver {
+    ledger: Ledger,
+    name: String,
+    pid: u32,
+}
+
+impl HandOver {
+    /// Makes the incoming entry the VM's and removes the source's.
+    pub fn run(&self) -> Result<()> {
+        let done = self
+            .ledger
+            .hand_over(&self.name, self.pid)
+            .context("taking over the VM's ledger entry")?;
         for p in &done.replaced {
             tracing::info!(entry = %p.display(), "the migration source's ledger entry removed");
         }

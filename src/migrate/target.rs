@@ -8,8 +8,9 @@
 //! (`main::start_vm`) with [`crate::run::Start::Incoming`]: admission as an incoming ledger
 //! entry planned with `plan_for_guest` (same guest topology), the `Answer`, guest memory
 //! allocated and bound per the target's plan and filled by the rounds ([`Incoming::receive`]),
-//! the state checked (CPUID, TSC) and restored, then the `Commit` — the commit point — the
-//! ledger hand-over, and the guest runs here. Before the commit point the guest never runs
+//! the state checked (CPUID, TSC) and restored, then the `Commit` — the commit point — and
+//! the guest runs here; the ledger hand-over and the report follow on the main thread while
+//! it runs ([`Arrival::finish`]). Before the commit point the guest never runs
 //! here: a source that goes away or cancels ends the target with a non-zero status, its
 //! hugepages, cgroup and ledger entry released.
 
@@ -277,38 +278,80 @@ impl Incoming {
         self.saved.take().context("the source sent no VM state")
     }
 
-    /// The commit point: tells the source the state is loaded and the guest resumes here,
-    /// takes over the VM's ledger name, and reports the migration on stderr.
+    /// The commit point: tells the source the state is loaded and the guest resumes here.
+    /// The connection to the source closes. What is left (the ledger hand-over and the
+    /// report) does not hold the guest back: [`Arrival::finish`], once it runs.
     pub fn commit(
-        &mut self,
+        self: Box<Self>,
         plan: &Plan,
         audit: &vmhost_memory::Audit,
         admission: &crate::vms::Admission,
         json: bool,
-    ) -> Result<()> {
-        let bytes_received: u64 = self.rounds.iter().map(|r| r.bytes).sum();
+    ) -> Result<Arrival> {
+        let Incoming {
+            mut channel,
+            hello,
+            caps,
+            started,
+            rounds,
+            ..
+        } = *self;
+        let bytes_received: u64 = rounds.iter().map(|r| r.bytes).sum();
         let commit = Commit {
             bytes_received,
             audit: serde_json::to_value(audit).unwrap_or_default(),
         };
-        self.channel
+        channel
             .send(RecordKind::MIG_COMMIT, &msg::encode(&commit))
             .context("sending the commit to the source (the guest does not run here)")?;
-        admission
-            .hand_over()
-            .context("taking over the VM's ledger entry")?;
-        // Checked at the hello: the same answer now.
-        let tsc = tsc_kept(self.hello.tsc_khz, &self.caps).ok().flatten();
-        let report = super::report::TargetReport {
-            source_plan: &self.hello.source_plan,
-            target_plan: plan,
-            rounds: &self.rounds,
+        drop(channel);
+        Ok(Arrival {
+            handover: admission.handover(),
+            // Checked at the hello: the same answer now.
+            tsc: tsc_kept(hello.tsc_khz, &caps).ok().flatten(),
+            source_plan: hello.source_plan,
+            target_plan: plan.clone(),
+            rounds,
             bytes_received,
-            seconds: self.started.elapsed().as_secs_f64(),
-            audit,
-            tsc: tsc.as_ref(),
+            seconds: started.elapsed().as_secs_f64(),
+            audit: audit.clone(),
+            json,
+        })
+    }
+}
+
+/// A migration that committed: what the target does once the guest runs here.
+pub struct Arrival {
+    handover: crate::vms::HandOver,
+    source_plan: serde_json::Value,
+    target_plan: Plan,
+    rounds: Vec<Received>,
+    bytes_received: u64,
+    seconds: f64,
+    audit: vmhost_memory::Audit,
+    tsc: Option<TscKept>,
+    json: bool,
+}
+
+impl Arrival {
+    /// Takes over the VM's ledger entry and reports the migration on stderr. A hand-over that
+    /// fails is reported and the guest runs on: it has nowhere else to run.
+    pub fn finish(self) {
+        if let Err(e) = self.handover.run() {
+            eprintln!(
+                "vmhost: receive: warning: the guest runs here, but its ledger entry is still \
+                 the incoming one: taking over the VM's ledger entry failed: {e:#}"
+            );
+        }
+        let report = super::report::TargetReport {
+            source_plan: &self.source_plan,
+            target_plan: &self.target_plan,
+            rounds: &self.rounds,
+            bytes_received: self.bytes_received,
+            seconds: self.seconds,
+            audit: &self.audit,
+            tsc: self.tsc.as_ref(),
         };
-        eprint!("{}", report.render(json));
-        Ok(())
+        eprint!("{}", report.render(self.json));
     }
 }

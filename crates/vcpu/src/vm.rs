@@ -4,7 +4,7 @@
 //! there, before any thread starts.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use kvm_ioctls::{Kvm, VmFd};
@@ -96,6 +96,40 @@ pub struct VmOptions {
     /// filled sees the VM as `Created` and, once built, controls it. Its vCPU count must be
     /// the plan's. `None`: the VM makes its own.
     pub handle: Option<crate::control::VmHandle>,
+    /// Work for the thread that calls [`Vm::run`] once the guest runs: what must happen but
+    /// need not hold the guest back (a migration target's ledger hand-over and report). Run
+    /// before that thread's own filter ([`VmOptions::filter_calling_thread`]), also when the
+    /// run ended before the guest started (its argument is then false).
+    pub after_start: Option<AfterStart>,
+}
+
+/// The work of [`VmOptions::after_start`], set up to the moment [`Vm::run`] takes it: the
+/// caller may fill it after the VM is built.
+#[derive(Clone, Default)]
+pub struct AfterStart(Arc<Mutex<Option<Box<AfterStartFn>>>>);
+
+/// What [`AfterStart`] runs: its argument tells whether the guest started.
+pub type AfterStartFn = dyn FnOnce(bool) + Send;
+
+impl AfterStart {
+    /// Sets the work (replacing any set before).
+    pub fn set(&self, work: Box<AfterStartFn>) {
+        *crate::control::lock(&self.0) = Some(work);
+    }
+
+    /// Runs the work set, if any, once.
+    fn run(&self, started: bool) {
+        let work = crate::control::lock(&self.0).take();
+        if let Some(work) = work {
+            work(started);
+        }
+    }
+}
+
+impl std::fmt::Debug for AfterStart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AfterStart(..)")
+    }
 }
 
 /// The function a [`StartHook`] calls.
@@ -363,6 +397,7 @@ pub struct Vm {
     policy: UnknownAccessPolicy,
     on_start: Option<StartHook>,
     filter_calling_thread: bool,
+    after_start: Option<AfterStart>,
     console_input: ConsoleInput,
     setup_seconds: f64,
     ram: Box<dyn GuestRam>,
@@ -473,6 +508,7 @@ impl Vm {
             policy: options.unknown_access.resolve(linux),
             on_start: options.on_start.clone(),
             filter_calling_thread: options.filter_calling_thread,
+            after_start: options.after_start.clone(),
             console_input,
             setup_seconds: t0.elapsed().as_secs_f64(),
             ram: Box::new(ram),
@@ -564,11 +600,18 @@ impl Vm {
         let emu = std::thread::Builder::new()
             .name("vmhost-emu".into())
             .spawn(move || emulator::run(input, rx));
-        if self.filter_calling_thread && emu.is_ok() {
+        if emu.is_ok() && (self.filter_calling_thread || self.after_start.is_some()) {
+            // The emulator thread sends once the gate is open and its filter installed; the
+            // sender is dropped unsent when the run ends before.
+            let started = emulator_filtered.recv().is_ok();
+            if let Some(work) = self.after_start.take() {
+                work.run(started);
+            }
             // After the emulator and vCPU threads have their own filters: a thread starts with
             // its creator's filter, and theirs would otherwise hold this one too.
-            let _ = emulator_filtered.recv();
-            vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Vmm);
+            if self.filter_calling_thread {
+                vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Vmm);
+            }
         }
         let result = match emu {
             Ok(t) => t.join().map_err(|_| VmError::EmulatorPanicked),

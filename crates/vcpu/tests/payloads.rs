@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use vmhost_vcpu::payload::touch;
 use vmhost_vcpu::{
-    PayloadResult, RunStatus, VcpuOutcome, Vm, VmError, VmHandle, VmOptions, VmState,
+    AfterStart, PayloadResult, RunStatus, VcpuOutcome, Vm, VmError, VmHandle, VmOptions, VmState,
 };
 
 #[test]
@@ -198,4 +198,38 @@ fn a_handle_made_before_the_vm_controls_it() {
     let report = vm.run().expect("run");
     assert_eq!(report.status, RunStatus::Completed);
     assert_eq!(handle.state(), VmState::Stopped);
+}
+
+/// [`AfterStart`] runs once, on the thread that called `Vm::run`, after the start gate opened
+/// (the VM is no longer `Created`), with `started` true.
+#[test]
+fn after_start_runs_on_the_calling_thread_once_the_guest_runs() {
+    if !kvm_available("after_start_runs_on_the_calling_thread_once_the_guest_runs") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let plan = plan_toml("name = \"after\"\n[cpu]\ncores = 1\n[memory]\nguest = \"16Mi\"\n[boot]\npayload = \"halt\"\n");
+    let handle = VmHandle::unbuilt(1);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let after = AfterStart::default();
+    let (h, s) = (handle.clone(), std::sync::Arc::clone(&seen));
+    after.set(Box::new(move |started| {
+        s.lock()
+            .unwrap()
+            .push((started, std::thread::current().id(), h.state()));
+    }));
+    let options = VmOptions {
+        handle: Some(handle),
+        after_start: Some(after),
+        ..Default::default()
+    };
+    let mut vm = Vm::new(&plan, memory(&plan), options).expect("VM");
+    let report = vm.run().expect("run");
+    assert_eq!(report.vcpus[0].outcome, VcpuOutcome::Halted);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1, "once: {seen:?}");
+    let (started, thread, state) = seen[0];
+    assert!(started);
+    assert_eq!(thread, std::thread::current().id(), "on the calling thread");
+    assert_ne!(state, VmState::Created, "after the gate opened");
 }
