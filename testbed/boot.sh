@@ -95,4 +95,10 @@ if (( qemu % 2 == 1 )); then
     exit $(( qemu >> 1 ))
 fi
 echo "testbed: the ${nodes}-node host exited with QEMU status $qemu without reporting one (serial log: $log)" >&2
+# Status 0 under -no-reboot, not from a signal: the emulated machine reset (a triple fault) or
+# powered off by itself; its run script always ends through the debug-exit port. Said in the
+# log, where testbed/harness.sh's emulator_fault finds it.
+if [[ $qemu -eq 0 ]] && ! tail -n 3 "$log" | grep -q 'terminating on signal'; then
+    echo "testbed: the emulated machine reset or powered off by itself (QEMU status 0, no run script status)" >> "$log"
+fi
 exit 125

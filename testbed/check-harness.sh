@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The testbed harness's own checks, on the CI host, without booting QEMU (`make test` runs them
 # before testbed/run.sh; a few seconds). They exercise testbed/harness.sh, which run.sh uses:
-#   - lockup and oops detection on crafted serial logs: the host's own lockup or oops is
-#     retried, a nested guest's (prefixed) line is not taken for one, a lockup or oops on a
-#     CPU running a vmhost thread is a failure;
+#   - lockup, oops, hung-task and reset detection on crafted serial logs: the host's own
+#     lockup, oops, hung kernel task or reset is retried, a nested guest's (prefixed) line is
+#     not taken for one, one on a CPU running (or a hung task that is) a vmhost thread is a
+#     failure;
 #   - the share's `run` script and the suite verdict with a stand-in runner (a shell script
 #     that prints PASS lines and then dies like an aborted runner): a runner that dies
 #     mid-suite, or exits 0 without running every listed test, fails the suite;
@@ -60,6 +61,12 @@ check "a host oops on a vmhost vCPU thread fails" fault_is fail: \
     $'[  120.5] general protection fault, probably for non-canonical address 0xdead000000000100: 0000 [#1] PREEMPT SMP NOPTI\n[  120.5] CPU: 0 PID: 4242 Comm: vcpu0 Not tainted 6.1.0-57-amd64 #1'
 check "a prefixed guest oops line is not the host's" fault_is "" \
     '     guest| [   12.0] BUG: unable to handle page fault for address: 0000000000000008'
+check "a host kernel task hung for minutes is retried" fault_is retry: \
+    $'RUN  migration_linux_between_node_pairs\n[  243.298485] INFO: task khugepaged:80 blocked for more than 120 seconds.\n[  243.298844]       Not tainted 6.1.0-57-amd64 #1 Debian 6.1.192-3'
+check "a vmhost thread hung for minutes fails" fault_is fail: \
+    '[  243.2] INFO: task vmhost-io-0:317 blocked for more than 120 seconds.'
+check "a machine that reset itself is retried" fault_is retry: \
+    $'RUN  migration_linux_between_node_pairs\ntestbed: the emulated machine reset or powered off by itself (QEMU status 0, no run script status)'
 check "silence is retried" fault_is retry: \
     'testbed: no output for 150 s: the emulated machine is frozen'
 

@@ -10,27 +10,34 @@ host_lockup="${host_kernel_line}(watchdog: BUG: soft lockup - CPU#[0-9]+|rcu: IN
 # The emulated host's own kernel failing (an oops: boot.sh's `oops=panic` then ends the
 # machine): `BUG: unable to handle …`, `general protection fault`, `kernel BUG at`, `Oops:`.
 host_oops="${host_kernel_line}(BUG: unable to handle|general protection fault|kernel BUG at|invalid opcode:|Oops: )"
+# A task of the host's own kernel blocked for minutes (the hung-task detector, 120 s): a CPU
+# that never runs it, as when an emulated CPU is stuck where the lockup detectors do not look.
+host_hung="${host_kernel_line}INFO: task .+:[0-9]+ blocked for more than [0-9]+ seconds"
 
 # Is a task name (`comm`) one of vmhost's threads? vCPUs are `vcpu<N>`, prefault workers
-# `prefault-c<cell>-<i>`, the rest `vmhost` or `vmhost-<what>`; the runner
-# (`vmhost-testbed`) is not vmhost.
+# `prefault-c<cell>-<i>`, a restore's loaders and a migration's senders and receivers
+# `load-c<cell>`, `mig-c<cell>`, `recv-c<cell>`, the rest `vmhost`, `vmhost-<what>` or
+# `vmhost-<what>-<i>` (I/O threads); the runner (`vmhost-testbed`) is not vmhost.
 is_vmhost_comm() {
-    [[ "$1" != vmhost-testbed ]] && [[ "$1" =~ ^(vcpu[0-9]+|prefault-c[0-9]+-[0-9]+|vmhost(-[a-z]+)?)$ ]]
+    [[ "$1" != vmhost-testbed ]] \
+        && [[ "$1" =~ ^(vcpu[0-9]+|prefault-c[0-9]+-[0-9]+|(load|recv|mig)-c[0-9]+|vmhost(-[a-z]+(-[0-9]+)?)?)$ ]]
 }
 
 # What in a serial log shows that the emulated machine locked up or its kernel failed, one
 # line, empty when nothing does: `retry: WHY` for a fault of the emulator (a CPU stuck in the
-# host's own kernel, an oops of that kernel outside vmhost's threads, or no output at all),
+# host's own kernel, a kernel task hung for minutes, an oops of that kernel outside vmhost's
+# threads, a reset of the machine by itself, or no output at all),
 # `fail: WHY` when the stuck or failing CPU was running a vmhost thread (a vmhost guest or a
 # vmhost bug must not be retried into green). The task on that CPU comes from the soft-lockup
 # line's `[comm:pid]` and from any `CPU: N PID: P Comm: X` / `task:X` line the kernel printed
 # after the first lockup or oops line.
 emulator_fault() {
     local log="$1" line first comm comms=()
-    first=$(grep -a -n -m1 -E "$host_lockup|$host_oops" "$log" | cut -d: -f1 || true)
+    first=$(grep -a -n -m1 -E "$host_lockup|$host_oops|$host_hung" "$log" | cut -d: -f1 || true)
     if [[ -n "$first" ]]; then
         line=$(sed -n "${first}p" "$log" | tr -d '\r')
         [[ "$line" =~ !\ \[([^[]+):[0-9]+\]$ ]] && comms+=("${BASH_REMATCH[1]}")
+        [[ "$line" =~ INFO:\ task\ (.+):[0-9]+\ blocked ]] && comms+=("${BASH_REMATCH[1]}")
         while read -r comm; do
             comms+=("$comm")
         done < <(tail -n +"$first" "$log" | tr -d '\r' | grep -a -E "$host_kernel_line" \
@@ -46,6 +53,8 @@ emulator_fault() {
         echo "retry: $(grep -a -m1 '^testbed: no output for' "$log" | sed 's/^testbed: //')"
     elif [[ -s "$log.frozen" ]]; then
         echo "retry: $(cat "$log.frozen")"
+    elif grep -q -a '^testbed: the emulated machine reset or powered off by itself' "$log"; then
+        echo "retry: the emulated machine reset or powered off by itself"
     fi
 }
 

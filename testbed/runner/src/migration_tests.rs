@@ -95,7 +95,11 @@ pub(crate) fn ticks(text: &str) -> Vec<Tick> {
 pub(crate) fn console(env: &Env, names: &[&str]) -> String {
     names
         .iter()
-        .map(|n| std::fs::read_to_string(env.work.join(format!("{n}.out"))).unwrap_or_default())
+        .map(|n| {
+            // Lossy: a stray byte breaks its own line, not the whole console.
+            let bytes = std::fs::read(env.work.join(format!("{n}.out"))).unwrap_or_default();
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
         .collect()
 }
 
@@ -604,10 +608,38 @@ pub(crate) fn check_tick_sequence(
     for (i, t) in all.iter().enumerate() {
         ensure!(
             t.n == i as u64 && t.boot_id == boot_id,
-            "tick {i} on the consoles {names:?} is {t:?} (boot id before: {boot_id})"
+            "tick {i} on the consoles {names:?} is {t:?} (boot id before: {boot_id}); \
+             the consoles from tick {} on: {}",
+            i.saturating_sub(1),
+            around_tick(env, names, i.saturating_sub(1))
         );
     }
     all.last().cloned().ok_or_else(|| "no tick".to_string())
+}
+
+/// Each console's text from tick `n`'s line on (or its last 800 bytes when that tick is not
+/// on it), at most 1,500 bytes each, with its size: what a gap in the ticks looks like.
+fn around_tick(env: &Env, names: &[&str], n: usize) -> String {
+    let marker = format!("GUEST-MIGTICK n={n} ");
+    names
+        .iter()
+        .map(|name| {
+            let bytes = std::fs::read(env.work.join(format!("{name}.out"))).unwrap_or_default();
+            let text = String::from_utf8_lossy(&bytes);
+            let from = text
+                .find(&marker)
+                .unwrap_or_else(|| text.len().saturating_sub(800));
+            let from = (from..=text.len())
+                .find(|&i| text.is_char_boundary(i))
+                .unwrap_or(0);
+            let to = (from + 1500).min(text.len());
+            let to = (to..=text.len())
+                .find(|&i| text.is_char_boundary(i))
+                .unwrap_or(text.len());
+            format!("[{name}.out, {} bytes: {:?}]", bytes.len(), &text[from..to])
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Step 4: the migration to nodes 2–3 and everything that must hold after it.
@@ -639,7 +671,8 @@ fn migrate_to_nodes_2_3(env: &Env, src: &Running, listen: &str, key: &str) -> Ou
     );
     let before = ticks(&console(env, &["migsrc"])).last().map_or(0, |t| t.n);
     let last = wait_tick_past(env, &["migsrc", "migdst"], before + 2)?;
-    let seq = check_tick_sequence(env, &["migsrc", "migdst"], &boot_id)?;
+    let seq = check_tick_sequence(env, &["migsrc", "migdst"], &boot_id)
+        .map_err(|e| format!("{e}; the source's stderr: {}", src.stderr()))?;
     ensure!(
         seq.n >= last.n && last.lines > before,
         "the guest's disk file has {} lines at tick {}",
