@@ -378,8 +378,21 @@ pub fn vmlinux_two_vcpus_poweroff_and_reboot(env: &Env) -> Outcome {
         let plan = env.plan(&env.spec(&name, &toml)?)?;
         let (code, out) = run_guest(env, &name, &toml)?;
         check_guest_view(&out, &plan).map_err(|e| {
-            let report: Vec<&str> = out.lines().filter(|l| l.starts_with("VM ")).collect();
-            format!("`{action}` boot: exit {code}, report {report:?}: {e}")
+            // The VM's lines and each vCPU's outcome (how a reboot came: keyboard controller,
+            // reset register, port 0xcf9 or a triple fault).
+            let report: Vec<&str> = out
+                .lines()
+                .filter(|l| {
+                    l.starts_with("VM ")
+                        || ["rebooted", "powered off", "triple"]
+                            .iter()
+                            .any(|w| l.contains(w))
+                })
+                .collect();
+            format!(
+                "`{action}` boot: exit {code}, report {report:?}: {e}; the console and stderr: {}",
+                tail(&out)
+            )
         })?;
         ensure!(
             code == 0 && out.contains(want),
