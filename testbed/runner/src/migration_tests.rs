@@ -448,13 +448,56 @@ fn migrate_with(
     args.extend_from_slice(extra);
     let what = format!("vmhost {}", args.join(" "));
     let out = crate::vm::run_command_for(env.command(&args), &what, MIGRATE_LIMIT);
-    out.map_err(|e| {
-        let log = |n: &str| {
-            let t = std::fs::read_to_string(env.work.join(format!("{n}.err"))).unwrap_or_default();
-            format!("\n--- {n}.err:\n{}", tail(&t))
-        };
-        format!("{e}{}{}{}", log("migsrc"), log("migdst"), log("migback"))
-    })
+    out.map_err(|e| format!("{e}{}", side_logs(env, from)))
+}
+
+/// The job report `ctl --json migrate` printed; when there is none, why: the last lines of
+/// every vmhost of this test, the source's API socket and the source VMM's threads.
+fn job_of(env: &Env, from: &Running, out: &crate::vm::Output) -> Result<Value, String> {
+    out.json()
+        .map_err(|e| format!("{e}{}", side_logs(env, from)))
+}
+
+/// The stderr tails of the source and the targets, whether the source's API socket is there,
+/// and the source VMM's threads with their states.
+fn side_logs(env: &Env, from: &Running) -> String {
+    let mut s = String::new();
+    let names = std::fs::read_dir(&env.work)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .filter(|n| n.starts_with("mig") && n.ends_with(".err"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    for n in names {
+        let t = std::fs::read_to_string(env.work.join(&n)).unwrap_or_default();
+        s.push_str(&format!("\n--- {n}:\n{}", tail(&t)));
+    }
+    let socket = match std::fs::symlink_metadata(&from.socket) {
+        Ok(m) => format!("{:?}", m.file_type()),
+        Err(e) => e.to_string(),
+    };
+    s.push_str(&format!("\n--- {}: {socket}", from.socket.display()));
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", from.vmm))
+        .map(|d| {
+            d.flatten()
+                .map(|t| {
+                    let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                    // "tid (comm) S ...": the name and the state.
+                    let (name, rest) = stat.rsplit_once(')').unwrap_or((&stat, ""));
+                    format!(
+                        "{}){}",
+                        name.split_once('(').map_or("", |(_, n)| n),
+                        rest.split_whitespace().next().unwrap_or("?")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|e| e.to_string());
+    s.push_str(&format!("\n--- source VMM {} threads: {tasks}", from.vmm));
+    s
 }
 
 /// Free 2 MiB pages of every node.
@@ -481,7 +524,7 @@ fn target_killed(env: &Env, src: &Running, pod_b: &Path, key: &str) -> Outcome {
     let before = free()?;
     let out = migrate(env, src, &listen, key)?;
     ensure!(
-        out.code == 1 && out.json()?["state"] == "failed",
+        out.code == 1 && job_of(env, src, &out)?["state"] == "failed",
         "ctl migrate to a target killed at round 1: exit {}, {}",
         out.code,
         out.stdout
@@ -518,7 +561,7 @@ fn gives_up(env: &Env, src: &Running, pod_b: &Path, key: &str) -> Outcome {
         key,
         &["--max-downtime", "1", "--timeout", "5"],
     )?;
-    let job = out.json()?;
+    let job = job_of(env, src, &out)?;
     let error = job["error"].as_str().unwrap_or("");
     ensure!(
         out.code == 1 && job["state"] == "failed" && error.contains("did not converge"),
@@ -567,7 +610,7 @@ fn gives_up(env: &Env, src: &Running, pod_b: &Path, key: &str) -> Outcome {
 /// Step 3, first half: a source with the wrong key is refused by `dst`, which listens on.
 fn wrong_key_refused(env: &Env, src: &Running, listen: &str, wrong: &str) -> Outcome {
     let out = migrate(env, src, listen, wrong)?;
-    let job = out.json()?;
+    let job = job_of(env, src, &out)?;
     ensure!(
         out.code == 1
             && job["state"] == "failed"

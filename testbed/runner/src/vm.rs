@@ -326,11 +326,13 @@ pub fn run_command(cmd: Command, what: &str) -> Result<Output, String> {
 /// [`run_command`] within `limit`; a command that does not finish is killed and its stderr
 /// so far is in the error.
 pub fn run_command_for(mut cmd: Command, what: &str, limit: Duration) -> Result<Output, String> {
+    // A tag no other command of this runner has, whichever thread runs it.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let dir = std::env::temp_dir();
     let tag = format!(
         "{}-{}",
         std::process::id(),
-        Instant::now().elapsed().as_nanos()
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
     let (out_path, err_path) = (
         dir.join(format!("cmd-{tag}.out")),
