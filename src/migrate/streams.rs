@@ -161,6 +161,7 @@ fn receive_cell(
                     .context("the source sent pages outside a round")?;
                 *bytes += vmhost_memory::cells::load_run(regions, cell, &rec.payload)
                     .with_context(|| format!("writing round {} of cell {cell}", r.round))?;
+                ch.recycle(rec.payload);
             }
             RecordKind::MIG_ROUND_END => {
                 let done = end_round(&rec, current.take())?;

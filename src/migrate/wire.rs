@@ -232,6 +232,12 @@ impl Channel {
         }
     }
 
+    /// Gives a received record's payload buffer back for the next record
+    /// ([`Reader::recycle`]).
+    pub fn recycle(&mut self, payload: Vec<u8>) {
+        self.rx.recycle(payload);
+    }
+
     /// The connection, to close it from another thread ([`Stream::shutdown`]).
     pub fn stream(&self) -> Stream {
         self.raw.clone()

@@ -326,6 +326,7 @@ pub fn load_cell<R: Read>(
         write_run(&mine, cell, run.offset, run.bytes)?;
         bytes += run.bytes.len() as u64;
         records += 1;
+        reader.recycle(rec.payload);
     }
     reader.expect_eof().map_err(rec_err)?;
     Ok((bytes, records))
