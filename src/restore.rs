@@ -1,17 +1,21 @@
 //! `vmhost restore DIR [--config F] [run options]`: a VM continued from a snapshot.
 //!
-//! The order (docs/migration.md, "Restore"): the whole snapshot directory is checked
-//! ([`Snapshot::open`]) and its spec and state decoded before anything else, so a truncated,
-//! corrupted or wrong-version snapshot, or a `--config` whose spec differs, is refused with
-//! exit status 2 before `/dev/kvm` is opened or anything is allocated; so is a spec that
-//! contradicts the guest's saved identity (record kind 17) and a Linux guest whose disk images
-//! are missing or resized (`vmhost_devices::persist::check_restorable`). Then the normal start
-//! path runs (`main::start_vm`, [`crate::run::run`]): the spec is planned on this host as it
-//! is now through admission and the ledger, keeping the guest's identity
+//! The order (docs/migration.md, "Restore"): the snapshot directory is checked
+//! ([`Snapshot::open_for_restore`]: the state file, spec and plan whole, the memory files'
+//! lengths) and its spec and state decoded before anything else, so a truncated or
+//! wrong-version snapshot, a damaged state, spec or plan, or a `--config` whose spec differs,
+//! is refused with exit status 2 before `/dev/kvm` is opened or anything is allocated; so is a
+//! spec that contradicts the guest's saved identity (record kind 17) and a Linux guest whose
+//! disk images are missing or resized (`vmhost_devices::persist::check_restorable`). Then the
+//! normal start path runs (`main::start_vm`, [`crate::run::run`]): the spec is planned on this
+//! host as it is now through admission and the ledger, keeping the guest's identity
 //! (`vmhost_plan::plan_for_guest`: same cells, vCPUs and memory per cell, page size, APIC IDs,
-//! on whichever nodes have room; [`placement_report`] says where each cell went), [`check_this_host`] checks CPUID and TSC, the
-//! guest memory is allocated per the new plan and [`load_memory`] fills it with one pinned
-//! worker per cell, and the VM continues from the saved state instead of booting.
+//! on whichever nodes have room; [`placement_report`] says where each cell went), the guest
+//! memory is allocated per the new plan and [`load_memory`] fills it with one pinned worker
+//! per cell, checking every record (CRC-64) as it goes: the memory files are read once, into
+//! guest RAM, and a damaged one is refused with exit status 2 before `/dev/kvm` is opened,
+//! everything allocated for it released. Then [`check_this_host`] checks CPUID and TSC, and
+//! the VM continues from the saved state instead of booting.
 
 use std::fs::{File, OpenOptions};
 use std::io::BufReader;
@@ -32,13 +36,14 @@ use crate::{Exit, EXIT_INVALID};
 
 /// A checked snapshot and its decoded VM state.
 pub struct Restored {
-    /// The snapshot directory, checked whole.
+    /// The snapshot directory, checked but for its memory files' bytes (their load checks
+    /// them).
     pub snapshot: Snapshot,
     /// The VM state (record kind 16).
     pub saved: crate::vmstate::Saved,
     /// The guest's topology, which the restore's plan keeps (record kind 17).
     pub guest: GuestRecord,
-    /// How long the whole-directory check ([`Snapshot::open`]) took.
+    /// How long the directory check ([`Snapshot::open_for_restore`]) took.
     pub checked_in: std::time::Duration,
 }
 
@@ -67,7 +72,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// spec to run, its text, and the snapshot.
 pub fn prepare(dir: &Path, config: Option<&Path>) -> Result<(LoadedSpec, SpecSource, Restored)> {
     let t = std::time::Instant::now();
-    let snapshot = Snapshot::open(dir).map_err(|e| refuse(dir, chain(&e)))?;
+    let snapshot = Snapshot::open_for_restore(dir).map_err(|e| refuse(dir, chain(&e)))?;
     let checked_in = t.elapsed();
     let raw = snapshot
         .read_single(FileName::Spec, RecordKind::SPEC)
@@ -256,18 +261,28 @@ pub fn load_memory(memory: &GuestMemory, plan: &Plan, r: &Restored, json: bool) 
     }
     let loaded = memory
         .load_cells(plan, files)
-        .with_context(|| format!("loading guest memory from {}", dir.display()))?;
+        .map_err(|e| match damaged(&e) {
+            Some(cell) => refuse(
+                dir,
+                format!(
+                    "its memory file {} is damaged: {}",
+                    FileName::MemoryCell(cell),
+                    chain(&e)
+                ),
+            ),
+            None => anyhow::Error::new(e)
+                .context(format!("loading guest memory from {}", dir.display())),
+        })?;
     if !json {
-        let listed: u64 = r.snapshot.files().iter().map(|f| f.len).sum();
         eprintln!(
-            "vmhost: restore: the snapshot's {} MiB of files checked against its manifest in \
-             {:.3} s",
-            listed >> 20,
+            "vmhost: restore: the snapshot's state, spec and plan checked against its manifest, \
+             and its memory files' lengths, in {:.3} s",
             r.checked_in.as_secs_f64()
         );
         for c in &loaded {
             eprintln!(
-                "vmhost: restore: cell {} loaded {} MiB in {:.3} s by a worker on PUs {:?}",
+                "vmhost: restore: cell {} loaded and checked (CRC-64 per record): {} MiB in \
+                 {:.3} s by a worker on PUs {:?}",
                 c.cell,
                 c.bytes >> 20,
                 c.seconds,
@@ -276,6 +291,22 @@ pub fn load_memory(memory: &GuestMemory, plan: &Plan, r: &Restored, json: bool) 
         }
     }
     Ok(())
+}
+
+/// The cell whose memory file a load error found damaged: a record or page run that does not
+/// check or decode (not a read the host failed).
+fn damaged(e: &vmhost_memory::CellIoError) -> Option<u32> {
+    use vmhost_memory::CellIoError as E;
+    use vmhost_persist::container::ContainerError;
+    match e {
+        E::Pages { cell, .. } => Some(*cell),
+        E::Record {
+            source: ContainerError::Read { .. },
+            ..
+        } => None,
+        E::Record { cell, .. } => Some(*cell),
+        _ => None,
+    }
 }
 
 /// Where a restore's time went before the guest was released, from `main`: checking the

@@ -93,7 +93,7 @@ pub fn run(
     mut start: Start,
 ) -> Result<u8> {
     let sec_at_start = crate::overhead::sec_page_tables();
-    let (enforcement, signals) = prepare(plan, opts, &start)?;
+    let (enforcement, signals) = prepare(plan, opts)?;
     let mut memory = match guest_memory(plan, enforcement.as_deref(), &signals, opts.prefault)? {
         Ok(memory) => memory,
         Err(stopped) => return Ok(stopped_before_start(plan, &stopped)),
@@ -180,13 +180,8 @@ pub fn run(
 }
 
 /// Before guest memory: pins the VMM thread to the emulator PUs, enters the cgroup, starts
-/// the signal thread and the diagnostics writer, and checks that a snapshot's host allows
-/// its restore here.
-fn prepare(
-    plan: &Plan,
-    opts: &RunOptions,
-    start: &Start,
-) -> Result<(Option<Arc<Enforcement>>, StopSignals)> {
+/// the signal thread and the diagnostics writer.
+fn prepare(plan: &Plan, opts: &RunOptions) -> Result<(Option<Arc<Enforcement>>, StopSignals)> {
     // The stop signals are blocked since `main` (see `signals`): one that came during setup
     // is still pending, and the signal thread takes it.
     pin_current_thread_to_emulator(plan).context("pinning the VMM thread to the emulator PUs")?;
@@ -198,9 +193,6 @@ fn prepare(
         eprintln!(
             "vmhost: warning: cannot start the diagnostics writer ({e}); writing them directly"
         );
-    }
-    if let Start::Restore { restored: r, .. } = start {
-        crate::restore::check_this_host(r)?;
     }
     Ok((enforcement, signals))
 }
@@ -328,8 +320,12 @@ fn fill_memory(
 ) -> Result<Option<VmShell>> {
     match start {
         Start::Boot => Ok(None),
+        // The memory files are checked as they load, before `/dev/kvm` is opened for the
+        // host check: a damaged one is refused before either.
         Start::Restore { restored: r, .. } => {
-            crate::restore::load_memory(memory, plan, r, opts.json).map(|()| None)
+            crate::restore::load_memory(memory, plan, r, opts.json)?;
+            crate::restore::check_this_host(r)?;
+            Ok(None)
         }
         Start::Incoming(inc) => std::thread::scope(|scope| {
             let shell = std::thread::Builder::new()

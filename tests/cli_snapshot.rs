@@ -248,8 +248,9 @@ fn zeroed_ram_is_noticed(d: &Path, good: &Path) {
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
 
-/// A damaged snapshot and a different spec are refused with exit 2 before anything is
-/// allocated: no ledger entry, the hugepage pool unchanged.
+/// A damaged snapshot and a different spec are refused with exit 2, nothing left allocated: no
+/// ledger entry, the hugepage pool unchanged. The damaged memory file is found by its load
+/// (every record's CRC), which names it and its damaged record.
 fn refusals(d: &Path, good: &Path, before: (u64, u64)) {
     let run_dir = d.join("run");
     let bad = d.join("damaged");
@@ -271,7 +272,8 @@ fn refusals(d: &Path, good: &Path, before: (u64, u64)) {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", common::text(&o));
     assert!(
-        common::stderr(&o).contains("memory-cell0"),
+        common::stderr(&o).contains("memory file memory-cell0 is damaged")
+            && common::stderr(&o).contains("is corrupted: CRC-64"),
         "{}",
         common::text(&o)
     );

@@ -239,6 +239,16 @@ pub enum DirError {
         /// The manifest's digest.
         want_digest: FileDigest,
     },
+    /// A memory file's length differs from the manifest's ([`Snapshot::open_for_restore`]).
+    #[error("the snapshot file {path} is not the one the snapshot wrote: {len} bytes, the manifest says {want_len} bytes")]
+    WrongLength {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+        /// The manifest's length.
+        want_len: u64,
+    },
 }
 
 /// A file being written, its digest computed as it goes.
@@ -533,8 +543,13 @@ fn verify_container(path: &Path) -> Result<Option<Record>, DirError> {
 }
 
 /// Checks every listed file against its manifest entry ([`Snapshot::open`]), on up to one
-/// thread per CPU; the first failing file in manifest order is the error.
-fn verify_listed(dir: &Path, files: &[ManifestEntry]) -> Result<(), DirError> {
+/// thread per CPU; the first failing file in manifest order is the error. Memory files are
+/// checked for their length and type only unless `memory_digests`.
+fn verify_listed(
+    dir: &Path,
+    files: &[ManifestEntry],
+    memory_digests: bool,
+) -> Result<(), DirError> {
     let workers = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .min(files.len())
@@ -548,7 +563,16 @@ fn verify_listed(dir: &Path, files: &[ManifestEntry]) -> Result<(), DirError> {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(f) = files.get(i) else { break out };
-                        out.push((i, verify_entry(&dir.join(f.name.to_string()), f)));
+                        let path = dir.join(f.name.to_string());
+                        let memory = matches!(f.name, FileName::MemoryCell(_));
+                        out.push((
+                            i,
+                            if memory && !memory_digests {
+                                verify_length(&path, f)
+                            } else {
+                                verify_entry(&path, f)
+                            },
+                        ));
                     }
                 })
             })
@@ -585,6 +609,27 @@ fn verify_entry(path: &Path, f: &ManifestEntry) -> Result<(), DirError> {
         want_len: f.len,
         want_digest: f.digest,
     })
+}
+
+/// One listed file whose bytes its reader checks record by record: a regular file, not a
+/// link, of the manifest's length.
+fn verify_length(path: &Path, f: &ManifestEntry) -> Result<(), DirError> {
+    let file = open_regular(path)?;
+    let len = file
+        .metadata()
+        .map_err(|source| DirError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .len();
+    if len != f.len {
+        return Err(DirError::WrongLength {
+            path: path.to_path_buf(),
+            len,
+            want_len: f.len,
+        });
+    }
+    Ok(())
 }
 
 /// The length and digest (of `hash`'s kind) of the regular file at `path`.
@@ -630,6 +675,20 @@ impl Snapshot {
     /// the error names the damaged record when there is one. Allocates at most one record at
     /// a time per file.
     pub fn open(dir: &Path) -> Result<Snapshot, DirError> {
+        Self::open_checking(dir, true)
+    }
+
+    /// [`open`](Self::open) for a restore, which reads the memory files once, into guest RAM:
+    /// the state file and every other file are checked whole, the memory files for their
+    /// length (and that they are regular files) only. Their bytes are checked as they are
+    /// loaded: every record's CRC-64, the end record's count, nothing after it
+    /// ([`crate::container::Reader`]). A load that fails has found a damaged file; the caller
+    /// releases what it allocated for it.
+    pub fn open_for_restore(dir: &Path) -> Result<Snapshot, DirError> {
+        Self::open_checking(dir, false)
+    }
+
+    fn open_checking(dir: &Path, memory_digests: bool) -> Result<Snapshot, DirError> {
         let state = dir.join(STATE_FILE);
         let first = verify_container(&state)?;
         let bad = |why: String| DirError::Manifest {
@@ -641,7 +700,7 @@ impl Snapshot {
             .ok_or_else(|| bad("the state file does not start with a manifest record".into()))?;
         let files = decode_manifest(manifest.kind, &manifest.payload).map_err(bad)?;
         check_listing(dir, &files)?;
-        verify_listed(dir, &files)?;
+        verify_listed(dir, &files, memory_digests)?;
         let header = Reader::any_kind(open_regular(&state)?)
             .map_err(|source| DirError::Damaged {
                 path: state.clone(),
@@ -915,5 +974,50 @@ mod tests {
         let err = Snapshot::open(&dir).expect_err("swapped");
         assert!(matches!(err, DirError::Mismatch { .. }), "{err:?}");
         assert!(err.to_string().contains("with SHA-256 "), "{err}");
+    }
+
+    /// A memory file with a flipped byte passes the restore's open (its length is right) and
+    /// fails its load, naming the damaged record; the full open refuses it at once. A memory
+    /// file of another length fails both opens.
+    #[test]
+    fn a_restore_open_leaves_the_memory_bytes_to_their_load() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = write_snapshot(root.path());
+        let cell = dir.join("memory-cell0");
+        let mut bytes = fs::read(&cell).expect("read");
+        let good = bytes.clone();
+        let payload = bytes
+            .windows(5)
+            .position(|w| w == b"pages")
+            .expect("the payload");
+        bytes[payload] ^= 0x40;
+        fs::write(&cell, &bytes).expect("write");
+        let err = Snapshot::open(&dir).expect_err("a flipped byte");
+        assert!(
+            matches!(
+                err,
+                DirError::Damaged {
+                    source: ContainerError::RecordChecksum { .. },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let snap = Snapshot::open_for_restore(&dir).expect("lengths match");
+        let mut load = snap
+            .open_file(FileName::MemoryCell(0), &[RecordKind::PAGES])
+            .expect("open");
+        let err = load.next_record().expect_err("the damaged record");
+        assert!(
+            matches!(err, ContainerError::RecordChecksum { .. }),
+            "{err:?}"
+        );
+        fs::write(&cell, &good[..good.len() - 1]).expect("truncate");
+        let err = Snapshot::open_for_restore(&dir).expect_err("one byte short");
+        assert!(
+            matches!(err, DirError::WrongLength { len, want_len, .. } if len + 1 == want_len),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("memory-cell0"), "{err}");
     }
 }
