@@ -600,7 +600,15 @@ fn gives_up(env: &Env, src: &Running, pod_b: &Path, key: &str) -> Outcome {
                 .unwrap_or_else(|e| format!("no /proc entry: {e}"))
         ));
     }
-    dirtier.wait_beats(dirtier.beats.load(Ordering::Relaxed), 50)?;
+    dirtier
+        .wait_beats(dirtier.beats.load(Ordering::Relaxed), 50)
+        .map_err(|e| {
+            format!(
+                "{e} after the give-up; the source's console:\n{}{}",
+                tail(&console(env, &["migsrc"])),
+                side_logs(env, src)
+            )
+        })?;
     let last = ticks(&console(env, &["migsrc"])).last().map_or(0, |t| t.n);
     wait_tick_past(env, &["migsrc"], last + 1)?;
     dirtier.stop();
