@@ -149,11 +149,26 @@ pub fn run(
         eprintln!("vmhost: restore: {}", crate::restore::timing(&timeline));
     }
     mark("VM built");
-    if let Some(inc) = incoming {
-        let arrival = commit(inc, &handle, plan, &audit, admission, opts)?;
-        after_start.set(Box::new(move |_| arrival.finish()));
-        mark("commit");
-    }
+    let arrival = match incoming {
+        Some(inc) => {
+            let arrival = commit(inc, &handle, plan, &audit, admission, opts)?;
+            mark("commit");
+            Some(arrival)
+        }
+        None => None,
+    };
+    // Once the guest runs, on this thread: the watch for KVM's worker thread (it appears at
+    // the first KVM_RUN), then a migration target's ledger hand-over and report; none of it
+    // in a migration target's pause.
+    let kvm_workers = kvm_worker_watch(plan);
+    after_start.set(Box::new(move |started| {
+        if let (true, Some(watch)) = (started, kvm_workers) {
+            watch.start();
+        }
+        if let Some(arrival) = arrival {
+            arrival.finish();
+        }
+    }));
     if api.is_none() {
         let view = ApiView::new(spec, plan, &audit, &handle, regions);
         api = serve_api(view, enforcement.as_ref(), opts)?;
@@ -163,7 +178,6 @@ pub fn run(
     if let Some(bg) = &background {
         bg.attach(vm.stop_handle());
     }
-    move_kvm_workers_off_vcpu_pus(plan);
     let report = vm.run()?;
     let overhead = crate::overhead::measure(plan, sec_at_start);
     drop(api);
@@ -622,46 +636,60 @@ fn exit_code(report: &RunReport) -> u8 {
     u8::try_from(report.exit_code()).unwrap_or(1)
 }
 
-/// Moves KVM's per-VM worker threads (`kvm-nx-lpage-recovery`, created by the kernel at the
-/// first `KVM_RUN` with the affinity of the vCPU thread that ran it) onto the emulator PUs, so
-/// that with dedicated placement nothing but the vCPU runs on a vCPU's PU. Watches for one
-/// second after the guest is released, every 2 ms: at 20 ms a placement read right after the
+/// The watch that moves KVM's per-VM worker threads (`kvm-nx-lpage-recovery`, created by the
+/// kernel at the first `KVM_RUN` with the affinity of the vCPU thread that ran it) onto the
+/// emulator PUs, so that with dedicated placement nothing but the vCPU runs on a vCPU's PU;
+/// `None` when there is nothing to move. Started once the guest is released (no worker exists
+/// before), it looks every 2 ms for one second: at 20 ms a placement read right after the
 /// start found the worker still on the vCPU's PU
-/// (`io_threads_share_the_isolated_emulator_pu_never_a_vcpu_pu`).
-fn move_kvm_workers_off_vcpu_pus(plan: &Plan) {
+/// (`io_threads_share_the_isolated_emulator_pu_never_a_vcpu_pu`). Started before the release,
+/// its scans of `/proc` shared the emulator PUs with the vCPUs' set-up, inside a migration
+/// target's pause.
+fn kvm_worker_watch(plan: &Plan) -> Option<KvmWorkerWatch> {
     if !plan.vcpus.iter().any(|v| v.host_cpu.is_some()) || plan.emulator.host_cpus.is_empty() {
-        return;
+        return None;
     }
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    if !kvm_worker_is_a_process_thread(&release) {
-        return;
-    }
-    let emulator = plan.emulator.host_cpus.clone();
-    let spawned = std::thread::Builder::new()
-        .name("vmhost-kvmpin".into())
-        .spawn(move || {
-            vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::KvmPin);
-            // KVM starts one such worker per VM, at the first KVM_RUN: stop once it is moved.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-            while std::time::Instant::now() < deadline {
-                let workers: Vec<_> = vmhost_vcpu::thread_placements()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|t| t.name.starts_with("kvm-"))
-                    .collect();
-                for t in workers.iter().filter(|t| t.cpus_allowed != emulator) {
-                    if let Err(e) = vmhost_topology::affinity::set_thread(t.tid, &emulator) {
-                        tracing::warn!(tid = t.tid, error = %e, "cannot move a KVM worker thread");
+    kvm_worker_is_a_process_thread(&release).then(|| KvmWorkerWatch {
+        emulator: plan.emulator.host_cpus.clone(),
+    })
+}
+
+/// The emulator PUs KVM's worker thread is moved to ([`kvm_worker_watch`]).
+struct KvmWorkerWatch {
+    emulator: Vec<u32>,
+}
+
+impl KvmWorkerWatch {
+    /// Starts the `vmhost-kvmpin` thread, once the guest runs.
+    fn start(self) {
+        let emulator = self.emulator;
+        let spawned = std::thread::Builder::new()
+            .name("vmhost-kvmpin".into())
+            .spawn(move || {
+                vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::KvmPin);
+                // KVM starts one such worker per VM, at the first KVM_RUN: stop once it is moved.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+                while std::time::Instant::now() < deadline {
+                    let workers: Vec<_> = vmhost_vcpu::thread_placements()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|t| t.name.starts_with("kvm-"))
+                        .collect();
+                    for t in workers.iter().filter(|t| t.cpus_allowed != emulator) {
+                        if let Err(e) = vmhost_topology::affinity::set_thread(t.tid, &emulator) {
+                            tracing::warn!(tid = t.tid, error = %e, "cannot move a KVM worker thread");
+                        }
                     }
+                    if !workers.is_empty() {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(2));
                 }
-                if !workers.is_empty() {
-                    return;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start the KVM worker pinning thread");
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the KVM worker pinning thread");
+        }
     }
 }
 
