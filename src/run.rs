@@ -26,7 +26,7 @@ use crate::output::placement_table;
 use crate::signals::{StopSignals, EXIT_INTERRUPTED};
 use crate::timeline::{now_ns, Timeline};
 use vmhost_vcpu::{
-    pin_current_thread_to_emulator, AfterStart, RunReport, StartHook, ThreadPlacement,
+    pin_current_thread_to_emulator, AfterStart, RunReport, StartHook, StartSteps, ThreadPlacement,
     UnknownAccessPolicy, Vm, VmHandle, VmOptions, VmShell, VmState,
 };
 
@@ -293,18 +293,23 @@ fn vm_options(
 ) -> VmOptions {
     let hook = {
         let (plan, started, json) = (plan.clone(), Arc::clone(started), opts.json);
-        StartHook(Arc::new(move |threads: &[ThreadPlacement]| {
-            if let (Some(r), false) = (&resume, json) {
-                r.mark("vCPUs");
-                eprintln!("vmhost: receive: {}", r.line());
-            }
-            if !json {
-                print!("{}", placement_table(&plan, audit.as_ref(), threads));
-            }
-            if let Ok(mut s) = started.lock() {
-                *s = (threads.to_vec(), now_ns());
-            }
-        }))
+        StartHook(Arc::new(
+            move |threads: &[ThreadPlacement], steps: &StartSteps| {
+                if let (Some(r), false) = (&resume, json) {
+                    r.mark_at("emulator thread", steps.emulator);
+                    r.mark_at("vCPU threads", steps.spawned);
+                    r.mark_at("vCPUs created and loaded", steps.set_up);
+                    r.mark_at("placement read", steps.placed);
+                    eprintln!("vmhost: receive: {}", r.line());
+                }
+                if !json {
+                    print!("{}", placement_table(&plan, audit.as_ref(), threads));
+                }
+                if let Ok(mut s) = started.lock() {
+                    *s = (threads.to_vec(), now_ns());
+                }
+            },
+        ))
     };
     VmOptions {
         // Auto: payloads stop on unknown accesses, Linux guests (which probe) ignore them.

@@ -21,8 +21,13 @@ impl ResumeClock {
 
     /// Marks the end of `step`.
     pub fn mark(&self, step: &'static str) {
+        self.mark_at(step, Instant::now());
+    }
+
+    /// Marks the end of `step` at `at` (a step timed by another thread).
+    pub fn mark_at(&self, step: &'static str, at: Instant) {
         if let Ok(mut m) = self.marks.lock() {
-            m.push((step, Instant::now()));
+            m.push((step, at));
         }
     }
 
@@ -55,7 +60,7 @@ mod tests {
     fn the_line_names_each_step_in_order_and_the_whole() {
         let c = ResumeClock::start();
         c.mark("VM built");
-        c.mark("vCPUs");
+        c.mark_at("vCPUs", std::time::Instant::now());
         let line = c.line();
         assert!(
             line.starts_with("the guest runs again ")

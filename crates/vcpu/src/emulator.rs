@@ -82,7 +82,9 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
     }
     let n = input.configs.len();
     let gate = Arc::clone(&input.ctx.gate);
+    let emulator = Instant::now();
     let (threads, spawn_error) = spawn_vcpus(input.configs, &input.ctx);
+    let spawned = Instant::now();
     // Only the vCPU threads hold senders now: `recv` fails if they all die.
     let ctx = input.ctx;
     drop(ctx.events);
@@ -99,12 +101,19 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
     ctx.control.set_tsc_khz(tsc_khz);
     raise_restored_interrupts(&input.guest, &ctx.guest);
     let vcpu_setup_seconds = input.run_start.elapsed().as_secs_f64();
+    let set_up = Instant::now();
     let placements = thread_placements().unwrap_or_else(|e| {
         tracing::warn!(error = %e, "cannot read thread placement back");
         Vec::new()
     });
+    let steps = crate::vm::StartSteps {
+        emulator,
+        spawned,
+        set_up,
+        placed: Instant::now(),
+    };
     if let Some(hook) = &input.on_start {
-        (hook.0)(&placements);
+        (hook.0)(&placements, &steps);
     }
     let start = Instant::now();
     ctx.control.mark_started();

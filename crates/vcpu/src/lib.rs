@@ -89,7 +89,7 @@ pub use report::{BootReport, LinuxEntry, RunReport, RunStatus, VcpuOutcome, Vcpu
 pub use snapshot::{CaptureError, VmShell};
 pub use sys::restore_terminal;
 pub use vcpu::{UnknownAccessPolicy, VcpuError};
-pub use vm::{AfterStart, AfterStartFn, GuestRam, StartHook, Vm, VmError, VmOptions};
+pub use vm::{AfterStart, AfterStartFn, GuestRam, StartHook, StartSteps, Vm, VmError, VmOptions};
 pub use vmhost_memory::DirtyBitmap;
 
 #[doc(hidden)]

@@ -132,8 +132,23 @@ impl std::fmt::Debug for AfterStart {
     }
 }
 
-/// The function a [`StartHook`] calls.
-pub type StartFn = dyn Fn(&[crate::ThreadPlacement]) + Send + Sync;
+/// The function a [`StartHook`] calls: the threads' placement read back from `/proc`, and
+/// when each step of the start ended.
+pub type StartFn = dyn Fn(&[crate::ThreadPlacement], &StartSteps) + Send + Sync;
+
+/// When the emulator thread ended each step of a VM's start, before the guest's release (what
+/// a migration target's pause is made of).
+#[derive(Debug, Clone, Copy)]
+pub struct StartSteps {
+    /// The emulator thread runs, pinned.
+    pub emulator: std::time::Instant,
+    /// Every vCPU thread is spawned.
+    pub spawned: std::time::Instant,
+    /// Every vCPU is created, given its state (booted or restored) and filtered.
+    pub set_up: std::time::Instant,
+    /// The threads' placement is read back.
+    pub placed: std::time::Instant,
+}
 
 /// A callback run when the VM starts (see [`VmOptions::on_start`]).
 #[derive(Clone)]
