@@ -429,6 +429,21 @@ mod cleanup_tests {
 
     /// An environment whose "vmhost" is a private copy of `sleep`: only the processes this
     /// test starts from it can match, never anyone else's.
+    /// Starts the copied binary. The copy was just written: a thread of this test binary
+    /// that forks meanwhile (another test spawning a child) holds the copy's write descriptor
+    /// until its child execs, and exec then fails with ETXTBSY; that race is retried.
+    fn spawn_copy(bin: &Path, arg: &str) -> std::process::Child {
+        for _ in 0..100 {
+            match Command::new(bin).arg(arg).spawn() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => return other.unwrap(),
+            }
+        }
+        panic!("{} stays busy (ETXTBSY)", bin.display());
+    }
+
     fn env_with_private_binary(dir: &Path) -> Env {
         let bin = dir.join("vmhost-under-test");
         std::fs::copy("/bin/sleep", &bin).unwrap();
@@ -448,11 +463,11 @@ mod cleanup_tests {
         let env = env_with_private_binary(&dir);
         assert_eq!(env.cleanup(), Ok(()), "nothing started, nothing leaked");
 
-        let tracked = Command::new(&env.vmhost).arg("600").spawn().unwrap();
+        let tracked = spawn_copy(&env.vmhost, "600");
         let tracked_pid = tracked.id();
         env.lock_children().push(("leaky".into(), tracked));
         // Started some other way (as a supervisor's orphaned VMM would be).
-        let mut untracked = Command::new(&env.vmhost).arg("601").spawn().unwrap();
+        let mut untracked = spawn_copy(&env.vmhost, "601");
         let untracked_pid = untracked.id();
         let why = env.cleanup().unwrap_err();
         assert!(
@@ -484,7 +499,7 @@ mod cleanup_tests {
         std::fs::create_dir_all(&dir).unwrap();
         let env = env_with_private_binary(&dir);
         fn leaks(env: &Env) -> crate::Outcome {
-            let child = Command::new(&env.vmhost).arg("602").spawn().unwrap();
+            let child = spawn_copy(&env.vmhost, "602");
             env.lock_children().push(("forgotten".into(), child));
             Ok(())
         }
