@@ -298,8 +298,8 @@ fn vm_options(
                 if let (Some(r), false) = (&resume, json) {
                     r.mark_at("emulator thread", steps.emulator);
                     r.mark_at("vCPU threads", steps.spawned);
+                    r.mark_at("pinned and placement read", steps.placed);
                     r.mark_at("vCPUs created and loaded", steps.set_up);
-                    r.mark_at("placement read", steps.placed);
                     eprintln!("vmhost: receive: {}", r.line());
                 }
                 if !json {

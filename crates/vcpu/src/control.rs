@@ -615,10 +615,13 @@ pub fn stop_on_signals(handle: StopHandle) -> std::io::Result<JoinHandle<()>> {
         })
 }
 
-/// Holds vCPU threads between their setup and the start of the run.
+/// Holds vCPU threads between their setup and the start of the run; counts the vCPU threads
+/// that are pinned (their placement can be read back while they load their state).
 pub(crate) struct Gate {
     state: Mutex<Option<bool>>,
     cv: Condvar,
+    pinned: Mutex<usize>,
+    pinned_cv: Condvar,
 }
 
 impl Gate {
@@ -626,6 +629,29 @@ impl Gate {
         Gate {
             state: Mutex::new(None),
             cv: Condvar::new(),
+            pinned: Mutex::new(0),
+            pinned_cv: Condvar::new(),
+        }
+    }
+
+    /// A vCPU thread's promise to count itself pinned once ([`Pinned::now`], or when dropped:
+    /// a thread that failed or panicked before its pinning is counted too, so that
+    /// [`Gate::wait_pinned`] never waits for it).
+    pub fn pinned_guard(&self) -> Pinned<'_> {
+        Pinned {
+            gate: self,
+            done: false,
+        }
+    }
+
+    /// Waits until `n` vCPU threads have counted themselves pinned.
+    pub fn wait_pinned(&self, n: usize) {
+        let mut count = lock(&self.pinned);
+        while *count < n {
+            count = self
+                .pinned_cv
+                .wait(count)
+                .unwrap_or_else(PoisonError::into_inner);
         }
     }
 
@@ -644,6 +670,29 @@ impl Gate {
             }
             s = self.cv.wait(s).unwrap_or_else(PoisonError::into_inner);
         }
+    }
+}
+
+/// See [`Gate::pinned_guard`].
+pub(crate) struct Pinned<'a> {
+    gate: &'a Gate,
+    done: bool,
+}
+
+impl Pinned<'_> {
+    /// Counts the thread pinned (once).
+    pub fn now(&mut self) {
+        if !self.done {
+            self.done = true;
+            *lock(&self.gate.pinned) += 1;
+            self.gate.pinned_cv.notify_all();
+        }
+    }
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        self.now();
     }
 }
 

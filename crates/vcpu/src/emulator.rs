@@ -88,6 +88,14 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
     // Only the vCPU threads hold senders now: `recv` fails if they all die.
     let ctx = input.ctx;
     drop(ctx.events);
+    // Every vCPU thread pinned: the placement is read back while they create their vCPUs
+    // and load their state (a migration target's pause holds both).
+    gate.wait_pinned(threads.len());
+    let placements = thread_placements().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot read thread placement back");
+        Vec::new()
+    });
+    let placed = Instant::now();
     let setup = wait_setup(&rx, threads.len());
     let tsc_khz = match (spawn_error, setup) {
         (None, Ok(tsc)) => tsc,
@@ -101,16 +109,11 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
     ctx.control.set_tsc_khz(tsc_khz);
     raise_restored_interrupts(&input.guest, &ctx.guest);
     let vcpu_setup_seconds = input.run_start.elapsed().as_secs_f64();
-    let set_up = Instant::now();
-    let placements = thread_placements().unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "cannot read thread placement back");
-        Vec::new()
-    });
     let steps = crate::vm::StartSteps {
         emulator,
         spawned,
-        set_up,
-        placed: Instant::now(),
+        placed,
+        set_up: Instant::now(),
     };
     if let Some(hook) = &input.on_start {
         (hook.0)(&placements, &steps);

@@ -223,9 +223,11 @@ pub(crate) enum Event {
 pub(crate) fn thread_main(cfg: VcpuConfig, ctx: VcpuContext) {
     let vcpu = cfg.index;
     ctx.control.set_tid(vcpu, Some(sys::gettid()));
+    let gate = Arc::clone(&ctx.gate);
+    let mut pinned = gate.pinned_guard();
     // The filter goes in once the vCPU is created and configured (KVM_CREATE_VCPU, the
     // kvm_run mapping, CPUID, registers, pinning, the kick signal's handler).
-    let filtered = setup(&cfg, &ctx).and_then(|v| {
+    let filtered = setup(&cfg, &ctx, &mut pinned).and_then(|v| {
         vmhost_seccomp::install_current(vmhost_seccomp::ThreadKind::Vcpu).map_err(|source| {
             VcpuError::Seccomp {
                 vcpu: u32::try_from(vcpu).unwrap_or(u32::MAX),
@@ -277,7 +279,11 @@ pub(crate) fn thread_main(cfg: VcpuConfig, ctx: VcpuContext) {
 
 /// Pins the thread, creates the vCPU and gives it its start state; returns it with its TSC
 /// rate and the CPUID it was given (which a capture saves).
-fn setup(cfg: &VcpuConfig, ctx: &VcpuContext) -> Result<(VcpuFd, u32, CpuId), VcpuError> {
+fn setup(
+    cfg: &VcpuConfig,
+    ctx: &VcpuContext,
+    pinned: &mut crate::control::Pinned<'_>,
+) -> Result<(VcpuFd, u32, CpuId), VcpuError> {
     let vcpu = u32::try_from(cfg.index).unwrap_or(u32::MAX);
     if !cfg.cpus.is_empty() {
         sys::pin_current_thread(&cfg.cpus).map_err(|source| VcpuError::Pin {
@@ -293,6 +299,8 @@ fn setup(cfg: &VcpuConfig, ctx: &VcpuContext) -> Result<(VcpuFd, u32, CpuId), Vc
             source,
         })?;
     }
+    // The emulator thread reads the threads' placement back while this one goes on.
+    pinned.now();
     sys::prepare_kick_signal().map_err(|source| VcpuError::Signal { vcpu, source })?;
     let kvm = |op: &'static str| move |source| VcpuError::Kvm { vcpu, op, source };
     let fd = ctx

@@ -144,10 +144,12 @@ pub struct StartSteps {
     pub emulator: std::time::Instant,
     /// Every vCPU thread is spawned.
     pub spawned: std::time::Instant,
-    /// Every vCPU is created, given its state (booted or restored) and filtered.
-    pub set_up: std::time::Instant,
-    /// The threads' placement is read back.
+    /// Every vCPU thread is pinned and the threads' placement is read back (while the vCPUs
+    /// are created and given their state).
     pub placed: std::time::Instant,
+    /// Every vCPU is created, given its state (booted or restored) and filtered; the
+    /// restored interrupts are raised again.
+    pub set_up: std::time::Instant,
 }
 
 /// A callback run when the VM starts (see [`VmOptions::on_start`]).
