@@ -701,6 +701,34 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU8;
 
+    /// `wait_pinned` returns once every thread counted itself: pinned, failed before its
+    /// pinning (the guard dropped), or panicked (the guard dropped in the unwinding), each
+    /// once however often `now` is called.
+    #[test]
+    fn every_vcpu_thread_counts_as_pinned_once_whatever_its_fate() {
+        let gate = Arc::new(Gate::new());
+        let threads: Vec<_> = (0..3)
+            .map(|i| {
+                let gate = Arc::clone(&gate);
+                std::thread::spawn(move || {
+                    let mut pinned = gate.pinned_guard();
+                    match i {
+                        0 => {
+                            pinned.now();
+                            pinned.now();
+                        }
+                        1 => drop(pinned),
+                        _ => panic!("a vCPU thread that panics before its pinning"),
+                    }
+                })
+            })
+            .collect();
+        gate.wait_pinned(3);
+        let panicked = threads.into_iter().filter_map(|t| t.join().err()).count();
+        assert_eq!(panicked, 1);
+        assert_eq!(*lock(&gate.pinned), 3, "each thread once");
+    }
+
     #[test]
     fn first_reason_wins_and_unregistered_slots_are_skipped() {
         let c = Control::new(2);
