@@ -137,10 +137,8 @@ pub fn run(
     });
     let started: Arc<Mutex<(Vec<ThreadPlacement>, u64)>> = Arc::default();
     let final_audit = background.is_none().then(|| audit.clone());
-    let mut options = vm_options(plan, opts, final_audit, &started, resume.clone());
+    let (mut options, after_start) = vm_options(plan, opts, final_audit, &started, resume.clone());
     options.handle = Some(handle.clone());
-    let after_start = AfterStart::default();
-    options.after_start = Some(after_start.clone());
     let regions = memory.regions().to_vec();
     let restoring = matches!(start, Start::Restore { .. });
     let (mut vm, incoming) = create_vm(plan, memory, options, start, shell)?;
@@ -149,26 +147,13 @@ pub fn run(
         eprintln!("vmhost: restore: {}", crate::restore::timing(&timeline));
     }
     mark("VM built");
-    let arrival = match incoming {
-        Some(inc) => {
-            let arrival = commit(inc, &handle, plan, &audit, admission, opts)?;
-            mark("commit");
-            Some(arrival)
-        }
-        None => None,
-    };
-    // Once the guest runs, on this thread: the watch for KVM's worker thread (it appears at
-    // the first KVM_RUN), then a migration target's ledger hand-over and report; none of it
-    // in a migration target's pause.
-    let kvm_workers = kvm_worker_watch(plan);
-    after_start.set(Box::new(move |started| {
-        if let (true, Some(watch)) = (started, kvm_workers) {
-            watch.start();
-        }
-        if let Some(arrival) = arrival {
-            arrival.finish();
-        }
-    }));
+    let arrival = incoming
+        .map(|inc| commit(inc, &handle, plan, &audit, admission, opts))
+        .transpose()?;
+    if arrival.is_some() {
+        mark("commit");
+    }
+    after_start.set(once_running(plan, arrival));
     if api.is_none() {
         let view = ApiView::new(spec, plan, &audit, &handle, regions);
         api = serve_api(view, enforcement.as_ref(), opts)?;
@@ -191,6 +176,24 @@ pub fn run(
         started,
     };
     finish(plan, opts, ended, background.as_ref(), timeline)
+}
+
+/// What runs on the main thread once the guest runs: the watch for KVM's worker thread (it
+/// appears at the first `KVM_RUN`), then a migration target's ledger hand-over and report;
+/// none of it in a migration target's pause.
+fn once_running(
+    plan: &Plan,
+    arrival: Option<crate::migrate::target::Arrival>,
+) -> Box<vmhost_vcpu::AfterStartFn> {
+    let kvm_workers = kvm_worker_watch(plan);
+    Box::new(move |started| {
+        if let (true, Some(watch)) = (started, kvm_workers) {
+            watch.start();
+        }
+        if let Some(arrival) = arrival {
+            arrival.finish();
+        }
+    })
 }
 
 /// Before guest memory: pins the VMM thread to the emulator PUs, enters the cgroup, starts
@@ -283,14 +286,15 @@ fn enter_cgroup(plan: &Plan, opts: &RunOptions) -> Result<Option<Arc<Enforcement
 
 /// The VM's settings: the unknown-access policy, the start hook that prints the placement
 /// table and records when the vCPUs became runnable (on a migration target, after the line
-/// of `resume`: where the time since the guest's state arrived went), the scratch directory.
+/// of `resume`: where the time since the guest's state arrived went), the scratch directory;
+/// and the work run once the guest runs, to be set ([`once_running`]).
 fn vm_options(
     plan: &Plan,
     opts: &RunOptions,
     audit: Option<Audit>,
     started: &Arc<Mutex<(Vec<ThreadPlacement>, u64)>>,
     resume: Option<Arc<crate::migrate::resume::ResumeClock>>,
-) -> VmOptions {
+) -> (VmOptions, AfterStart) {
     let hook = {
         let (plan, started, json) = (plan.clone(), Arc::clone(started), opts.json);
         StartHook(Arc::new(
@@ -311,7 +315,8 @@ fn vm_options(
             },
         ))
     };
-    VmOptions {
+    let after_start = AfterStart::default();
+    let options = VmOptions {
         // Auto: payloads stop on unknown accesses, Linux guests (which probe) ignore them.
         unknown_access: if opts.ignore_unknown {
             UnknownAccessPolicy::Ignore
@@ -324,8 +329,10 @@ fn vm_options(
         // root may write, never under a predictable name in the world-writable /tmp.
         device_dir: Some(opts.run_dir.clone()),
         filter_calling_thread: true,
+        after_start: Some(after_start.clone()),
         ..Default::default()
-    }
+    };
+    (options, after_start)
 }
 
 /// Fills guest memory from the snapshot or the migration source before the VM exists. A

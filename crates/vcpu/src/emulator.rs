@@ -91,10 +91,7 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
     // Every vCPU thread pinned: the placement is read back while they create their vCPUs
     // and load their state (a migration target's pause holds both).
     gate.wait_pinned(threads.len());
-    let placements = thread_placements().unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "cannot read thread placement back");
-        Vec::new()
-    });
+    let placements = read_placements();
     let placed = Instant::now();
     let setup = wait_setup(&rx, threads.len());
     let tsc_khz = match (spawn_error, setup) {
@@ -154,6 +151,14 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
         vcpu_setup_seconds,
         startup_seconds,
         run_seconds,
+    })
+}
+
+/// Every thread's placement, or none (logged) when `/proc` cannot be read.
+fn read_placements() -> Vec<crate::ThreadPlacement> {
+    thread_placements().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot read thread placement back");
+        Vec::new()
     })
 }
 
