@@ -301,6 +301,11 @@ impl Control {
         self.state_of(&lock(&self.life))
     }
 
+    /// Whether a pause is requested (a vCPU thread completes its last exit before it parks).
+    pub fn pause_requested(&self) -> bool {
+        lock(&self.life).pause_requested
+    }
+
     /// Called by vCPU thread `vcpu` at the top of its run loop: while a pause is requested
     /// (and no stop), waits parked; while parked it answers a capture ([`Control::save_vcpus`])
     /// by calling `save` on its own thread. Returns true when it parked.

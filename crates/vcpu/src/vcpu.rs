@@ -391,19 +391,34 @@ fn run_loop(
         GuestCtx::Payload { .. } => None,
     };
     let mut unknown = UnknownLog::default();
+    // Whether KVM holds no exit for completion: it finishes an I/O, MMIO or MSR exit only at
+    // the next KVM_RUN (RIP past an OUT; an IN's or an MMIO read's data into the registers).
+    let mut completed = true;
     loop {
-        let mut save = || VcpuState::save(fd, &ctx.layout, cpuid);
-        if ctx.control.park_if_paused(vcpu, &mut save) {
-            // A pause kick may have left `immediate_exit` set; a stop arriving after this
-            // store sets it again, and is seen below or makes KVM_RUN return at once.
+        let pausing = ctx.control.pause_requested();
+        if pausing && !completed {
+            // Before this thread parks and a capture saves its registers: KVM_RUN once with
+            // `immediate_exit` set completes the exit and returns EINTR without running the
+            // guest (KVM API, KVM_RUN). Saved before it, the target would run the OUT again
+            // (a console byte twice) or lose an IN's byte.
             // SAFETY: `ie` points into this vCPU's kvm_run mapping, live while `fd` is.
-            unsafe { (*ie).store(0, Ordering::SeqCst) };
+            unsafe { (*ie).store(1, Ordering::SeqCst) };
+        } else if pausing {
+            let mut save = || VcpuState::save(fd, &ctx.layout, cpuid);
+            if ctx.control.park_if_paused(vcpu, &mut save) {
+                // A pause kick may have left `immediate_exit` set; a stop arriving after this
+                // store sets it again, and is seen below or makes KVM_RUN return at once.
+                // SAFETY: `ie` points into this vCPU's kvm_run mapping, live while `fd` is.
+                unsafe { (*ie).store(0, Ordering::SeqCst) };
+            }
         }
         if ctx.control.stop_requested() {
             return VcpuOutcome::Stopped;
         }
         let stopping = || ctx.control.stop_requested();
-        let exit = match next_exit(fd, devices.as_deref(), &stopping) {
+        let run = next_exit(fd, devices.as_deref(), &stopping);
+        completed = matches!(&run, Err(e) if e.errno() == libc::EINTR);
+        let exit = match run {
             Ok(exit) => exit,
             Err(e) if e.errno() == libc::EINTR => Exit::Interrupted,
             Err(e) if e.errno() == libc::EAGAIN => continue,
