@@ -310,8 +310,9 @@ fn damaged(e: &vmhost_memory::CellIoError) -> Option<u32> {
 }
 
 /// Where a restore's time went before the guest was released, from `main`: checking the
-/// snapshot (its state, spec and plan read whole, its memory files' lengths), the host's topology, the plan and ledger, the memory
-/// (allocated, bound, prefaulted, loaded) and the VM (created, state restored).
+/// snapshot (its state, spec and plan read whole, its memory files' lengths), the host's
+/// topology, the plan and ledger, the memory (allocated, bound, prefaulted, loaded and
+/// checked) and the VM (created, state restored).
 pub fn timing(t: &crate::timeline::Timeline) -> String {
     let s = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e9;
     // A background prefault sets `memory_ready_ns` only when it ends.
