@@ -479,15 +479,22 @@ fn side_logs(env: &Env, from: &Running) -> String {
         Err(e) => e.to_string(),
     };
     s.push_str(&format!("\n--- {}: {socket}", from.socket.display()));
+    // The source's console and vmhost's own lines on it (a VM that ended prints why).
+    let out = std::fs::read(env.work.join("migsrc.out")).unwrap_or_default();
+    s.push_str(&format!(
+        "\n--- migsrc.out:\n{}",
+        tail(&String::from_utf8_lossy(&out))
+    ));
     let tasks = std::fs::read_dir(format!("/proc/{}/task", from.vmm))
         .map(|d| {
             d.flatten()
                 .map(|t| {
                     let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-                    // "tid (comm) S ...": the name and the state.
+                    let wchan = std::fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
+                    // "tid (comm) S ...": the name and the state, and where it sleeps.
                     let (name, rest) = stat.rsplit_once(')').unwrap_or((&stat, ""));
                     format!(
-                        "{}){}",
+                        "{}){}@{wchan}",
                         name.split_once('(').map_or("", |(_, n)| n),
                         rest.split_whitespace().next().unwrap_or("?")
                     )
