@@ -42,16 +42,34 @@ pub fn pending_signal(signals: &[libc::c_int]) -> Option<libc::c_int> {
     })
 }
 
-/// Waits for one of `signals` (blocked by the caller) and returns its number.
-pub fn wait_signal(signals: &[libc::c_int]) -> io::Result<libc::c_int> {
+/// A stop signal as it arrived: its number and the process that sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    /// The signal's number.
+    pub signal: libc::c_int,
+    /// The sender's pid (`si_pid`); 0 when the kernel sent it (a terminal's hang-up, a
+    /// parent-death signal is sent as from the dead parent).
+    pub pid: libc::pid_t,
+}
+
+/// Waits for one of `signals` (blocked by the caller) and returns it with its sender.
+pub fn wait_signal(signals: &[libc::c_int]) -> io::Result<Received> {
     let set = sigset(signals);
-    let mut sig: libc::c_int = 0;
-    // SAFETY: `set` is initialised and `sig` is a valid place for the result.
-    let ret = unsafe { libc::sigwait(&set, &mut sig) };
-    if ret == 0 {
-        Ok(sig)
-    } else {
-        Err(io::Error::from_raw_os_error(ret))
+    // SAFETY: an all-zero siginfo_t is a valid object for sigwaitinfo to fill.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `set` is initialised and `info` is a valid, writable siginfo_t.
+        let sig = unsafe { libc::sigwaitinfo(&set, &mut info) };
+        if sig > 0 {
+            // SAFETY: the kernel filled `info` for a signal that carries a sender (kill,
+            // tgkill, sigqueue, or the kernel's own with si_pid 0), as sigwaitinfo returned it.
+            let pid = unsafe { info.si_pid() };
+            return Ok(Received { signal: sig, pid });
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 

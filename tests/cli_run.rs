@@ -379,7 +379,7 @@ fn serial_writer_blocked(pid: u32) -> bool {
 /// A Linux guest (a tiny PVH "kernel") that prints without end, run with stdout a pipe nobody
 /// reads: once the pipe is full, SIGTERM still ends vmhost, with the ledger entry released. Before,
 /// the vCPU blocked in its write to the full pipe and nothing stopped it; the final report, too,
-/// would have blocked on stdout forever.
+/// would have blocked on stdout forever. stderr names the signal's sender.
 #[test]
 fn sigterm_ends_vmhost_whose_guest_prints_into_an_unread_stdout() {
     use std::os::fd::AsRawFd;
@@ -437,6 +437,9 @@ fn sigterm_ends_vmhost_whose_guest_prints_into_an_unread_stdout() {
     };
     let err = std::fs::read_to_string(d.join("stderr")).unwrap();
     assert_eq!(status.code(), Some(130), "{err}");
+    // Who asked, on stderr whatever the log level: the signal and this test's pid.
+    let asked = format!("vmhost: SIGTERM from pid {} (", std::process::id());
+    assert!(err.contains(&asked), "no `{asked}` on stderr: {err}");
     // Nobody read stdout: the guest's output and the report were given up, not waited for.
     assert!(bytes_in(&unread) > 0, "{err}");
     let ps = common::vmhost(&["ps", "--json", "--run-dir", d.join("run").to_str().unwrap()]);

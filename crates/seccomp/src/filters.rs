@@ -307,7 +307,14 @@ const API: &[&[(i64, Rule)]] = &[
     KICK,
 ];
 
-const SIGNAL: &[&[(i64, Rule)]] = &[&[(SYS_rt_sigtimedwait, Rule::Any)], KICK];
+/// The stop signals' thread: waits for them, names the sender (`/proc/PID/comm`) and kicks
+/// the vCPUs.
+const SIGNAL: &[&[(i64, Rule)]] = &[
+    &[(SYS_rt_sigtimedwait, Rule::Any)],
+    KICK,
+    READ_FILES,
+    &CLOSE,
+];
 
 /// `PrefaultOptions::on_progress` hooks run here too (a test's slows the prefault down).
 /// The snapshot job: kicks the vCPUs to pause (and a stop), reads the VM's irqchip, PIT and

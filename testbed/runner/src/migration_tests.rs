@@ -504,7 +504,36 @@ fn side_logs(env: &Env, from: &Running) -> String {
         })
         .unwrap_or_else(|e| e.to_string());
     s.push_str(&format!("\n--- source VMM {} threads: {tasks}", from.vmm));
+    if std::fs::symlink_metadata(&from.socket).is_err() {
+        s.push_str(&source_end(env, from));
+    }
     s
+}
+
+/// A source whose API socket went away is ending: once it has, its exit status, its stderr
+/// (a stop signal names its sender there) and the end of its stdout (the report: the run's
+/// status and each vCPU's outcome), the guest's tick lines left out.
+fn source_end(env: &Env, from: &Running) -> String {
+    let end = env
+        .wait(from.pid)
+        .map_or_else(|e| e, |code| format!("exit {code}"));
+    let err = std::fs::read_to_string(env.work.join("migsrc.err")).unwrap_or_default();
+    let out = std::fs::read(env.work.join("migsrc.out")).unwrap_or_default();
+    let out = String::from_utf8_lossy(&out);
+    let report: Vec<&str> = out
+        .lines()
+        .filter(|l| !l.contains("GUEST-MIGTICK"))
+        .collect();
+    format!(
+        "\n--- the source ended: {end}; its stderr:\n{}\n--- the end of its stdout:\n{}",
+        last_lines(&err, 20),
+        report[report.len().saturating_sub(40)..].join("\n")
+    )
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Free 2 MiB pages of every node.
