@@ -59,6 +59,10 @@ check "a host oops in the idle task is retried" fault_is retry: \
     $'RUN  vsock_linux_guest_echo_both_ways\n[  308.999616] BUG: unable to handle page fault for address: ffff8880067b4508\n[  308.999616] #PF: supervisor instruction fetch in kernel mode\n[  308.999616] Oops: 0011 [#1] PREEMPT SMP NOPTI\n[  308.999616] CPU: 1 PID: 0 Comm: swapper/1 Not tainted 6.1.0-57-amd64 #1  Debian 6.1.192-3'
 check "a host oops on a vmhost vCPU thread fails" fault_is fail: \
     $'[  120.5] general protection fault, probably for non-canonical address 0xdead000000000100: 0000 [#1] PREEMPT SMP NOPTI\n[  120.5] CPU: 0 PID: 4242 Comm: vcpu0 Not tainted 6.1.0-57-amd64 #1'
+check "a host oops after VMRUN on a vmhost vCPU thread is the emulated CPU's, retried" fault_is retry: \
+    $'[   52.023433] BUG: TASK stack guard page was hit at 00000000f78997b1 (stack is 000000005a11698e..00000000b81b97ec)\n[   52.023433] stack guard page: 0000 [#1] PREEMPT SMP NOPTI\n[   52.023433] CPU: 0 PID: 229 Comm: vcpu0 Not tainted 6.1.0-57-amd64 #1  Debian 6.1.192-3\n[   52.023433] RIP: 0010:error_entry+0xd/0x130\n[   52.027431] BUG: kernel NULL pointer dereference, address: 0000000000000140\n[   52.027431] Oops: 0002 [#2] PREEMPT SMP NOPTI\n[   52.027431] CPU: 0 PID: 229 Comm: vcpu0 Not tainted 6.1.0-57-amd64 #1  Debian 6.1.192-3\n[   52.027431] RIP: 0010:__svm_vcpu_run+0x9d/0x210 [kvm_amd]'
+check "a host oops elsewhere in KVM on a vmhost vCPU thread still fails" fault_is fail: \
+    $'[  120.5] BUG: kernel NULL pointer dereference, address: 0000000000000140\n[  120.5] Oops: 0002 [#1] PREEMPT SMP NOPTI\n[  120.5] CPU: 0 PID: 4242 Comm: vcpu0 Not tainted 6.1.0-57-amd64 #1\n[  120.5] RIP: 0010:kvm_mmu_page_fault+0x1d/0x210 [kvm]'
 check "a prefixed guest oops line is not the host's" fault_is "" \
     '     guest| [   12.0] BUG: unable to handle page fault for address: 0000000000000008'
 check "a host kernel task hung for minutes is retried" fault_is retry: \
