@@ -149,8 +149,11 @@ pub(crate) fn wait_tick_past(env: &Env, names: &[&str], after: u64) -> Result<Ti
         }
         ensure!(
             Instant::now() < deadline,
-            "no GUEST-MIGTICK past n={after} within {GUEST_LIMIT:?} on {names:?}: {}",
-            tail(&text)
+            "no GUEST-MIGTICK past n={after} within {GUEST_LIMIT:?} on {names:?}: {}\n--- \
+             every vmhost's threads (a vCPU halted in KVM is a guest waiting; one in user space \
+             or on a futex is the VMM): {}",
+            tail(&text),
+            vmhost_threads()
         );
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -485,7 +488,17 @@ fn side_logs(env: &Env, from: &Running) -> String {
         "\n--- migsrc.out:\n{}",
         tail(&String::from_utf8_lossy(&out))
     ));
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", from.vmm))
+    let tasks = threads(from.vmm);
+    s.push_str(&format!("\n--- source VMM {} threads: {tasks}", from.vmm));
+    if std::fs::symlink_metadata(&from.socket).is_err() {
+        s.push_str(&source_end(env, from));
+    }
+    s
+}
+
+/// Each thread of process `pid`: `name)STATE@wchan` (where it sleeps in the kernel).
+fn threads(pid: u32) -> String {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|d| {
             d.flatten()
                 .map(|t| {
@@ -502,12 +515,26 @@ fn side_logs(env: &Env, from: &Running) -> String {
                 .collect::<Vec<_>>()
                 .join(" ")
         })
-        .unwrap_or_else(|e| e.to_string());
-    s.push_str(&format!("\n--- source VMM {} threads: {tasks}", from.vmm));
-    if std::fs::symlink_metadata(&from.socket).is_err() {
-        s.push_str(&source_end(env, from));
-    }
-    s
+        .unwrap_or_else(|e| e.to_string())
+}
+
+/// [`threads`] of every process named `vmhost`.
+fn vmhost_threads() -> String {
+    let pids = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|pid| {
+                    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                        .is_ok_and(|c| c.trim_end() == "vmhost")
+                })
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    pids.iter()
+        .map(|pid| format!("pid {pid}: {}", threads(*pid)))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// A source whose API socket went away is ending: once it has, its exit status, its stderr
