@@ -13,6 +13,7 @@
 mod cgroup_tests;
 mod device_bench;
 mod device_tests;
+mod diagnose;
 mod dm_log;
 mod host;
 mod kvm_exits;

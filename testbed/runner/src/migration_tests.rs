@@ -153,7 +153,7 @@ pub(crate) fn wait_tick_past(env: &Env, names: &[&str], after: u64) -> Result<Ti
              every vmhost's threads (a vCPU halted in KVM is a guest waiting; one in user space \
              or on a futex is the VMM): {}",
             tail(&text),
-            vmhost_threads()
+            crate::diagnose::vmhost_threads()
         );
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -488,164 +488,12 @@ fn side_logs(env: &Env, from: &Running) -> String {
         "\n--- migsrc.out:\n{}",
         tail(&String::from_utf8_lossy(&out))
     ));
-    let tasks = threads(from.vmm);
+    let tasks = crate::diagnose::threads(from.vmm);
     s.push_str(&format!("\n--- source VMM {} threads: {tasks}", from.vmm));
     if std::fs::symlink_metadata(&from.socket).is_err() {
         s.push_str(&source_end(env, from));
     }
     s
-}
-
-/// Each thread of process `pid`: `name)STATE@wchan` (where it sleeps in the kernel).
-fn threads(pid: u32) -> String {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| {
-            d.flatten()
-                .map(|t| {
-                    let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-                    let wchan = std::fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
-                    // "tid (comm) S ...": the name and the state, and where it sleeps.
-                    let (name, rest) = stat.rsplit_once(')').unwrap_or((&stat, ""));
-                    format!(
-                        "{}){}@{wchan}",
-                        name.split_once('(').map_or("", |(_, n)| n),
-                        rest.split_whitespace().next().unwrap_or("?")
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_else(|e| e.to_string())
-}
-
-/// CPU ticks of each thread of `pid` by name: (user, system, guest); `utime` includes the
-/// guest's time (proc(5)).
-fn task_ticks(pid: u32) -> std::collections::BTreeMap<String, [u64; 3]> {
-    let mut out = std::collections::BTreeMap::new();
-    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        let Some((head, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let name = head.split_once('(').map_or("", |(_, n)| n);
-        // After the name: field 3 (state) is index 0, utime (14) 11, stime (15) 12, guest_time
-        // (43) 40.
-        let f: Vec<u64> = rest
-            .split_whitespace()
-            .map(|v| v.parse().unwrap_or(0))
-            .collect();
-        if f.len() > 40 {
-            out.insert(name.to_string(), [f[11], f[12], f[40]]);
-        }
-    }
-    out
-}
-
-/// Each KVM debugfs statistic of `pid`'s VMs' vCPUs (`/sys/kernel/debug/kvm/PID-FD/vcpuN/`),
-/// debugfs mounted first when it is not.
-fn kvm_vcpu_stats(pid: u32) -> std::collections::BTreeMap<String, u64> {
-    let root = Path::new("/sys/kernel/debug/kvm");
-    if !root.exists() {
-        let _ = Command::new("mount")
-            .args(["-t", "debugfs", "debugfs", "/sys/kernel/debug"])
-            .status();
-    }
-    let mut out = std::collections::BTreeMap::new();
-    let prefix = format!("{pid}-");
-    for vm in std::fs::read_dir(root).into_iter().flatten().flatten() {
-        if !vm.file_name().to_string_lossy().starts_with(&prefix) {
-            continue;
-        }
-        for vcpu in std::fs::read_dir(vm.path()).into_iter().flatten().flatten() {
-            let v = vcpu.file_name().to_string_lossy().to_string();
-            if !v.starts_with("vcpu") {
-                continue;
-            }
-            for stat in std::fs::read_dir(vcpu.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let value = std::fs::read_to_string(stat.path()).unwrap_or_default();
-                if let Ok(n) = value.trim().parse::<u64>() {
-                    out.insert(format!("{v}.{}", stat.file_name().to_string_lossy()), n);
-                }
-            }
-        }
-    }
-    out
-}
-
-/// What `pid`'s threads and its vCPUs did over one second: each busy thread's user, system
-/// and guest CPU ticks (a vCPU spinning in its guest, in KVM or in vmhost), and every KVM
-/// vCPU statistic that moved (exits by kind, page faults fixed or spurious, halts).
-fn activity(pid: u32) -> String {
-    // The host's exits by reason over the same second (every VM's: the failing test's).
-    let counter = crate::kvm_exits::ExitCounter::attach();
-    if let Ok(c) = &counter {
-        let _ = c.clear();
-    }
-    let (t0, k0) = (task_ticks(pid), kvm_vcpu_stats(pid));
-    std::thread::sleep(Duration::from_secs(1));
-    let (t1, k1) = (task_ticks(pid), kvm_vcpu_stats(pid));
-    let reasons = match counter.and_then(|c| c.read()) {
-        Ok(r) => format!("{r:?}"),
-        Err(e) => e,
-    };
-    let busy: Vec<String> = t1
-        .iter()
-        .filter_map(|(name, b)| {
-            let a = t0.get(name)?;
-            let d = [
-                b[0] - a[0].min(b[0]),
-                b[1] - a[1].min(b[1]),
-                b[2] - a[2].min(b[2]),
-            ];
-            (d.iter().any(|&x| x > 0))
-                .then(|| format!("{name} user {} sys {} guest {}", d[0], d[1], d[2]))
-        })
-        .collect();
-    let moved: Vec<String> = k1
-        .iter()
-        .filter_map(|(k, b)| {
-            let d = b - k0.get(k).copied().unwrap_or(0).min(*b);
-            (d > 0).then(|| format!("{k} +{d}"))
-        })
-        .collect();
-    format!(
-        "in 1 s, CPU ticks: [{}]; KVM vCPU stats that moved: [{}]{}; the host's VM exits by \
-         reason: {reasons}",
-        busy.join(", "),
-        moved.join(", "),
-        if k1.is_empty() {
-            " (no KVM debugfs stats)"
-        } else {
-            ""
-        }
-    )
-}
-
-/// [`threads`] and [`activity`] of every process named `vmhost`.
-fn vmhost_threads() -> String {
-    let pids = std::fs::read_dir("/proc")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-                .filter(|pid| {
-                    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                        .is_ok_and(|c| c.trim_end() == "vmhost")
-                })
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    pids.iter()
-        .map(|pid| format!("pid {pid}: {}; {}", threads(*pid), activity(*pid)))
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 /// A source whose API socket went away is ending: once it has, its exit status, its stderr
@@ -989,8 +837,23 @@ fn source_killed_on_the_way_back(env: &Env, dst: &Running, pod_a: &Path, key: &s
     Ok(())
 }
 
-/// The whole sequence (module docs).
+/// The whole sequence (module docs). A failure also lists every rewrite of the emulated
+/// host's kernel text made while the test ran (`diagnose::TextPokes`).
 pub fn linux_between_node_pairs(env: &Env) -> Outcome {
+    let pokes = crate::diagnose::TextPokes::start();
+    let outcome = sequence(env).map_err(|e| {
+        format!(
+            "{e}\n--- the host kernel's text rewritten during the test:\n{}",
+            pokes.report()
+        )
+    });
+    if let (Ok(()), Some(n)) = (&outcome, pokes.count()) {
+        println!("  migration: the host kernel's text was rewritten {n} times during the test");
+    }
+    outcome
+}
+
+fn sequence(env: &Env) -> Outcome {
     let started = Instant::now();
     host::set_2m_pools(&[CELL_PAGES; 4])?;
     let bridge = Bridge::create()?;
