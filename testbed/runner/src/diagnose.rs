@@ -202,6 +202,47 @@ impl TextPokes {
         })
     }
 
+    /// The recorded rewrites by who asked: `N× task: function` with the first function of
+    /// each stack outside the jump-label and static-key code (what flipped a key).
+    pub(crate) fn summary(&self) -> String {
+        let trace = std::fs::read_to_string(Path::new(TRACEFS).join("trace")).unwrap_or_default();
+        let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+        let mut task = String::new();
+        let mut caller: Option<String> = None;
+        let generic = |f: &str| {
+            [
+                "text_poke",
+                "jump_label",
+                "static_key",
+                "arch_jump_label",
+                "static_branch",
+            ]
+            .iter()
+            .any(|g| f.contains(g))
+        };
+        for line in trace.lines().filter(|l| !l.starts_with('#')) {
+            let l = line.trim();
+            if let Some(f) = l.strip_prefix("=> ") {
+                if caller.is_none() && !generic(f) {
+                    caller = Some(f.split('+').next().unwrap_or(f).to_string());
+                }
+            } else if l.contains("tbpoke:") {
+                if let Some(c) = caller.take() {
+                    *counts.entry(format!("{task}: {c}")).or_default() += 1;
+                }
+                task = l.split_whitespace().next().unwrap_or("?").to_string();
+            }
+        }
+        if let Some(c) = caller {
+            *counts.entry(format!("{task}: {c}")).or_default() += 1;
+        }
+        counts
+            .iter()
+            .map(|(k, n)| format!("{n}x {k}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     /// The rewrites recorded so far: their trace lines (time since boot, task, CPU) and the
     /// stacks, the last 80 lines.
     pub(crate) fn report(&self) -> String {

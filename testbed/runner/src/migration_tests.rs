@@ -848,7 +848,10 @@ pub fn linux_between_node_pairs(env: &Env) -> Outcome {
         )
     });
     if let (Ok(()), Some(n)) = (&outcome, pokes.count()) {
-        println!("  migration: the host kernel's text was rewritten {n} times during the test");
+        println!(
+            "  migration: the host kernel's text was rewritten {n} times during the test: {}",
+            pokes.summary()
+        );
     }
     outcome
 }
