@@ -163,7 +163,7 @@ pub(crate) fn vmhost_threads() -> String {
 const TRACEFS: &str = "/sys/kernel/tracing";
 /// The kprobe event on the host kernel's text rewrites (jump labels and static keys queue
 /// every site through `text_poke_queue`).
-const POKE_EVENT: &str = "p:tbpoke text_poke_queue";
+const POKE_EVENT: &str = "p:tbpoke text_poke_queue site=%di:symbol";
 
 /// Records, from [`TextPokes::start`] until dropped, every rewrite of the emulated host's
 /// kernel text with the kernel stack that asked for it (a kprobe with a `stacktrace` trigger,
@@ -202,39 +202,20 @@ impl TextPokes {
         })
     }
 
-    /// The recorded rewrites by who asked: `N× task: function` with the first function of
-    /// each stack outside the jump-label and static-key code (what flipped a key).
+    /// The recorded rewrites by site and task: `N× site (task)`, the site being the kernel
+    /// function whose code was rewritten (a static key's branch; a deferred key is flipped by
+    /// a kworker, so the site says more than the stack).
     pub(crate) fn summary(&self) -> String {
         let trace = std::fs::read_to_string(Path::new(TRACEFS).join("trace")).unwrap_or_default();
         let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
-        let mut task = String::new();
-        let mut caller: Option<String> = None;
-        let generic = |f: &str| {
-            [
-                "text_poke",
-                "jump_label",
-                "static_key",
-                "arch_jump_label",
-                "static_branch",
-            ]
-            .iter()
-            .any(|g| f.contains(g))
-        };
-        for line in trace.lines().filter(|l| !l.starts_with('#')) {
-            let l = line.trim();
-            if let Some(f) = l.strip_prefix("=> ") {
-                if caller.is_none() && !generic(f) {
-                    caller = Some(f.split('+').next().unwrap_or(f).to_string());
-                }
-            } else if l.contains("tbpoke:") {
-                if let Some(c) = caller.take() {
-                    *counts.entry(format!("{task}: {c}")).or_default() += 1;
-                }
-                task = l.split_whitespace().next().unwrap_or("?").to_string();
-            }
-        }
-        if let Some(c) = caller {
-            *counts.entry(format!("{task}: {c}")).or_default() += 1;
+        for l in trace.lines().filter(|l| l.contains("tbpoke:")) {
+            let task = l.split_whitespace().next().unwrap_or("?");
+            let task = task.rsplit_once('-').map_or(task, |(name, _pid)| name);
+            let site = l
+                .split_once("site=")
+                .map_or("?", |(_, r)| r.split_whitespace().next().unwrap_or("?"));
+            let site = site.split('/').next().unwrap_or(site);
+            *counts.entry(format!("{site} ({task})")).or_default() += 1;
         }
         counts
             .iter()
