@@ -85,8 +85,84 @@ pub fn hold() -> Result<StaticKeyPin, String> {
     if !dir.exists() {
         std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
     }
+    flip_network_once_keys()?;
     Ok(StaticKeyPin {
         _fds: fds,
         cgroup: dir,
     })
+}
+
+/// Uses, once, what the network stack keys with `DO_ONCE` / `net_get_random_once`: the
+/// secrets of TCP sequence numbers and ephemeral ports, the socket hash tables' secret and the
+/// flow dissector's hash seed. Each such key's sites are rewritten by a kworker right after
+/// its first use (`once_deferred`). A 4-node migration test that was the first to connect to
+/// a guest over TCP recorded 11 such rewrites while its guest ran (`diagnose::TextPokes`:
+/// `secure_tcp_seq_and_ts_off`, `__inet_hash_connect`, `inet_ehashfn`, `__skb_get_hash`, …).
+/// Here they happen before any test: a TCP connection with data each way on IPv4 and IPv6
+/// loopback, and a frame written into a tap (tun hashes what it receives). Then this waits
+/// until no rewrite has come for half a second (at most 10 s), watching them with the same
+/// kprobe.
+fn flip_network_once_keys() -> Result<(), String> {
+    let pokes = crate::diagnose::TextPokes::start();
+    for addr in ["127.0.0.1:0", "[::1]:0"] {
+        // IPv6 may be off in the emulated host's kernel: then there is nothing to flip.
+        let Ok(listener) = std::net::TcpListener::bind(addr) else {
+            continue;
+        };
+        let to = listener.local_addr().map_err(|e| e.to_string())?;
+        let mut out = std::net::TcpStream::connect(to).map_err(|e| format!("{to}: {e}"))?;
+        let (mut inn, _) = listener.accept().map_err(|e| format!("{to}: {e}"))?;
+        let mut byte = [0u8; 1];
+        std::io::Write::write_all(&mut out, b"x").map_err(|e| e.to_string())?;
+        std::io::Read::read_exact(&mut inn, &mut byte).map_err(|e| e.to_string())?;
+        std::io::Write::write_all(&mut inn, b"y").map_err(|e| e.to_string())?;
+        std::io::Read::read_exact(&mut out, &mut byte).map_err(|e| e.to_string())?;
+    }
+    tap_frame()?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut last = (pokes.count(), std::time::Instant::now());
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let now = pokes.count();
+        if now != last.0 {
+            last = (now, std::time::Instant::now());
+        } else if last.1.elapsed() >= std::time::Duration::from_millis(500) {
+            break;
+        }
+    }
+    println!(
+        "testbed: the network's once-only keys flipped before the tests: {}",
+        pokes.summary()
+    );
+    Ok(())
+}
+
+/// `TUNSETIFF`: `_IOW('T', 202, int)`.
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+
+/// Writes one broadcast Ethernet frame into a new tap (`tbkeys0`, gone when its descriptor
+/// closes): tun's receive path hashes every frame (`__skb_get_hash_symmetric`).
+fn tap_frame() -> Result<(), String> {
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .map_err(|e| format!("/dev/net/tun: {e}"))?;
+    // struct ifreq: the name (16 bytes), then the flags (a short) in the union.
+    let mut ifr = [0u8; 40];
+    ifr[..7].copy_from_slice(b"tbkeys0");
+    let flags = u16::try_from(libc::IFF_TAP | libc::IFF_NO_PI).map_err(|e| e.to_string())?;
+    ifr[16..18].copy_from_slice(&flags.to_ne_bytes());
+    // SAFETY: TUNSETIFF reads a struct ifreq (40 bytes here) from `ifr`, which outlives the
+    // call, and writes the chosen name back into it.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, ifr.as_mut_ptr()) } < 0 {
+        return Err(format!("TUNSETIFF: {}", std::io::Error::last_os_error()));
+    }
+    crate::host::run_tool(&["ip", "link", "set", "tbkeys0", "up"])?;
+    // Broadcast destination, a locally administered source, EtherType IPv4, a zero payload.
+    let mut frame = [0u8; 60];
+    frame[..6].fill(0xff);
+    frame[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0x7b, 0x01]);
+    frame[12..14].copy_from_slice(&[0x08, 0x00]);
+    std::io::Write::write_all(&mut &tun, &frame).map_err(|e| format!("tap write: {e}"))
 }
