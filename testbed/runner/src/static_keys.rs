@@ -99,7 +99,7 @@ pub fn hold() -> Result<StaticKeyPin, String> {
 /// a guest over TCP recorded 11 such rewrites while its guest ran (`diagnose::TextPokes`:
 /// `secure_tcp_seq_and_ts_off`, `__inet_hash_connect`, `inet_ehashfn`, `__skb_get_hash`, …).
 /// Here they happen before any test: a TCP connection with data each way on IPv4 and IPv6
-/// loopback, and a frame written into a tap (tun hashes what it receives). Then this waits
+/// loopback, and a frame sent out through a tap (tun picks its queue by the flow hash). Then this waits
 /// until no rewrite has come for half a second (at most 10 s), watching them with the same
 /// kprobe.
 fn flip_network_once_keys() -> Result<(), String> {
@@ -140,8 +140,10 @@ fn flip_network_once_keys() -> Result<(), String> {
 /// `TUNSETIFF`: `_IOW('T', 202, int)`.
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 
-/// Writes one broadcast Ethernet frame into a new tap (`tbkeys0`, gone when its descriptor
-/// closes): tun's receive path hashes every frame (`__skb_get_hash_symmetric`).
+/// Sends one broadcast Ethernet frame out through a new tap (`tbkeys0`, gone when its
+/// descriptor closes), from an `AF_PACKET` socket: tun picks the frame's queue by its flow
+/// hash (`tun_automq_select_queue` → `__skb_get_hash_symmetric`), the flow dissector's
+/// once-only seed.
 fn tap_frame() -> Result<(), String> {
     let tun = std::fs::OpenOptions::new()
         .read(true)
@@ -159,10 +161,49 @@ fn tap_frame() -> Result<(), String> {
         return Err(format!("TUNSETIFF: {}", std::io::Error::last_os_error()));
     }
     crate::host::run_tool(&["ip", "link", "set", "tbkeys0", "up"])?;
+    // SAFETY: if_nametoindex reads the NUL-terminated name, a static string.
+    let index = unsafe { libc::if_nametoindex(c"tbkeys0".as_ptr()) };
+    if index == 0 {
+        return Err(format!("tbkeys0: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: socket(2) with constant arguments; the descriptor is owned below.
+    let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+    if raw < 0 {
+        return Err(format!(
+            "AF_PACKET socket: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: `raw` is a descriptor the kernel just returned, owned by nobody else.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
     // Broadcast destination, a locally administered source, EtherType IPv4, a zero payload.
     let mut frame = [0u8; 60];
     frame[..6].fill(0xff);
     frame[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0x7b, 0x01]);
     frame[12..14].copy_from_slice(&[0x08, 0x00]);
-    std::io::Write::write_all(&mut &tun, &frame).map_err(|e| format!("tap write: {e}"))
+    // SAFETY: an all-zero sockaddr_ll is valid; the fields are set below.
+    let mut to: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    to.sll_family = u16::try_from(libc::AF_PACKET).map_err(|e| e.to_string())?;
+    to.sll_ifindex = i32::try_from(index).map_err(|e| e.to_string())?;
+    to.sll_halen = 6;
+    to.sll_addr[..6].fill(0xff);
+    let len = u32::try_from(std::mem::size_of::<libc::sockaddr_ll>()).map_err(|e| e.to_string())?;
+    // SAFETY: `frame` and `to` outlive the call; `len` is `to`'s size.
+    let sent = unsafe {
+        libc::sendto(
+            sock.as_raw_fd(),
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+            std::ptr::addr_of!(to).cast(),
+            len,
+        )
+    };
+    if sent < 0 {
+        return Err(format!(
+            "sending a frame on tbkeys0: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
 }
