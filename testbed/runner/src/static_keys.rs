@@ -140,26 +140,13 @@ fn flip_network_once_keys() -> Result<(), String> {
 /// `TUNSETIFF`: `_IOW('T', 202, int)`.
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 
-/// Sends one broadcast Ethernet frame out through a new tap (`tbkeys0`, gone when its
-/// descriptor closes), from an `AF_PACKET` socket: tun picks the frame's queue by its flow
+/// Sends one broadcast Ethernet frame out through a new two-queue tap (`tbkeys0`, gone when
+/// its descriptors close), from an `AF_PACKET` socket: tun picks the frame's queue by its flow
 /// hash (`tun_automq_select_queue` → `__skb_get_hash_symmetric`), the flow dissector's
-/// once-only seed.
+/// once-only seed. (A single-queue tap is never asked: `netdev_core_pick_tx` skips the choice.)
 fn tap_frame() -> Result<(), String> {
-    let tun = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/net/tun")
-        .map_err(|e| format!("/dev/net/tun: {e}"))?;
-    // struct ifreq: the name (16 bytes), then the flags (a short) in the union.
-    let mut ifr = [0u8; 40];
-    ifr[..7].copy_from_slice(b"tbkeys0");
-    let flags = u16::try_from(libc::IFF_TAP | libc::IFF_NO_PI).map_err(|e| e.to_string())?;
-    ifr[16..18].copy_from_slice(&flags.to_ne_bytes());
-    // SAFETY: TUNSETIFF reads a struct ifreq (40 bytes here) from `ifr`, which outlives the
-    // call, and writes the chosen name back into it.
-    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, ifr.as_mut_ptr()) } < 0 {
-        return Err(format!("TUNSETIFF: {}", std::io::Error::last_os_error()));
-    }
+    // Two queues: tun picks a transmit queue (by the hash) only when it has more than one.
+    let queues = [tap_queue()?, tap_queue()?];
     crate::host::run_tool(&["ip", "link", "set", "tbkeys0", "up"])?;
     // SAFETY: if_nametoindex reads the NUL-terminated name, a static string.
     let index = unsafe { libc::if_nametoindex(c"tbkeys0".as_ptr()) };
@@ -205,5 +192,27 @@ fn tap_frame() -> Result<(), String> {
             std::io::Error::last_os_error()
         ));
     }
+    drop(queues);
     Ok(())
+}
+
+/// One queue of the multi-queue tap `tbkeys0` (created by the first).
+fn tap_queue() -> Result<std::fs::File, String> {
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .map_err(|e| format!("/dev/net/tun: {e}"))?;
+    // struct ifreq: the name (16 bytes), then the flags (a short) in the union.
+    let mut ifr = [0u8; 40];
+    ifr[..7].copy_from_slice(b"tbkeys0");
+    let flags = u16::try_from(libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_MULTI_QUEUE)
+        .map_err(|e| e.to_string())?;
+    ifr[16..18].copy_from_slice(&flags.to_ne_bytes());
+    // SAFETY: TUNSETIFF reads a struct ifreq (40 bytes here) from `ifr`, which outlives the
+    // call, and writes the chosen name back into it.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, ifr.as_mut_ptr()) } < 0 {
+        return Err(format!("TUNSETIFF: {}", std::io::Error::last_os_error()));
+    }
+    Ok(tun)
 }
