@@ -847,7 +847,9 @@ pub fn linux_between_node_pairs(env: &Env) -> Outcome {
             pokes.report()
         )
     });
-    if let (Ok(()), Some(n)) = (&outcome, pokes.count()) {
+    if let (Ok(()), Some(0)) = (&outcome, pokes.count()) {
+        println!("  migration: the host kernel's text was not rewritten during the test");
+    } else if let (Ok(()), Some(n)) = (&outcome, pokes.count()) {
         println!(
             "  migration: the host kernel's text was rewritten {n} times during the test: {}",
             pokes.summary()
