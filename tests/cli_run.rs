@@ -437,8 +437,8 @@ fn sigterm_ends_vmhost_whose_guest_prints_into_an_unread_stdout() {
     };
     let err = std::fs::read_to_string(d.join("stderr")).unwrap();
     assert_eq!(status.code(), Some(130), "{err}");
-    // Who asked, on stderr whatever the log level: the signal and this test's pid.
-    let asked = format!("vmhost: SIGTERM from pid {} (", std::process::id());
+    // Who asked, a warning on stderr: the signal and this test's pid.
+    let asked = format!("SIGTERM from pid {} (", std::process::id());
     assert!(err.contains(&asked), "no `{asked}` on stderr: {err}");
     // Nobody read stdout: the guest's output and the report were given up, not waited for.
     assert!(bytes_in(&unread) > 0, "{err}");
