@@ -160,7 +160,7 @@ pub(crate) fn vmhost_threads() -> String {
         .join("; ")
 }
 
-const TRACEFS: &str = "/sys/kernel/tracing";
+use crate::kvm_exits::TRACEFS;
 /// The kprobe event on the host kernel's text rewrites (jump labels and static keys queue
 /// every site through `text_poke_queue`).
 const POKE_EVENT: &str = "p:tbpoke text_poke_queue site=%di:symbol";
@@ -178,9 +178,7 @@ impl TextPokes {
     /// [`TextPokes::report`].
     pub(crate) fn start() -> TextPokes {
         if !Path::new(TRACEFS).join("kprobe_events").exists() {
-            let _ = Command::new("mount")
-                .args(["-t", "tracefs", "nodev", TRACEFS])
-                .status();
+            let _ = crate::kvm_exits::mount_tracefs();
         }
         let _ = std::fs::write("/proc/sys/debug/kprobes-optimization", "0");
         let event = Path::new(TRACEFS).join("events/kprobes/tbpoke");

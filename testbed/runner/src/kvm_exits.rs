@@ -13,7 +13,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-const TRACEFS: &str = "/sys/kernel/tracing";
+/// Where tracefs is (mounted by [`mount_tracefs`] when it is not).
+pub(crate) const TRACEFS: &str = "/sys/kernel/tracing";
 const EVENT: &str = "/sys/kernel/tracing/events/kvm/kvm_exit";
 /// The trigger; `:clear` and a leading `!` must repeat it exactly.
 const TRIGGER: &str = "hist:keys=exit_reason:vals=hitcount:size=256";
@@ -27,7 +28,7 @@ impl ExitCounter {
     /// Mounts tracefs if it is not mounted yet and attaches the trigger.
     pub fn attach() -> Result<ExitCounter, String> {
         if !Path::new(EVENT).exists() {
-            crate::host::run_tool(&["mount", "-t", "tracefs", "nodev", TRACEFS])?;
+            mount_tracefs()?;
         }
         let format = crate::host::read(&format!("{EVENT}/format"))?;
         let names = svm_reason_names(&format);
@@ -120,6 +121,11 @@ fn symbolic_pairs(table: &str) -> BTreeMap<u64, String> {
             Some((code, name.to_string()))
         })
         .collect()
+}
+
+/// Mounts tracefs at [`TRACEFS`] (the emulated host's init does not).
+pub(crate) fn mount_tracefs() -> Result<(), String> {
+    crate::host::run_tool(&["mount", "-t", "tracefs", "nodev", TRACEFS])
 }
 
 #[cfg(test)]
