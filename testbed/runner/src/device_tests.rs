@@ -27,7 +27,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::linux_tests::assets;
-use crate::vm::{at, Env};
+use crate::vm::{at, Env, Running};
 use crate::{ensure, Outcome};
 
 /// The guest's whole run: boot, device checks, 128 MiB over the network (about 45 s in the
@@ -418,7 +418,7 @@ fn run_session(env: &Env) -> Result<Session, String> {
     crate::host::run_tool(&["ip", "link", "set", &tap, "up"])?;
 
     let out = env.work.join(format!("{VM}.out"));
-    let serial = wait_for(&out, "GUEST-SYNCED", &|| vm.stderr())?;
+    let serial = wait_for(&out, "GUEST-SYNCED", &vm)?;
     let scratch_flags = fd_flags(vm.vmm, &host.scratch.dm.dev);
     // After the guest's sync returned: everything it made durable is ahead of this mark.
     host.scratch.dm.message(&["mark", SYNCED])?;
@@ -471,11 +471,14 @@ fn fd_flags(pid: u32, path: &str) -> Option<u32> {
 /// Waits until the console log `out` contains `marker`, echoing the console to the runner's
 /// output as it comes (the rng bytes left out), so a guest that hangs shows where. Each echoed
 /// line carries [`crate::GUEST_PREFIX`]: a guest kernel's lockup report must never pass for
-/// the emulated host's own (testbed/run.sh retries a host that locks up).
-fn wait_for(out: &Path, marker: &str, stderr: &dyn Fn() -> String) -> Result<String, String> {
+/// the emulated host's own (testbed/run.sh retries a host that locks up). A VM that ended
+/// before the marker fails at once, with what it printed last.
+fn wait_for(out: &Path, marker: &str, vm: &Running) -> Result<String, String> {
     let deadline = Instant::now() + SESSION_LIMIT;
     let mut shown = 0;
     loop {
+        // Whether it had ended before this read: then the read has all it printed.
+        let ended = vm.ended();
         let serial = std::fs::read_to_string(out).unwrap_or_default();
         let complete = serial.rfind('\n').map_or(0, |i| i + 1);
         for l in serial[shown.min(complete)..complete].lines() {
@@ -492,10 +495,16 @@ fn wait_for(out: &Path, marker: &str, stderr: &dyn Fn() -> String) -> Result<Str
             return Ok(serial[..complete].to_string());
         }
         ensure!(
+            !ended,
+            "the VM ended before {marker:?} was on the guest console: {}; stderr: {}",
+            tail(&serial),
+            vm.stderr()
+        );
+        ensure!(
             Instant::now() < deadline,
             "no {marker:?} on the guest console within {SESSION_LIMIT:?}: {}; stderr: {}",
             tail(&serial),
-            stderr()
+            vm.stderr()
         );
         std::thread::sleep(Duration::from_millis(250));
     }

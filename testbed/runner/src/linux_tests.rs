@@ -246,9 +246,17 @@ fn check_guest_topology(lines: &[BTreeMap<String, String>], vcpus: &[Value]) -> 
 fn wait_for_serial(vm: &Running, out: &Path, marker: &str) -> Result<String, String> {
     let deadline = Instant::now() + BOOT_LIMIT;
     loop {
+        let ended = vm.ended();
         let serial = std::fs::read_to_string(out).unwrap_or_default();
         if serial.contains(marker) {
             return Ok(serial);
+        }
+        if ended {
+            return Err(format!(
+                "the VM ended before {marker:?} was on the guest console: {}; stderr: {}",
+                tail(&serial),
+                vm.stderr()
+            ));
         }
         if Instant::now() > deadline {
             return Err(format!(

@@ -316,6 +316,15 @@ impl Running {
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.err).unwrap_or_default()
     }
+
+    /// Has the vmhost process ended? Nothing waits for it before the test does, so an ended
+    /// one is a zombie (`Z` in `/proc/<pid>/stat`), or gone.
+    pub fn ended(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).map_or(true, |stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+    }
 }
 
 /// Runs a command to completion within [`COMMAND_LIMIT`], capturing its output.
