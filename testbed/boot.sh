@@ -17,6 +17,9 @@
 # a virtio NIC with MAC on the QEMU network backend `-netdev NETDEV` (a UDP socket pair on
 # loopback). The exit status is the status of DIR/run inside, or 124 on a time-out, or
 # 125 when the host did not report one (it crashed or never ran the script).
+# VMHOST_TESTBED_QEMU names another QEMU binary (default: qemu-system-x86_64 on PATH) and
+# VMHOST_TESTBED_QEMU_ARGS adds to its command line (e.g. `-L DIR` for its firmware), to try
+# another emulator (docs/testing.md, "Guest triple faults").
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,8 +39,9 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ -n "$share" && -n "$log" ]] || { echo "usage: boot.sh --nodes 2|4 --share DIR --log FILE" >&2; exit 2; }
-command -v qemu-system-x86_64 >/dev/null \
-    || { echo "testbed: qemu-system-x86_64 not found: apt-get install qemu-system-x86" >&2; exit 1; }
+qemu="${VMHOST_TESTBED_QEMU:-qemu-system-x86_64}"
+command -v "$qemu" >/dev/null \
+    || { echo "testbed: $qemu not found: apt-get install qemu-system-x86" >&2; exit 1; }
 [[ -s "$img/bzImage" && -s "$img/initramfs.cpio" ]] \
     || { echo "testbed: no image in $img: run testbed/build-image.sh" >&2; exit 1; }
 
@@ -73,7 +77,7 @@ for ((i = 0; i < nodes; i++)); do
 done
 
 set +e
-timeout -k 10 "$timeout" qemu-system-x86_64 \
+timeout -k 10 "$timeout" "$qemu" ${VMHOST_TESTBED_QEMU_ARGS:-} \
     -accel tcg,thread=multi -cpu EPYC,+svm,+npt -machine pc \
     -smp "$smp" "${numa[@]}" -m "$(( ${per_node%G} * nodes ))G" \
     -kernel "$img/bzImage" -initrd "$img/initramfs.cpio" -append "$append" \
