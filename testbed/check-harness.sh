@@ -71,6 +71,11 @@ check "a vmhost thread hung for minutes fails" fault_is fail: \
     '[  243.2] INFO: task vmhost-io-0:317 blocked for more than 120 seconds.'
 check "a machine that reset itself is retried" fault_is retry: \
     $'RUN  migration_linux_between_node_pairs\ntestbed: the emulated machine reset or powered off by itself (QEMU status 0, no run script status)'
+check "a Linux guest's triple fault the runner stopped on is retried, quoting the vCPU" fault_is \
+    "retry: a Linux guest triple-faulted in virtio_kubevirt_vmi_boots after 12.0 s (vcpu0 apic 0 pu 0 cell 0: rebooted (triple fault, last exception Some(14), RIP 0xfff0))" \
+    $'RUN  virtio_kubevirt_vmi_boots\r\ntestbed: emulated CPU fault: a Linux guest triple-faulted in virtio_kubevirt_vmi_boots after 12.0 s (vcpu0 apic 0 pu 0 cell 0: rebooted (triple fault, last exception Some(14), RIP 0xfff0)); stopping the runner so that the host is booted again\r'
+check "a guest's triple fault quoted in a FAIL reason is not the emulator's" fault_is "" \
+    'FAIL linux_x (3.0 s): vcpu0 apic 0 pu 0 cell 0: rebooted (triple fault, last exception Some(14), RIP 0xfff0)'
 check "silence is retried" fault_is retry: \
     'testbed: no output for 150 s: the emulated machine is frozen'
 

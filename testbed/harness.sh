@@ -35,8 +35,9 @@ is_vmhost_comm() {
 # What in a serial log shows that the emulated machine locked up or its kernel failed, one
 # line, empty when nothing does: `retry: WHY` for a fault of the emulator (a CPU stuck in the
 # host's own kernel, a kernel task hung for minutes, an oops of that kernel outside vmhost's
-# threads, the emulated CPU's broken #VMEXIT on any thread (`host_vmexit`), a reset of the
-# machine by itself, or no output at all),
+# threads, the emulated CPU's broken #VMEXIT on any thread (`host_vmexit`), a Linux guest's
+# triple fault in a test that asked for no reset (the runner's `testbed: emulated CPU fault:`
+# line), a reset of the machine by itself, or no output at all),
 # `fail: WHY` when the stuck or failing CPU was running a vmhost thread (a vmhost guest or a
 # vmhost bug must not be retried into green). The task on that CPU comes from the soft-lockup
 # line's `[comm:pid]` and from any `CPU: N PID: P Comm: X` / `task:X` line the kernel printed
@@ -63,6 +64,11 @@ emulator_fault() {
             fi
         done
         echo "retry: kernel: ${line#*] }"
+    elif grep -q -a '^testbed: emulated CPU fault: ' "$log"; then
+        # The runner stopped after a Linux guest triple-faulted where its test asked for no
+        # reset (testbed/runner/src/main.rs, `emulated_cpu_fault`; docs/testing.md).
+        echo "retry: $(grep -a -m1 '^testbed: emulated CPU fault: ' "$log" | tr -d '\r' \
+            | sed -E 's/^testbed: emulated CPU fault: //; s/; stopping the runner.*//')"
     elif grep -q -a '^testbed: no output for' "$log"; then
         echo "retry: $(grep -a -m1 '^testbed: no output for' "$log" | sed 's/^testbed: //')"
     elif [[ -s "$log.frozen" ]]; then

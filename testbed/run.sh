@@ -203,8 +203,9 @@ for suite in "${suites[@]}"; do
         boot_and_watch "$nodes" "$share" "$log" || rc=$?
         why=$(emulator_fault "$log")
         # The emulated machine itself locked up (a CPU stuck in its own kernel, or no output
-        # at all for VMHOST_TESTBED_SILENCE s while the runner writes a watchdog line every 60 s):
-        # a fault of the emulator, seen before any test was running too. Boot the host again,
+        # at all for VMHOST_TESTBED_SILENCE s while the runner writes a watchdog line every 60 s),
+        # or the runner stopped on a Linux guest's triple fault (`emulator_fault`): a fault of
+        # the emulator, seen before any test was running too. Boot the host again,
         # at most twice, unless a test had already failed (that failure stands) or the stuck CPU
         # was running a vmhost thread (`fail:`, a failure of its own). The tests that passed
         # before the lockup stand too; the next boot runs the rest.
@@ -215,7 +216,7 @@ for suite in "${suites[@]}"; do
             names=$(sed -E 's/^PASS ([^ ]+).*/\1/' "$share/passed-earlier" 2>/dev/null | paste -sd, -)
             if [[ -n "$names" ]]; then echo "$names" > "$share/skip"; else rm -f "$share/skip"; fi
             retries+=("$suite boot $attempt: ${why#retry: }")
-            echo "== testbed: the emulated $suite host locked up or its kernel failed (${why#retry: }); serial log kept in $keep;" \
+            echo "== testbed: the emulated $suite host locked up, its kernel failed or its CPU broke a guest (${why#retry: }); serial log kept in $keep;" \
                 "this is a fault of the emulated machine, not a test result: booting it again" \
                 "(boot $((attempt + 1)) of at most 3) for the tests that have not passed yet"
             rc=0

@@ -425,6 +425,38 @@ fn report(name: &str, secs: f64, outcome: &Outcome) {
     }
 }
 
+/// How vmhost reports a Linux guest's triple fault (`rebooted (triple fault, last exception
+/// …)`, crates/vcpu/src/report.rs).
+const GUEST_TRIPLE_FAULT: &str = "(triple fault, last exception";
+
+/// A failed test's reason that shows a Linux guest triple-faulting where the test did not ask
+/// for a reset: on this emulated host, the emulated CPU's fault (docs/testing.md, "Guest triple
+/// faults"). The runner stops there and says so (`testbed: emulated CPU fault: …`, no FAIL
+/// line); testbed/harness.sh's `emulator_fault` then boots the host again, at most twice in
+/// all, for the tests that have not passed. A guest that triple-faults in every boot fails.
+fn emulated_cpu_fault(why: &str) -> Option<&str> {
+    let at = why.find(GUEST_TRIPLE_FAULT)?;
+    // From the report line's `vcpuN …` to the parenthesis that closes the one at `at`:
+    // `vcpu0 apic 0 pu 0 cell 0: rebooted (triple fault, last exception Some(14), RIP 0xfff0)`.
+    let line_start = why[..at].rfind('\n').map_or(0, |i| i + 1);
+    let start = why[line_start..at]
+        .rfind("vcpu")
+        .map_or(at, |i| line_start + i);
+    let mut depth = 0usize;
+    let end = why[at..]
+        .char_indices()
+        .find(|&(_, c)| {
+            match c {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+            depth == 0
+        })
+        .map_or(why.len(), |(i, _)| at + i + 1);
+    Some(&why[start..end])
+}
+
 /// Runs one test, then cleans up after it: a VM or cgroup the test left behind fails it.
 fn run_one(env: &vm::Env, test: fn(&vm::Env) -> Outcome) -> Outcome {
     let outcome = test(env);
@@ -472,6 +504,22 @@ fn main() {
         println!("RUN  {name}");
         let start = Instant::now();
         let outcome = run_one(&env, *test);
+        if let Some(line) = outcome
+            .as_ref()
+            .err()
+            .and_then(|why| emulated_cpu_fault(why))
+        {
+            println!(
+                "testbed: emulated CPU fault: a Linux guest triple-faulted in {name} after {:.1} s \
+                 ({line}); stopping the runner so that the host is booted again",
+                start.elapsed().as_secs_f64()
+            );
+            if let Err(why) = &outcome {
+                println!("     {}", why.trim_end().replace('\n', "\n     "));
+            }
+            drop(keys);
+            std::process::exit(3);
+        }
         report(name, start.elapsed().as_secs_f64(), &outcome);
         if outcome.is_ok() {
             passed += 1;
@@ -491,4 +539,36 @@ fn main() {
         );
     }
     std::process::exit(i32::from(failed > 0 || !complete));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::emulated_cpu_fault;
+
+    #[test]
+    fn a_guest_triple_fault_in_a_failure_is_found_and_quoted() {
+        let why = "no \"GUEST-SYNCED\" on the guest console within 240s:   vcpu0 apic 0 pu 0 \
+                   cell 0: rebooted (triple fault, last exception Some(14), RIP 0xfff0), 742 \
+                   exits |   vcpu1 apic 1 pu 1 cell 0: stopped, 2230 exits";
+        assert_eq!(
+            emulated_cpu_fault(why),
+            Some("vcpu0 apic 0 pu 0 cell 0: rebooted (triple fault, last exception Some(14), RIP 0xfff0)")
+        );
+        let multi = "the source ended\n       vcpu1 apic 1 pu 2 cell 1: rebooted (triple fault, \
+                     last exception None, RIP 0xfff0), 5 exits\n";
+        assert_eq!(
+            emulated_cpu_fault(multi),
+            Some("vcpu1 apic 1 pu 2 cell 1: rebooted (triple fault, last exception None, RIP 0xfff0)")
+        );
+    }
+
+    #[test]
+    fn other_failures_are_not_the_emulated_cpu() {
+        assert_eq!(emulated_cpu_fault("GUEST node=1 cpus=2-3 (want 1)"), None);
+        assert_eq!(
+            emulated_cpu_fault("vcpu0: rebooted (keyboard controller)"),
+            None
+        );
+        assert_eq!(emulated_cpu_fault("guest kernel panic (pvpanic)"), None);
+    }
 }
