@@ -49,6 +49,25 @@ fn runs(d: &DirtyBitmap) -> Vec<Range<u64>> {
     d.runs().collect()
 }
 
+/// Where the next round's writes start after a pause at `first` (the first page whose first
+/// word is unwritten): `first`, or the page before it when the pause caught the guest in the
+/// middle of that page (its last word still unwritten), which the guest then finishes, so it is
+/// written, and logged, again (seen in CI: round 2 began with that page).
+fn resumes_at(mem: &GuestMemoryMmap, start: u64, first: u64) -> u64 {
+    let last = first.saturating_sub(touch::TOUCH_PAGE);
+    if first == start {
+        return first;
+    }
+    let finished = mem
+        .read_obj::<u64>(GuestAddress(last + touch::TOUCH_PAGE - 8))
+        .is_ok_and(|w| w == touch::pattern(last));
+    if finished {
+        first
+    } else {
+        last
+    }
+}
+
 /// The dirty runs of the cell at guest-physical `cell` that are not one of the idle guest's
 /// RAM pattern pages (`vmhost_guest::ramcheck`: it rewrites one of them on every tick).
 fn runs_besides_pattern(
@@ -149,6 +168,7 @@ fn dirty_log_reports_exactly_the_pages_written_by_the_guest_and_the_vmm() {
         d.dirty_pages()
     );
     written_exactly(&d, start..start, first);
+    let resumed = resumes_at(&probe, start, first);
 
     // Paused, nothing written: the next read is empty.
     assert!(handle.take_dirty(0).expect("take_dirty").is_empty());
@@ -202,11 +222,11 @@ fn dirty_log_reports_exactly_the_pages_written_by_the_guest_and_the_vmm() {
     let (second, d, off) = mig.join().expect("the migration thread");
     println!(
         "round 2: {} to {} MiB: {:x?}",
-        (first - start) >> 20,
+        (resumed - start) >> 20,
         (second - start) >> 20,
         runs(&d)
     );
-    written_exactly(&d, start..first, second);
+    written_exactly(&d, start..resumed, second);
 
     // Stopped: KVM has no log for the slot any more, and the guest finishes normally.
     assert!(!handle.dirty_logging());
