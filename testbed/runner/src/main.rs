@@ -15,6 +15,7 @@ mod device_bench;
 mod device_tests;
 mod diagnose;
 mod dm_log;
+mod flight;
 mod host;
 mod kvm_exits;
 mod ledger_tests;
@@ -457,6 +458,35 @@ fn emulated_cpu_fault(why: &str) -> Option<&str> {
     Some(&why[start..end])
 }
 
+/// Says that the runner stops on a guest's triple fault (the line `emulator_fault` in
+/// testbed/harness.sh reads), with the test's reason and what KVM saw last on the vCPUs.
+fn stop_on_emulated_cpu_fault(
+    name: &str,
+    secs: f64,
+    why: &str,
+    line: &str,
+    flight: &Option<flight::Flight>,
+) {
+    println!(
+        "testbed: emulated CPU fault: a Linux guest triple-faulted in {name} after {secs:.1} s \
+         ({line}); stopping the runner so that the host is booted again"
+    );
+    println!("     {}", why.trim_end().replace('\n', "\n     "));
+    match flight.as_ref().map(|f| f.last_of_vcpus(80)) {
+        Some(Ok(events)) => {
+            println!(
+                "     KVM's last {} events on vCPU threads (the flight recorder):",
+                events.len()
+            );
+            for e in events {
+                println!("     kvm| {e}");
+            }
+        }
+        Some(Err(e)) => println!("     the flight recorder could not be read: {e}"),
+        None => {}
+    }
+}
+
 /// Runs one test, then cleans up after it: a VM or cgroup the test left behind fails it.
 fn run_one(env: &vm::Env, test: fn(&vm::Env) -> Outcome) -> Outcome {
     let outcome = test(env);
@@ -479,6 +509,14 @@ fn main() {
         return;
     }
     watchdog();
+    // The benchmarks run without the flight recorder: it would slow every VM exit they time.
+    let flight = match args.suite.as_deref() {
+        Some("bench") => None,
+        _ => Some(flight::Flight::start().unwrap_or_else(|e| {
+            println!("FAIL testbed_setup: starting the KVM flight recorder: {e}");
+            std::process::exit(1);
+        })),
+    };
     let keys = match static_keys::hold() {
         Ok(keys) => keys,
         Err(e) => {
@@ -504,21 +542,13 @@ fn main() {
         println!("RUN  {name}");
         let start = Instant::now();
         let outcome = run_one(&env, *test);
-        if let Some(line) = outcome
-            .as_ref()
-            .err()
-            .and_then(|why| emulated_cpu_fault(why))
-        {
-            println!(
-                "testbed: emulated CPU fault: a Linux guest triple-faulted in {name} after {:.1} s \
-                 ({line}); stopping the runner so that the host is booted again",
-                start.elapsed().as_secs_f64()
-            );
-            if let Err(why) = &outcome {
-                println!("     {}", why.trim_end().replace('\n', "\n     "));
+        if let Err(why) = &outcome {
+            if let Some(line) = emulated_cpu_fault(why) {
+                stop_on_emulated_cpu_fault(name, start.elapsed().as_secs_f64(), why, line, &flight);
+                drop(keys);
+                drop(flight);
+                std::process::exit(3);
             }
-            drop(keys);
-            std::process::exit(3);
         }
         report(name, start.elapsed().as_secs_f64(), &outcome);
         if outcome.is_ok() {
