@@ -89,6 +89,9 @@ write_run_script() {
     # The cross-host suite's target may be given another KVM TSC tolerance (testbed/xhost.sh).
     [[ -n "${VMHOST_TESTBED_XHOST_TSC_TOLERANCE:-}" ]] \
         && abort+=$'\n'"VMHOST_TESTBED_XHOST_TSC_TOLERANCE=$VMHOST_TESTBED_XHOST_TSC_TOLERANCE; export VMHOST_TESTBED_XHOST_TSC_TOLERANCE"
+    # The runner's KVM flight recorder (testbed/runner/src/flight.rs): off unless asked for.
+    [[ "${VMHOST_TESTBED_FLIGHT:-}" == 1 ]] \
+        && abort+=$'\n'"VMHOST_TESTBED_FLIGHT=1; export VMHOST_TESTBED_FLIGHT"
     # The rounds of the peers benchmark (linux_boot_vs_peers), when set: for development.
     [[ "${VMHOST_BENCH_ROUNDS:-}" =~ ^[0-9]+$ ]] \
         && rounds="VMHOST_BENCH_ROUNDS=$VMHOST_BENCH_ROUNDS; export VMHOST_BENCH_ROUNDS"
