@@ -17,10 +17,11 @@
 //! Off unless `VMHOST_TESTBED_FLIGHT=1` (testbed/run.sh passes it into the emulated host). With
 //! it on in every run, the first fresh-clone CI run passed with no emulator fault, and the next
 //! one retried four boots for the emulated host's own faults (its kernel's GS base broken after
-//! a #VMEXIT, a jump to address 0 in the idle task, a machine that reset itself, an RCU stall),
-//! where runs without it had none. Two runs prove nothing either way, but a tracepoint in
-//! KVM's exit path changes the very code the emulated CPU gets wrong, and CI's time has no room
-//! for boots retried four times (docs/testing.md, "Guest triple faults").
+//! a #VMEXIT, a jump to address 0 in the idle task, a machine that reset itself, an RCU stall).
+//! The run after that, with it off, retried one boot for the same #VMEXIT fault (a stack
+//! overrun in `error_entry` on a vCPU thread), so the recorder is not shown to cause them; it
+//! stays off as a precaution: a tracepoint in KVM's exit path runs in the very code the
+//! emulated CPU gets wrong (docs/testing.md, "Guest triple faults").
 
 use std::path::{Path, PathBuf};
 

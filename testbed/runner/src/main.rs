@@ -510,8 +510,9 @@ fn main() {
     }
     watchdog();
     // The KVM flight recorder only when asked for (`VMHOST_TESTBED_FLIGHT=1`, passed in by
-    // testbed/run.sh; never in the benchmarks, whose VM exits it would slow): the second CI
-    // run with it on retried four boots for the emulated host's own faults (flight.rs).
+    // testbed/run.sh; never in the benchmarks, whose VM exits it would slow). Off by default
+    // as a precaution: a tracepoint in KVM's exit path is the code the emulated CPU gets wrong
+    // (flight.rs).
     let flight = match (flight::wanted(), args.suite.as_deref()) {
         (true, Some(suite)) if suite != "bench" => {
             Some(flight::Flight::start().unwrap_or_else(|e| {
