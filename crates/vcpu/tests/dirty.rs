@@ -54,10 +54,10 @@ fn runs(d: &DirtyBitmap) -> Vec<Range<u64>> {
 /// middle of that page (its last word still unwritten), which the guest then finishes, so it is
 /// written, and logged, again (seen in CI: round 2 began with that page).
 fn resumes_at(mem: &GuestMemoryMmap, start: u64, first: u64) -> u64 {
-    let last = first.saturating_sub(touch::TOUCH_PAGE);
     if first == start {
         return first;
     }
+    let last = first - touch::TOUCH_PAGE;
     let finished = mem
         .read_obj::<u64>(GuestAddress(last + touch::TOUCH_PAGE - 8))
         .is_ok_and(|w| w == touch::pattern(last));
