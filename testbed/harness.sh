@@ -8,8 +8,10 @@
 host_kernel_line='^\[ *[0-9]+\.[0-9]+\] '
 host_lockup="${host_kernel_line}(watchdog: BUG: soft lockup - CPU#[0-9]+|rcu: INFO: rcu_(preempt|sched) (self-)?detected stall)"
 # The emulated host's own kernel failing (an oops: boot.sh's `oops=panic` then ends the
-# machine): `BUG: unable to handle …`, `general protection fault`, `kernel BUG at`, `Oops:`.
-host_oops="${host_kernel_line}(BUG: unable to handle|general protection fault|kernel BUG at|invalid opcode:|Oops: )"
+# machine): `BUG: unable to handle …`, `general protection fault`, `kernel BUG at`, `Oops:`,
+# and a task's kernel stack overrun (`BUG: TASK stack guard page was hit`, whose own oops line
+# reads `stack guard page: 0000 [#1]` and may be the last the machine prints).
+host_oops="${host_kernel_line}(BUG: unable to handle|general protection fault|kernel BUG at|invalid opcode:|Oops: |BUG: TASK stack guard page was hit)"
 # A task of the host's own kernel blocked for minutes (the hung-task detector, 120 s): a CPU
 # that never runs it, as when an emulated CPU is stuck where the lockup detectors do not look.
 host_hung="${host_kernel_line}INFO: task .+:[0-9]+ blocked for more than [0-9]+ seconds"

@@ -50,10 +50,18 @@ fn tail(text: &str) -> String {
 fn wait_for_console(vm: &Running, out: &Path, marker: &str) -> Result<(), String> {
     let deadline = Instant::now() + LIMIT;
     loop {
+        // Whether it had ended before the console is read: its last lines are then in.
+        let ended = vm.ended();
         let serial = std::fs::read_to_string(out).unwrap_or_default();
         if serial.contains(marker) {
             return Ok(());
         }
+        ensure!(
+            !ended,
+            "the VM ended before {marker:?} on the guest console: {}; stderr: {}",
+            tail(&serial),
+            vm.stderr()
+        );
         ensure!(
             Instant::now() < deadline,
             "no {marker:?} on the guest console: {}; stderr: {}",
