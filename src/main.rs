@@ -46,6 +46,25 @@ pub(crate) const EXIT_INVALID: u8 = 2;
 /// Exit status when the host cannot hold the VM.
 const EXIT_NO_FIT: u8 = 3;
 
+/// The stack of every thread vmhost starts without naming a size (all of its own, and tokio's):
+/// 1 MiB instead of std's 2 MiB. On a host whose transparent huge pages are `always` (the
+/// default of Debian's kernel), a 2 MiB stack that the kernel happens to place 2 MiB-aligned
+/// (right under the hugetlb guest RAM, say) is backed by one huge page as soon as glibc writes
+/// the thread's descriptor at its top: 2 MiB resident for a thread that uses tens of KiB, and
+/// the VMM's resident memory then depends on where its stacks landed (docs/benchmarks.md,
+/// "Linux boot beside Cloud Hypervisor and Firecracker"). A stack under 2 MiB never holds a
+/// huge page. A `RUST_MIN_STACK` the user set is kept.
+const THREAD_STACK: usize = 1 << 20;
+
+/// Sets [`THREAD_STACK`] as std's default (`RUST_MIN_STACK`, read at the first spawn). Call it
+/// before any thread exists: setting an environment variable is only sound while no other
+/// thread can read the environment.
+fn default_thread_stack() {
+    if std::env::var_os("RUST_MIN_STACK").is_none() {
+        std::env::set_var("RUST_MIN_STACK", THREAD_STACK.to_string());
+    }
+}
+
 /// An error that maps to a specific exit status.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
@@ -61,8 +80,9 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     timeline::mark_main();
-    // Before any thread exists (it sets an environment variable).
+    // Before any thread exists (they set environment variables).
     vmhost_topology::skip_unneeded_hwloc_plugins();
+    default_thread_stack();
     logging::init();
     let cli = Cli::parse();
     if cli.command.is_some() {
