@@ -293,7 +293,7 @@ pub fn mode() -> SeccompMode {
     }
 }
 
-/// Set only in the build `scripts/text-order.sh` runs under valgrind, which has no seccomp(2):
+/// Set only in the build `scripts/text-order.py` runs under valgrind, which has no seccomp(2):
 /// there, a filter the kernel was never given is taken as installed, so that the run goes on
 /// through the code a normal start runs (the text-order profile, docs/benchmarks.md). A binary
 /// built without `VMHOST_BUILD_FOR_VALGRIND` in the environment (every other build) has `false`
