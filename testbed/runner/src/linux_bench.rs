@@ -123,7 +123,7 @@ pub fn qemu_command(a: &Assets, initrd: &Path, action: &str) -> Command {
 }
 
 /// `CLOCK_MONOTONIC` now, in ns (vmhost's `--json` timeline is on the same clock).
-fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -133,40 +133,55 @@ fn monotonic_ns() -> u64 {
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
+/// The steps of vmhost's start in its `--json` report's `timeline`: (key, name).
+pub(crate) const PHASES: [(&str, &str); 7] = [
+    ("main_ns", "main"),
+    ("spec_loaded_ns", "spec+kernel checked"),
+    ("host_discovered_ns", "host discovered"),
+    ("admitted_ns", "admitted"),
+    ("memory_ready_ns", "guest RAM ready"),
+    ("vm_created_ns", "VM created, kernel loaded"),
+    ("vcpus_runnable_ns", "vCPUs runnable"),
+];
+
+/// The JSON report at the end of `vmhost --json`'s stdout `out`.
+pub(crate) fn json_report(out: &str) -> Result<serde_json::Value, String> {
+    let start = out
+        .find("\n{\n")
+        .ok_or("vmhost --json printed no JSON report")?;
+    serde_json::from_str(&out[start + 1..]).map_err(|e| format!("vmhost --json report: {e}"))
+}
+
+/// Each of [`PHASES`] in `report`, milliseconds after `spawn` (ns on `CLOCK_MONOTONIC`).
+pub(crate) fn phases_ms(report: &serde_json::Value, spawn: u64) -> Result<Vec<f64>, String> {
+    PHASES
+        .iter()
+        .map(|(key, _)| {
+            let ns = report["timeline"][key]
+                .as_u64()
+                .ok_or_else(|| format!("vmhost --json: no timeline.{key}"))?;
+            Ok(ns.saturating_sub(spawn) as f64 / 1e6)
+        })
+        .collect()
+}
+
 /// One more vmhost boot with `--json`: where its time from the spawn to the guest's `/init`
 /// goes, step by step (milliseconds after the spawn, on `CLOCK_MONOTONIC`).
 fn vmhost_phases(mut cmd: Command) -> Result<String, String> {
     cmd.arg("--json");
     let spawn = monotonic_ns();
     let b = time_to_init(cmd, "vmhost --json")?;
-    let start = b
-        .out
-        .find("\n{\n")
-        .ok_or("vmhost --json printed no JSON report")?;
-    let report: serde_json::Value = serde_json::from_str(&b.out[start + 1..])
-        .map_err(|e| format!("vmhost --json report: {e}"))?;
-    let ms = |ns: u64| ns.saturating_sub(spawn) as f64 / 1e6;
+    let report = json_report(&b.out)?;
     let mut line = String::new();
-    for (key, name) in [
-        ("main_ns", "main"),
-        ("spec_loaded_ns", "spec+kernel checked"),
-        ("host_discovered_ns", "host discovered"),
-        ("admitted_ns", "admitted"),
-        ("memory_ready_ns", "guest RAM ready"),
-        ("vm_created_ns", "VM created, kernel loaded"),
-        ("vcpus_runnable_ns", "vCPUs runnable"),
-    ] {
-        let ns = report["timeline"][key]
-            .as_u64()
-            .ok_or_else(|| format!("vmhost --json: no timeline.{key}"))?;
-        line.push_str(&format!("{name} {:.0}, ", ms(ns)));
+    for ((_, name), ms) in PHASES.iter().zip(phases_ms(&report, spawn)?) {
+        line.push_str(&format!("{name} {ms:.0}, "));
     }
     let marker = report["report"]["boot"]["markers"][0]["monotonic_ns"]
         .as_u64()
         .ok_or("vmhost --json: no report.boot.markers[0].monotonic_ns")?;
     line.push_str(&format!(
         "/init's port-0x80 marker {:.0}, GUEST-INIT line {:.0}",
-        ms(marker),
+        marker.saturating_sub(spawn) as f64 / 1e6,
         b.to_init * 1e3
     ));
     Ok(line)

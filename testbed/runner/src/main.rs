@@ -15,6 +15,7 @@ mod device_bench;
 mod device_tests;
 mod diagnose;
 mod dm_log;
+mod first_exit;
 mod flight;
 mod host;
 mod kvm_exits;

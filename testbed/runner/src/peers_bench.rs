@@ -38,8 +38,10 @@ use std::time::{Duration, Instant};
 
 use vmhost_testsupport::stats::{bootstrap_ci, median, verdict, RESAMPLES};
 
+use crate::first_exit::FirstExit;
 use crate::host;
 use crate::kvm_exits::ExitCounter;
+use crate::linux_bench::{json_report, monotonic_ns, phases_ms, PHASES};
 use crate::linux_tests::{assets, linux_spec, Assets, CMDLINE};
 use crate::vm::Env;
 use crate::{ensure, Outcome};
@@ -107,6 +109,10 @@ struct Setup {
 struct Run {
     /// Seconds from the spawn to `GUEST-INIT`.
     to_init: f64,
+    /// Seconds from the spawn to the guest's first VM exit: the VMM's own start.
+    first_exit: f64,
+    /// vmhost's `--json` timeline: each step's milliseconds after the spawn ([`PHASES`]).
+    phases: Vec<f64>,
     /// The guest kernel's own uptime on the `GUEST-INIT` line, seconds.
     uptime: f64,
     /// `VmHWM` of the VMM process, MiB.
@@ -138,7 +144,7 @@ fn command(s: &Setup, v: Vmm) -> Command {
             };
             c.arg("--run-dir")
                 .arg(&s.run_dir)
-                .args(["--prefault", prefault, "--config"])
+                .args(["--json", "--prefault", prefault, "--config"])
                 .arg(&s.spec);
             c
         }
@@ -236,34 +242,57 @@ fn stop(child: &mut Child, what: &str) {
     let _ = child.wait();
 }
 
-/// Runs one VMM: times its guest to `GUEST-INIT`, follows its peak RSS, waits for it to exit
-/// and reads the exits it caused.
-fn boot(s: &Setup, v: Vmm, exits: &ExitCounter) -> Result<Run, String> {
+/// What the reader of a VMM's stdout gives back: the last lines, and a JSON report.
+struct Output {
+    tail: Vec<String>,
+    json: String,
+}
+
+/// Reads a VMM's stdout as it comes: sends (seconds since `t0`, the uptime on the line) at
+/// `GUEST-INIT`, keeps the last lines and, from a line `{` on, vmhost's `--json` report.
+fn read_stdout(
+    stdout: std::process::ChildStdout,
+    t0: Instant,
+    tx: mpsc::Sender<(f64, Option<f64>)>,
+) -> Output {
+    let mut out = Output {
+        tail: Vec::new(),
+        json: String::new(),
+    };
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        if line.contains("GUEST-INIT") {
+            let uptime = crate::linux_bench::after(&line, "GUEST-INIT uptime=");
+            let _ = tx.send((t0.elapsed().as_secs_f64(), uptime));
+        }
+        if line == "{" || !out.json.is_empty() {
+            out.json.push_str(&line);
+            out.json.push('\n');
+        }
+        out.tail.push(line);
+        if out.tail.len() > 12 {
+            out.tail.remove(0);
+        }
+    }
+    out
+}
+
+/// Runs one VMM: times its guest to `GUEST-INIT` and to its first VM exit, follows its peak
+/// RSS, waits for it to exit and reads the exits it caused (and vmhost's timeline).
+fn boot(s: &Setup, v: Vmm, exits: &ExitCounter, first: &FirstExit) -> Result<Run, String> {
     let what = v.label();
     let err_path = s.work.join("peer-bench.err");
     let err = std::fs::File::create(&err_path).map_err(|e| format!("create stderr: {e}"))?;
     let mut cmd = command(s, v);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(err);
     exits.clear()?;
+    first.clear()?;
+    let spawn_ns = monotonic_ns();
     let t0 = Instant::now();
     let mut child = cmd.spawn().map_err(|e| format!("spawn {what}: {e}"))?;
     let pid = child.id();
     let stdout = child.stdout.take().ok_or("no stdout pipe")?;
     let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut tail = Vec::new();
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.contains("GUEST-INIT") {
-                let uptime = crate::linux_bench::after(&line, "GUEST-INIT uptime=");
-                let _ = tx.send((t0.elapsed().as_secs_f64(), uptime));
-            }
-            tail.push(line);
-            if tail.len() > 12 {
-                tail.remove(0);
-            }
-        }
-        tail
-    });
+    let reader = std::thread::spawn(move || read_stdout(stdout, t0, tx));
     let mut peaks = Peaks::default();
     let mut to_init = None;
     let status = loop {
@@ -285,7 +314,12 @@ fn boot(s: &Setup, v: Vmm, exits: &ExitCounter) -> Result<Run, String> {
         stop(&mut child, what);
     }
     let counts = exits.read()?;
-    let tail = reader.join().unwrap_or_default();
+    let first_exit = first.first_ns()?.saturating_sub(spawn_ns) as f64 / 1e9;
+    let out = reader.join().unwrap_or(Output {
+        tail: Vec::new(),
+        json: String::new(),
+    });
+    let tail = &out.tail;
     let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
     let (to_init, uptime) = to_init.or_else(|| rx.try_recv().ok()).ok_or_else(|| {
         format!("{what}: no GUEST-INIT (exit {status:?}); last lines {tail:?}; stderr {stderr}")
@@ -295,8 +329,17 @@ fn boot(s: &Setup, v: Vmm, exits: &ExitCounter) -> Result<Run, String> {
         status.is_some_and(|st| st.success()),
         "{what}: exit {status:?} after the guest's /init; last lines {tail:?}; stderr {stderr}"
     );
+    let phases = match v {
+        Vmm::Vmhost | Vmm::VmhostBackground => {
+            let report = json_report(&format!("\n{}", out.json))?;
+            phases_ms(&report, spawn_ns)?
+        }
+        _ => Vec::new(),
+    };
     Ok(Run {
         to_init,
+        first_exit,
+        phases,
         uptime,
         hwm_mib: peaks.vmm,
         parent_hwm_mib: peaks.parent,
@@ -379,15 +422,17 @@ pub fn linux_boot_vs_peers(env: &Env) -> Outcome {
     }
     vmms.push(Vmm::Qemu);
     let exits = ExitCounter::attach()?;
+    let first = FirstExit::start()?;
     let rounds = rounds();
     let n = vmms.len();
     let mut runs: Vec<Vec<Run>> = (0..n).map(|_| Vec::new()).collect();
     for r in 0..rounds {
         for k in 0..n {
             let i = (r + k) % n;
-            runs[i].push(boot(&s, vmms[i], &exits)?);
+            runs[i].push(boot(&s, vmms[i], &exits, &first)?);
         }
     }
+    drop(first);
     drop(exits);
     report(&vmms, &runs, rounds);
     Ok(())
@@ -440,7 +485,70 @@ fn report(vmms: &[Vmm], runs: &[Vec<Run>], rounds: usize) {
         }
     }
     rss_lines(vmms, runs);
+    split_lines(vmms, runs);
     exit_lines(vmms, runs);
+}
+
+/// Where each VMM's time to `/init` goes: spawn → the guest's first VM exit (the VMM's own
+/// start), from there to the guest kernel's clock (`/init`'s time minus its uptime: the
+/// guest's earliest boot, and the VMM's work while the guest already runs), then the guest's
+/// uptime; vmhost's own timeline beside it; and the VMM start per pair.
+fn split_lines(vmms: &[Vmm], runs: &[Vec<Run>]) {
+    println!(
+        "     where the time to /init goes (medians): spawn -> the guest's first VM exit (the \
+         VMM's own start) -> the guest kernel's clock (/init minus its uptime) -> /init"
+    );
+    for (v, r) in vmms.iter().zip(runs) {
+        let start: Vec<f64> = r.iter().map(|x| x.first_exit).collect();
+        let early: Vec<f64> = r
+            .iter()
+            .map(|x| x.to_init - x.uptime - x.first_exit)
+            .collect();
+        let up: Vec<f64> = r.iter().map(|x| x.uptime).collect();
+        println!(
+            "     {:<28} VMM start {:.3} s {start:.3?}; guest before its clock {:.3} s; guest \
+             uptime {:.2} s",
+            v.label(),
+            median(&start),
+            median(&early),
+            median(&up)
+        );
+        if r.iter().all(|x| x.phases.len() == PHASES.len()) && !r.is_empty() {
+            let steps: Vec<String> = PHASES
+                .iter()
+                .enumerate()
+                .map(|(i, (_, name))| {
+                    let ms: Vec<f64> = r.iter().map(|x| x.phases[i]).collect();
+                    format!("{name} {:.0}", median(&ms))
+                })
+                .collect();
+            println!(
+                "       its timeline, ms after the spawn: {}",
+                steps.join(", ")
+            );
+        }
+    }
+    let at = |v: Vmm| vmms.iter().position(|x| *x == v);
+    for ours in [Vmm::Vmhost, Vmm::VmhostBackground] {
+        for peer in [Vmm::CloudHypervisor, Vmm::Firecracker] {
+            let (Some(a), Some(b)) = (at(ours), at(peer)) else {
+                continue;
+            };
+            let ratios: Vec<f64> = runs[a]
+                .iter()
+                .zip(&runs[b])
+                .map(|(x, y)| x.first_exit / y.first_exit)
+                .collect();
+            let ci = bootstrap_ci(&ratios);
+            println!(
+                "     {:<52} {:.3} [{:.3}, {:.3}]",
+                format!("VMM start {} / {}", ours.label(), peer.label()),
+                median(&ratios),
+                ci.0,
+                ci.1
+            );
+        }
+    }
 }
 
 /// One ratio: the median of the per-round ratios `f(ours) / f(peer)`, its interval and its
