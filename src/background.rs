@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::Result;
-use vmhost_memory::{Audit, GuestMemory, MemoryError, PrefaultError};
+use vmhost_memory::{Audit, GuestMemory, MemoryError, PrefaultError, StartGate};
 use vmhost_plan::Plan;
 use vmhost_vcpu::StopHandle;
 
@@ -33,10 +33,12 @@ pub struct Outcome {
 pub struct Background {
     outcome: Arc<Mutex<Outcome>>,
     stop: Arc<OnceLock<StopHandle>>,
+    gate: StartGate,
 }
 
 impl Background {
-    /// Starts the prefault `memory` deferred; `None` when it prefaulted before the start.
+    /// Starts the prefault `memory` deferred, its workers held back until [`Background::go`];
+    /// `None` when it prefaulted before the start.
     pub fn start(
         memory: &mut GuestMemory,
         plan: &Plan,
@@ -46,51 +48,64 @@ impl Background {
         let bg = Background::default();
         let (outcome, stop) = (Arc::clone(&bg.outcome), Arc::clone(&bg.stop));
         let (name, plan, enforcement) = (plan.name.clone(), plan.clone(), enforcement.cloned());
-        let started = memory.start_background_prefault(Box::new(move |result| {
-            let mut out = Outcome {
-                done_ns: now_ns(),
-                ..Outcome::default()
-            };
-            match result {
-                Ok(done) => {
-                    if let Some(Err(e)) = enforcement.as_ref().map(|e| e.narrow_after_prefault()) {
-                        out.error = Some(format!("{e:#}"));
+        let started = memory.start_background_prefault_at(
+            Box::new(move |result| {
+                let mut out = Outcome {
+                    done_ns: now_ns(),
+                    ..Outcome::default()
+                };
+                match result {
+                    Ok(done) => {
+                        if let Some(Err(e)) =
+                            enforcement.as_ref().map(|e| e.narrow_after_prefault())
+                        {
+                            out.error = Some(format!("{e:#}"));
+                        }
+                        if print {
+                            print!(
+                                "VM {name}: guest RAM prefaulted in the background in {:.3} s\n{}",
+                                done.seconds,
+                                crate::output::residency_table(&plan, &done.audit)
+                            );
+                        }
+                        out.audit = Some(done.audit);
                     }
-                    if print {
-                        print!(
-                            "VM {name}: guest RAM prefaulted in the background in {:.3} s\n{}",
-                            done.seconds,
-                            crate::output::residency_table(&plan, &done.audit)
-                        );
-                    }
-                    out.audit = Some(done.audit);
-                }
-                Err(MemoryError::Prefault {
-                    source: PrefaultError::Cancelled { .. },
-                    ..
-                }) => out.done_ns = 0,
-                Err(e) => {
-                    let chain: Vec<String> =
-                        std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+                    Err(MemoryError::Prefault {
+                        source: PrefaultError::Cancelled { .. },
+                        ..
+                    }) => out.done_ns = 0,
+                    Err(e) => {
+                        let chain: Vec<String> =
+                            std::iter::successors(Some(&e as &dyn std::error::Error), |e| {
+                                e.source()
+                            })
                             .map(ToString::to_string)
                             .collect();
-                    out.error = Some(chain.join(": "));
+                        out.error = Some(chain.join(": "));
+                    }
                 }
-            }
-            let failed = out.error.clone();
-            if let Ok(mut slot) = outcome.lock() {
-                *slot = out;
-            }
-            // After the slot is written: `attach` sets the handle first and reads the slot
-            // after, so one of the two sees the other.
-            if let Some(why) = failed {
-                eprintln!("vmhost: VM {name}: background prefault failed, stopping: {why}");
-                if let Some(stop) = stop.get() {
-                    stop.stop();
+                let failed = out.error.clone();
+                if let Ok(mut slot) = outcome.lock() {
+                    *slot = out;
                 }
-            }
-        }))?;
+                // After the slot is written: `attach` sets the handle first and reads the slot
+                // after, so one of the two sees the other.
+                if let Some(why) = failed {
+                    eprintln!("vmhost: VM {name}: background prefault failed, stopping: {why}");
+                    if let Some(stop) = stop.get() {
+                        stop.stop();
+                    }
+                }
+            }),
+            bg.gate.clone(),
+        )?;
         Ok(started.then_some(bg))
+    }
+
+    /// Lets the workers go: the run calls it once the guest runs, so that the VM's creation
+    /// and the kernel's loading have the node's CPUs to themselves (docs/benchmarks.md).
+    pub fn go(&self) {
+        self.gate.open();
     }
 
     /// The VM to stop if the prefault fails (set once the VM exists).

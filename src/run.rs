@@ -153,7 +153,7 @@ pub fn run(
     if arrival.is_some() {
         mark("commit");
     }
-    after_start.set(once_running(plan, arrival));
+    after_start.set(once_running(plan, arrival, background.clone()));
     if api.is_none() {
         let view = ApiView::new(spec, plan, &audit, &handle, regions);
         api = serve_api(view, enforcement.as_ref(), opts)?;
@@ -184,9 +184,15 @@ pub fn run(
 fn once_running(
     plan: &Plan,
     arrival: Option<crate::migrate::target::Arrival>,
+    background: Option<Background>,
 ) -> Box<vmhost_vcpu::AfterStartFn> {
     let kvm_workers = kvm_worker_watch(plan);
     Box::new(move |started| {
+        // A background prefault's workers, held back while the VM was built and its kernel
+        // loaded; a run that ended before the guest started cancels them instead.
+        if let Some(bg) = background {
+            bg.go();
+        }
         if let (true, Some(watch)) = (started, kvm_workers) {
             watch.start();
         }

@@ -5,7 +5,9 @@
 //! [`PrefaultTiming::Background`] it returns after the bind step, and
 //! [`GuestMemory::start_background_prefault`](crate::GuestMemory::start_background_prefault)
 //! runs the same pinned workers on a `vmhost-prefault` thread while the VMM goes on (creating
-//! the VM, loading the kernel, running the vCPUs). The guest's own first touches and the
+//! the VM, loading the kernel, running the vCPUs);
+//! [`start_background_prefault_at`](crate::GuestMemory::start_background_prefault_at) holds
+//! them back until a [`StartGate`] opens (vmhost opens it once the guest runs). The guest's own first touches and the
 //! workers' populate calls race harmlessly: both fault pages in under the same `mbind` policy,
 //! and a populate call leaves pages that are already present alone. When the workers are done
 //! the thread audits residency and hands both to the caller's completion callback.
@@ -15,7 +17,7 @@
 //! the mappings, so they stay valid while it runs either way.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -56,6 +58,43 @@ pub struct BackgroundDone {
 /// was dropped first).
 pub type OnDone = Box<dyn FnOnce(Result<BackgroundDone, MemoryError>) + Send>;
 
+/// Holds a background prefault's workers back until it is opened. A VMM opens it once its
+/// guest runs, so that building the VM and loading the kernel (which fault their own pages
+/// in) do not compete with the workers for the node's CPUs; the guest's boot then shares
+/// them instead, as it would share them with its own first touches. Dropping the guest
+/// memory cancels the prefault and opens the gate, so a VM that never started ends at once.
+#[derive(Debug, Clone, Default)]
+pub struct StartGate(Arc<(Mutex<bool>, Condvar)>);
+
+impl StartGate {
+    /// A closed gate.
+    pub fn new() -> StartGate {
+        StartGate::default()
+    }
+
+    /// Lets the workers go (again: a no-op).
+    pub fn open(&self) {
+        let (open, cv) = &*self.0;
+        *open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+        cv.notify_all();
+    }
+
+    /// Blocks until the gate is open.
+    fn wait(&self) {
+        let (open, cv) = &*self.0;
+        let mut g = open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while !*g {
+            g = cv
+                .wait(g)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
 /// One cell (or host-node part of a cell): its run of regions and the CPUs of its node.
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedTarget {
@@ -87,12 +126,15 @@ pub(crate) struct Job {
     pub(crate) options: PrefaultOptions,
     pub(crate) hugetlb: bool,
     pub(crate) policy: Option<PolicyOverride>,
+    /// Opened before the workers start (an open gate when the caller gave none).
+    pub(crate) gate: StartGate,
 }
 
 /// A running background prefault; dropping it cancels and joins it.
 #[derive(Debug)]
 pub(crate) struct BackgroundPrefault {
     cancel: Arc<AtomicBool>,
+    gate: StartGate,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -101,11 +143,16 @@ impl BackgroundPrefault {
     pub(crate) fn start(mut job: Job, on_done: OnDone) -> Result<Self, std::io::Error> {
         let cancel = Arc::new(AtomicBool::new(false));
         job.options.cancel = Some(Arc::clone(&cancel));
+        let gate = job.gate.clone();
         let thread = std::thread::Builder::new()
             .name("vmhost-prefault".into())
-            .spawn(move || on_done(run(&job)))?;
+            .spawn(move || {
+                job.gate.wait();
+                on_done(run(&job))
+            })?;
         Ok(BackgroundPrefault {
             cancel,
+            gate,
             thread: Some(thread),
         })
     }
@@ -141,6 +188,8 @@ fn run(job: &Job) -> Result<BackgroundDone, MemoryError> {
 impl Drop for BackgroundPrefault {
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);
+        // After the cancel: a thread still at the gate finds it set and ends at once.
+        self.gate.open();
         if let Some(thread) = self.thread.take() {
             // A panicking worker is reported by `prefault` itself; the thread has no value.
             let _ = thread.join();

@@ -82,7 +82,7 @@ use vm_memory::GuestRegionCollectionError;
 use vmhost_plan::{Backing, Plan};
 
 pub use audit::{Audit, AuditError, RegionAudit, Violation};
-pub use background::{BackgroundDone, OnDone, PrefaultTiming};
+pub use background::{BackgroundDone, OnDone, PrefaultTiming, StartGate};
 pub use backing::{BackingError, MappedRegion};
 pub use cells::{CellIoError, CellLoaded, CellSaved};
 pub use dirty::{DirtyBitmap, DirtyRuns, DIRTY_PAGE_BYTES};
@@ -340,6 +340,18 @@ impl GuestMemory {
     /// thread (`on_done` then gets [`PrefaultError::Cancelled`]). Returns `Ok(false)` when
     /// there is nothing to start (the RAM was prefaulted by `new`, or this was called before).
     pub fn start_background_prefault(&mut self, on_done: OnDone) -> Result<bool, MemoryError> {
+        let gate = StartGate::new();
+        gate.open();
+        self.start_background_prefault_at(on_done, gate)
+    }
+
+    /// [`start_background_prefault`](Self::start_background_prefault), with the workers held
+    /// back until `gate` is opened (or the guest memory dropped).
+    pub fn start_background_prefault_at(
+        &mut self,
+        on_done: OnDone,
+        gate: StartGate,
+    ) -> Result<bool, MemoryError> {
         let Some(options) = self.deferred.take() else {
             return Ok(false);
         };
@@ -350,6 +362,7 @@ impl GuestMemory {
             options,
             hugetlb: self.hugetlb,
             policy: self.policy.clone(),
+            gate,
         };
         let started = background::BackgroundPrefault::start(job, on_done).map_err(|source| {
             MemoryError::Prefault {

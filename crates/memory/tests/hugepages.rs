@@ -12,7 +12,7 @@ use common::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmhost_memory::{
     AdmissionError, BackingError, GuestMemory, MemoryError, MemoryOptions, PolicyOverride,
-    PrefaultError, PrefaultMethod, PrefaultOptions, PrefaultTiming, Progress,
+    PrefaultError, PrefaultMethod, PrefaultOptions, PrefaultTiming, Progress, StartGate,
 };
 use vmhost_plan::Backing;
 
@@ -517,6 +517,97 @@ fn background_prefault_faults_every_page_in_on_the_bound_node() {
     );
     drop(mem);
     assert_eq!(pool(PAGE_2M), (free0, resv0));
+}
+
+/// 32 MiB of 2 MiB pages on node 0 whose prefault is left to the background.
+fn background_memory(name: &str) -> GuestMemory {
+    let plan = plan(name, &[(Some(0), 32 * MIB)], hugetlb_2m());
+    let options = MemoryOptions {
+        timing: PrefaultTiming::Background,
+        ..opts()
+    };
+    GuestMemory::new(&plan, &options).expect("guest memory")
+}
+
+#[test]
+fn a_closed_gate_holds_the_background_workers_back_until_it_opens() {
+    let _lock = lock_pool();
+    if !need_pages("background_prefault_gate", PAGE_2M, 32) {
+        return;
+    }
+    let (free0, resv0) = pool(PAGE_2M);
+    let mut held = background_memory("bggate");
+    let gate = StartGate::new();
+    let (tx, rx) = std::sync::mpsc::channel();
+    assert!(held
+        .start_background_prefault_at(Box::new(move |done| drop(tx.send(done))), gate.clone())
+        .expect("start"));
+    // The same prefault without a gate, started after: once it is done, the held one had
+    // every chance to run, and has not.
+    let mut free = background_memory("bgfree");
+    let (tx2, rx2) = std::sync::mpsc::channel();
+    free.start_background_prefault(Box::new(move |done| drop(tx2.send(done))))
+        .expect("start");
+    rx2.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the ungated prefault ends")
+        .expect("ungated prefault");
+    assert!(rx.try_recv().is_err(), "the held prefault ended");
+    let not_present: u64 = held
+        .audit()
+        .expect("audit")
+        .regions
+        .iter()
+        .map(|r| r.pages_not_present)
+        .sum();
+    assert_eq!(not_present, 16, "the held prefault faulted pages in");
+    assert_eq!(
+        pool(PAGE_2M),
+        (free0 - 16, resv0 + 16),
+        "the kernel's account: 16 reserved, 16 taken"
+    );
+    gate.open();
+    let done = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the opened prefault reports its end")
+        .expect("background prefault");
+    assert_eq!(
+        done.stats.cells.iter().map(|c| c.bytes).sum::<u64>(),
+        32 * MIB
+    );
+    assert!(
+        done.audit.is_clean(),
+        "{:?}",
+        done.audit.violations().collect::<Vec<_>>()
+    );
+    assert_resident_on_node0(&held, PAGE_2M);
+    drop((held, free));
+    assert_eq!(pool(PAGE_2M), (free0, resv0));
+}
+
+#[test]
+fn dropping_memory_whose_gate_never_opened_ends_its_prefault_before_any_page() {
+    let _lock = lock_pool();
+    if !need_pages("background_prefault_gate_drop", PAGE_2M, 16) {
+        return;
+    }
+    let before = pool(PAGE_2M);
+    let mut mem = background_memory("bggatedrop");
+    let (tx, rx) = std::sync::mpsc::channel();
+    assert!(mem
+        .start_background_prefault_at(Box::new(move |done| drop(tx.send(done))), StartGate::new())
+        .expect("start"));
+    drop(mem);
+    match rx
+        .try_recv()
+        .expect("the callback ran before the drop returned")
+    {
+        Err(MemoryError::Prefault {
+            source: PrefaultError::Cancelled { done, total },
+            ..
+        }) => assert_eq!((done, total), (0, 32 * MIB)),
+        other => panic!("expected a cancel before any page, got {other:?}"),
+    }
+    assert_eq!(pool(PAGE_2M), before, "every page back in the pool");
 }
 
 #[test]
