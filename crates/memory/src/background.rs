@@ -7,10 +7,11 @@
 //! runs the same pinned workers on a `vmhost-prefault` thread while the VMM goes on (creating
 //! the VM, loading the kernel, running the vCPUs);
 //! [`start_background_prefault_at`](crate::GuestMemory::start_background_prefault_at) holds
-//! them back until a [`StartGate`] opens (vmhost opens it once the guest runs). The guest's own first touches and the
-//! workers' populate calls race harmlessly: both fault pages in under the same `mbind` policy,
-//! and a populate call leaves pages that are already present alone. When the workers are done
-//! the thread audits residency and hands both to the caller's completion callback.
+//! them back until a [`StartGate`] opens (vmhost opens it once the guest runs). The guest's
+//! own first touches and the workers' populate calls race harmlessly: both fault pages in
+//! under the same `mbind` policy, and a populate call leaves pages that are already present
+//! alone. When the workers are done the thread audits residency and hands both to the
+//! caller's completion callback.
 //!
 //! The handle cancels the workers (after their chunk in progress) and joins the thread when it
 //! is dropped, before the guest RAM can be unmapped: the thread holds its own references to
