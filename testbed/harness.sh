@@ -97,6 +97,9 @@ write_run_script() {
     # The rounds of the peers benchmark (linux_boot_vs_peers), when set: for development.
     [[ "${VMHOST_BENCH_ROUNDS:-}" =~ ^[0-9]+$ ]] \
         && rounds="VMHOST_BENCH_ROUNDS=$VMHOST_BENCH_ROUNDS; export VMHOST_BENCH_ROUNDS"
+    # VMHOST_BENCH_SCRUB=0: the peers benchmark without its scrub of stale translations.
+    [[ "${VMHOST_BENCH_SCRUB:-}" == 0 ]] \
+        && rounds+=$'\n'"VMHOST_BENCH_SCRUB=0; export VMHOST_BENCH_SCRUB"
     # 1 GiB pages: boot.sh reserves one per node of the 2-node host on the kernel command line
     # (with nokaslr, so the kernel image never takes node 0's only free 1 GiB range); should a
     # node still have none, try once more, while its memory is still unfragmented. Only in

@@ -16,6 +16,10 @@
 //!   the child of its cgroup supervisor; the peers' only process), polled every 20 ms while it
 //!   runs. Guest RAM is on hugetlb pages, which `VmHWM` does not count, so it is the VMM's
 //!   own peak: heap, stacks, and the mapped pages of its binary and shared libraries.
+//! - **Where the time goes**: spawn → the guest's first VM exit ([`crate::first_exit`]: the
+//!   VMM's own start), from there to the guest kernel's clock (the `GUEST-INIT` time minus
+//!   the uptime it prints: the guest's earliest boot), and the uptime. After the rounds, one
+//!   more boot of each vmhost mode with `--json` gives its own timeline of the start.
 //! - **VM exits per boot per exit reason**: the host kernel's `kvm_exit` tracepoint
 //!   ([`crate::kvm_exits`]), spawn → VMM exit (the guest's `GUEST` lines and power-off
 //!   included), in every run.
@@ -45,6 +49,54 @@ use crate::linux_bench::{json_report, monotonic_ns, phases_ms, PHASES};
 use crate::linux_tests::{assets, linux_spec, Assets, CMDLINE};
 use crate::vm::Env;
 use crate::{ensure, Outcome};
+
+/// Is every boot preceded by [`scrub_pool`]? Yes unless `VMHOST_BENCH_SCRUB=0`.
+fn scrubbing() -> bool {
+    std::env::var("VMHOST_BENCH_SCRUB").map_or(true, |v| v != "0")
+}
+
+/// Clears the emulator's stale translations out of node 0's 2 MiB pool before a boot: maps
+/// every free page, writes one byte of each (the kernel zeroes the whole page at the fault,
+/// and TCG throws away the code it had translated from it) and unmaps them. Without it a
+/// VMM pays for the pages the *earlier* VMMs' guests ran their kernels from: the pool hands
+/// pages out last-freed first, so a VMM that faults RAM in lazily gets the clean pages at
+/// the head and leaves the stale ones to the next VMM that takes the whole pool, which is
+/// vmhost prefaulting 256 MiB (docs/benchmarks.md, "The stale pages of other VMMs' guests").
+/// A real CPU has no such cost.
+fn scrub_pool() -> Result<(), String> {
+    const PAGE: usize = 2 << 20;
+    let free = host::hugepages(0, 2048)?.1;
+    let pages = usize::try_from(free).map_err(|e| format!("free pages {free}: {e}"))?;
+    if pages == 0 {
+        return Ok(());
+    }
+    let len = pages * PAGE;
+    // SAFETY: a new private anonymous mapping; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!(
+            "scrub: mmap of {pages} free 2 MiB pages: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let base = p.cast::<u8>();
+    for i in 0..pages {
+        // SAFETY: `i * PAGE < len`, inside the mapping made above, which is writable.
+        unsafe { base.add(i * PAGE).write_volatile(1) };
+    }
+    // SAFETY: the mapping made above, unmapped once; nothing refers to it after.
+    unsafe { libc::munmap(p, len) };
+    Ok(())
+}
 
 /// Rounds unless `VMHOST_BENCH_ROUNDS` says more (fewer only for development: the figures in
 /// docs/benchmarks.md come from at least 11).
@@ -111,7 +163,8 @@ struct Run {
     to_init: f64,
     /// Seconds from the spawn to the guest's first VM exit: the VMM's own start.
     first_exit: f64,
-    /// vmhost's `--json` timeline: each step's milliseconds after the spawn ([`PHASES`]).
+    /// vmhost's `--json` timeline, for a run with `--json`: each step's milliseconds after
+    /// the spawn ([`PHASES`]).
     phases: Vec<f64>,
     /// The guest kernel's own uptime on the `GUEST-INIT` line, seconds.
     uptime: f64,
@@ -144,7 +197,7 @@ fn command(s: &Setup, v: Vmm) -> Command {
             };
             c.arg("--run-dir")
                 .arg(&s.run_dir)
-                .args(["--json", "--prefault", prefault, "--config"])
+                .args(["--prefault", prefault, "--config"])
                 .arg(&s.spec);
             c
         }
@@ -277,13 +330,26 @@ fn read_stdout(
 }
 
 /// Runs one VMM: times its guest to `GUEST-INIT` and to its first VM exit, follows its peak
-/// RSS, waits for it to exit and reads the exits it caused (and vmhost's timeline).
-fn boot(s: &Setup, v: Vmm, exits: &ExitCounter, first: &FirstExit) -> Result<Run, String> {
+/// RSS, waits for it to exit and reads the exits it caused; with `json` (vmhost only) adds
+/// `--json` and reads its timeline.
+fn boot(
+    s: &Setup,
+    v: Vmm,
+    exits: &ExitCounter,
+    first: &FirstExit,
+    json: bool,
+) -> Result<Run, String> {
     let what = v.label();
     let err_path = s.work.join("peer-bench.err");
     let err = std::fs::File::create(&err_path).map_err(|e| format!("create stderr: {e}"))?;
     let mut cmd = command(s, v);
+    if json {
+        cmd.arg("--json");
+    }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(err);
+    if scrubbing() {
+        scrub_pool()?;
+    }
     exits.clear()?;
     first.clear()?;
     let spawn_ns = monotonic_ns();
@@ -329,12 +395,10 @@ fn boot(s: &Setup, v: Vmm, exits: &ExitCounter, first: &FirstExit) -> Result<Run
         status.is_some_and(|st| st.success()),
         "{what}: exit {status:?} after the guest's /init; last lines {tail:?}; stderr {stderr}"
     );
-    let phases = match v {
-        Vmm::Vmhost | Vmm::VmhostBackground => {
-            let report = json_report(&format!("\n{}", out.json))?;
-            phases_ms(&report, spawn_ns)?
-        }
-        _ => Vec::new(),
+    let phases = if json {
+        phases_ms(&json_report(&format!("\n{}", out.json))?, spawn_ns)?
+    } else {
+        Vec::new()
     };
     Ok(Run {
         to_init,
@@ -429,12 +493,19 @@ pub fn linux_boot_vs_peers(env: &Env) -> Outcome {
     for r in 0..rounds {
         for k in 0..n {
             let i = (r + k) % n;
-            runs[i].push(boot(&s, vmms[i], &exits, &first)?);
+            runs[i].push(boot(&s, vmms[i], &exits, &first, false)?);
         }
     }
+    // One more boot of each vmhost mode with `--json`, for its timeline (the rounds run the
+    // plain command a user runs).
+    let timelines = [Vmm::Vmhost, Vmm::VmhostBackground]
+        .iter()
+        .map(|&v| Ok((v, boot(&s, v, &exits, &first, true)?)))
+        .collect::<Result<Vec<_>, String>>()?;
     drop(first);
     drop(exits);
     report(&vmms, &runs, rounds);
+    timeline_lines(&timelines);
     Ok(())
 }
 
@@ -443,7 +514,12 @@ fn report(vmms: &[Vmm], runs: &[Vec<Run>], rounds: usize) {
     println!(
         "     {rounds} rounds, order rotated every round; 2 vCPUs, 256 MiB of 2 MiB hugepages; \
          spawn -> GUEST-INIT on the serial console; 95 % bootstrap CI ({RESAMPLES} resamples) \
-         of the median of per-round ratios"
+         of the median of per-round ratios; {}",
+        if scrubbing() {
+            "every boot after a scrub of the hugepage pool's stale translations"
+        } else {
+            "no scrub (VMHOST_BENCH_SCRUB=0): each VMM pays for the stale pages earlier guests left"
+        }
     );
     for (v, r) in vmms.iter().zip(runs) {
         let t: Vec<f64> = r.iter().map(|x| x.to_init).collect();
@@ -513,20 +589,6 @@ fn split_lines(vmms: &[Vmm], runs: &[Vec<Run>]) {
             median(&early),
             median(&up)
         );
-        if r.iter().all(|x| x.phases.len() == PHASES.len()) && !r.is_empty() {
-            let steps: Vec<String> = PHASES
-                .iter()
-                .enumerate()
-                .map(|(i, (_, name))| {
-                    let ms: Vec<f64> = r.iter().map(|x| x.phases[i]).collect();
-                    format!("{name} {:.0}", median(&ms))
-                })
-                .collect();
-            println!(
-                "       its timeline, ms after the spawn: {}",
-                steps.join(", ")
-            );
-        }
     }
     let at = |v: Vmm| vmms.iter().position(|x| *x == v);
     for ours in [Vmm::Vmhost, Vmm::VmhostBackground] {
@@ -590,6 +652,25 @@ fn rss_lines(vmms: &[Vmm], runs: &[Vec<Run>]) {
                 1.0,
             );
         }
+    }
+}
+
+/// vmhost's `--json` boots: the split and the timeline of each.
+fn timeline_lines(timelines: &[(Vmm, Run)]) {
+    for (v, r) in timelines {
+        let steps: Vec<String> = PHASES
+            .iter()
+            .zip(&r.phases)
+            .map(|((_, name), ms)| format!("{name} {ms:.0}"))
+            .collect();
+        println!(
+            "     one more {} boot with --json: VMM start {:.3} s, /init at {:.2} s; its \
+             timeline, ms after the spawn: {}",
+            v.label(),
+            r.first_exit,
+            r.to_init,
+            steps.join(", ")
+        );
     }
 }
 
