@@ -40,34 +40,35 @@ fn main() {
 
 /// Is the C library vmhost links statically (the build host's) glibc `major.minor` or later?
 fn glibc_at_least(major: u32, minor: u32) -> bool {
-    let Ok(out) = std::process::Command::new("getconf")
-        .arg("GNU_LIBC_VERSION")
-        .output()
-    else {
-        return false;
-    };
-    let text = String::from_utf8_lossy(&out.stdout);
-    let Some(version) = text.trim().strip_prefix("glibc ") else {
-        return false;
-    };
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
+    command_output("getconf", &["GNU_LIBC_VERSION"])
+        .and_then(|text| version_of(&text, "glibc "))
+        .is_some_and(|v| v >= (major, minor))
 }
 
 /// Does this rustc link x86_64 Linux binaries with LLD by default (1.90 and later)? An older
 /// one uses the system's `ld`, which has no `--symbol-ordering-file`.
 fn rustc_links_with_lld() -> bool {
-    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-    let Ok(out) = std::process::Command::new(rustc).arg("-vV").output() else {
-        return false;
-    };
-    let text = String::from_utf8_lossy(&out.stdout);
-    let Some(release) = text.lines().find_map(|l| l.strip_prefix("release: ")) else {
-        return false;
-    };
-    let mut parts = release
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    command_output(&rustc, &["-vV"])
+        .and_then(|text| version_of(&text, "release: "))
+        .is_some_and(|v| v >= (1, 90))
+}
+
+/// What `program args` printed on stdout, if it ran.
+fn command_output(program: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `(major, minor)` of the version after `prefix` on a line of `text` (`glibc 2.36`,
+/// `release: 1.95.0-nightly`); a part that is not a number counts as 0.
+fn version_of(text: &str, prefix: &str) -> Option<(u32, u32)> {
+    let version = text.lines().find_map(|l| l.trim().strip_prefix(prefix))?;
+    let mut parts = version
         .split(['.', '-'])
         .map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) >= (1, 90)
+    Some((parts.next().unwrap_or(0), parts.next().unwrap_or(0)))
 }
