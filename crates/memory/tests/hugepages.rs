@@ -450,6 +450,16 @@ fn failure_after_allocation_releases_everything() {
 // is fragmented), and a test that passes without one proves nothing; the emulated host, which
 // reserves one per node at boot, proves them (`memory_1g_pages_per_node`, docs/testing.md).
 
+/// A background prefault that ended: `bytes` faulted in, and its audit clean.
+fn assert_faulted_in_clean(done: &vmhost_memory::BackgroundDone, bytes: u64) {
+    assert_eq!(done.stats.cells.iter().map(|c| c.bytes).sum::<u64>(), bytes);
+    assert!(
+        done.audit.is_clean(),
+        "{:?}",
+        done.audit.violations().collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn background_prefault_faults_every_page_in_on_the_bound_node() {
     let _lock = lock_pool();
@@ -492,15 +502,7 @@ fn background_prefault_faults_every_page_in_on_the_bound_node() {
         .recv_timeout(std::time::Duration::from_secs(60))
         .expect("the background prefault reports its end")
         .expect("background prefault");
-    assert_eq!(
-        done.stats.cells.iter().map(|c| c.bytes).sum::<u64>(),
-        32 * MIB
-    );
-    assert!(
-        done.audit.is_clean(),
-        "{:?}",
-        done.audit.violations().collect::<Vec<_>>()
-    );
+    assert_faulted_in_clean(&done, 32 * MIB);
     assert_resident_on_node0(&mem, PAGE_2M);
     assert_eq!(pool(PAGE_2M), (free0 - 16, resv0));
     assert_eq!(
@@ -570,15 +572,7 @@ fn a_closed_gate_holds_the_background_workers_back_until_it_opens() {
         .recv_timeout(std::time::Duration::from_secs(60))
         .expect("the opened prefault reports its end")
         .expect("background prefault");
-    assert_eq!(
-        done.stats.cells.iter().map(|c| c.bytes).sum::<u64>(),
-        32 * MIB
-    );
-    assert!(
-        done.audit.is_clean(),
-        "{:?}",
-        done.audit.violations().collect::<Vec<_>>()
-    );
+    assert_faulted_in_clean(&done, 32 * MIB);
     assert_resident_on_node0(&held, PAGE_2M);
     drop((held, free));
     assert_eq!(pool(PAGE_2M), (free0, resv0));

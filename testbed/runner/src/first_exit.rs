@@ -9,68 +9,43 @@
 //! Each run clears it first. The event stays enabled for the whole benchmark (enabling one
 //! rewrites kernel text, which the emulated host's CPUs are best spared while a VM runs).
 
-use std::path::{Path, PathBuf};
+use crate::kvm_exits::Instance;
 
-use crate::kvm_exits::{mount_tracefs, TRACEFS};
-
-const INSTANCE: &str = "instances/vmhost-first-exit";
-const EVENT: &str = "events/kvm/kvm_exit/enable";
 /// Ring buffer per CPU, KiB: a few hundred events, more than the first one needs.
 const BUFFER_KB: &str = "16";
 
 /// The running recorder; its instance is removed when dropped.
 pub struct FirstExit {
-    dir: PathBuf,
+    instance: Instance,
 }
 
 impl FirstExit {
     /// Creates the instance (mounting tracefs if needed) and starts recording.
     pub fn start() -> Result<FirstExit, String> {
-        if !Path::new(TRACEFS).join("instances").exists() {
-            mount_tracefs()?;
-        }
-        let dir = Path::new(TRACEFS).join(INSTANCE);
-        if !dir.exists() {
-            std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-        }
-        let r = FirstExit { dir };
-        r.write("trace_clock", "mono")?;
-        r.write("options/overwrite", "0")?;
-        r.write("buffer_size_kb", BUFFER_KB)?;
-        r.write(EVENT, "1")?;
-        r.write("tracing_on", "1")?;
-        Ok(r)
+        let settings = [
+            ("trace_clock", "mono"),
+            ("options/overwrite", "0"),
+            ("buffer_size_kb", BUFFER_KB),
+        ];
+        let instance = Instance::create("vmhost-first-exit", &settings, &["kvm/kvm_exit"])?;
+        Ok(FirstExit { instance })
     }
 
     /// Forgets every event recorded so far (truncating `trace` clears the buffers).
     pub fn clear(&self) -> Result<(), String> {
+        let path = self.instance.path("trace");
         std::fs::OpenOptions::new()
             .write(true)
             .truncate(true)
-            .open(self.path("trace"))
+            .open(&path)
             .map(drop)
-            .map_err(|e| format!("clear {}: {e}", self.path("trace")))
+            .map_err(|e| format!("clear {path}: {e}"))
     }
 
     /// `CLOCK_MONOTONIC` of the first `kvm_exit` since the last [`FirstExit::clear`], ns.
     pub fn first_ns(&self) -> Result<u64, String> {
-        let trace = crate::host::read(&self.path("trace"))?;
+        let trace = crate::host::read(&self.instance.path("trace"))?;
         first_event_ns(&trace).ok_or_else(|| "no kvm_exit event recorded".to_string())
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.dir.join(file).to_string_lossy().into_owned()
-    }
-
-    fn write(&self, file: &str, value: &str) -> Result<(), String> {
-        crate::host::write(&self.path(file), value)
-    }
-}
-
-impl Drop for FirstExit {
-    fn drop(&mut self) {
-        let _ = self.write(EVENT, "0");
-        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 

@@ -23,12 +23,10 @@
 //! stays off as a precaution: a tracepoint in KVM's exit path runs in the very code the
 //! emulated CPU gets wrong (docs/testing.md, "Guest triple faults").
 
-use std::path::{Path, PathBuf};
+use crate::kvm_exits::Instance;
 
-use crate::kvm_exits::{mount_tracefs, TRACEFS};
-
-/// The recorder's tracefs instance, under [`TRACEFS`].
-const INSTANCE: &str = "instances/vmhost-flight";
+/// The recorder's tracefs instance (`instances/NAME`).
+const INSTANCE: &str = "vmhost-flight";
 /// What it records.
 const EVENTS: &[&str] = &[
     "kvm/kvm_exit",
@@ -46,52 +44,23 @@ pub fn wanted() -> bool {
 
 /// The running recorder; its instance is removed when dropped.
 pub struct Flight {
-    dir: PathBuf,
+    instance: Instance,
 }
 
 impl Flight {
     /// Creates the instance (mounting tracefs first if needed) and enables its events.
     pub fn start() -> Result<Flight, String> {
-        if !Path::new(TRACEFS).join("instances").exists() {
-            mount_tracefs()?;
-        }
-        let dir = Path::new(TRACEFS).join(INSTANCE);
-        if !dir.exists() {
-            std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-        }
-        let flight = Flight { dir };
-        flight.write("buffer_size_kb", BUFFER_KB)?;
-        for event in EVENTS {
-            flight.write(&format!("events/{event}/enable"), "1")?;
-        }
-        flight.write("tracing_on", "1")?;
-        Ok(flight)
+        let instance = Instance::create(INSTANCE, &[("buffer_size_kb", BUFFER_KB)], EVENTS)?;
+        Ok(Flight { instance })
     }
 
     /// The last `n` events of vCPU threads (`vcpu<N>-<tid>`), oldest first. Recording stops
     /// for the read and goes on after it.
     pub fn last_of_vcpus(&self, n: usize) -> Result<Vec<String>, String> {
-        self.write("tracing_on", "0")?;
-        let trace = crate::host::read(&self.path("trace"));
-        self.write("tracing_on", "1")?;
+        self.instance.write("tracing_on", "0")?;
+        let trace = crate::host::read(&self.instance.path("trace"));
+        self.instance.write("tracing_on", "1")?;
         Ok(vcpu_lines(&trace?, n))
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.dir.join(file).to_string_lossy().into_owned()
-    }
-
-    fn write(&self, file: &str, value: &str) -> Result<(), String> {
-        crate::host::write(&self.path(file), value)
-    }
-}
-
-impl Drop for Flight {
-    fn drop(&mut self) {
-        for event in EVENTS {
-            let _ = self.write(&format!("events/{event}/enable"), "0");
-        }
-        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 

@@ -320,6 +320,55 @@ pub fn run_tool(args: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
+/// A private anonymous mapping of 2 MiB hugepages (`MAP_HUGETLB`), unmapped when dropped.
+pub struct HugeMap {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl HugeMap {
+    /// Maps `len` bytes (a multiple of 2 MiB, not 0); the pool reserves its pages now.
+    pub fn new(len: usize) -> Result<HugeMap, String> {
+        // SAFETY: a new private anonymous mapping; no existing memory is touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(format!(
+                "mmap {len} bytes of 2 MiB pages: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(HugeMap { ptr, len })
+    }
+
+    /// The mapping's start, for `mbind`.
+    pub fn ptr(&self) -> *mut libc::c_void {
+        self.ptr
+    }
+
+    /// Its bytes (the kernel faults each page in at the first touch).
+    pub fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a readable and writable mapping of `len` bytes that lives as long
+        // as `self`, and the returned borrow of `self` keeps any other use out.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for HugeMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once; no borrow of it outlives `self`.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
 #[cfg(test)]
 mod thread_state_tests {
     #[test]

@@ -123,6 +123,60 @@ fn symbolic_pairs(table: &str) -> BTreeMap<u64, String> {
         .collect()
 }
 
+/// A tracefs instance of the runner's own (`instances/NAME`: a ring buffer and event switches
+/// apart from the global ones), created on [`Instance::create`] with `events` enabled and
+/// removed, events disabled, when dropped.
+pub(crate) struct Instance {
+    dir: std::path::PathBuf,
+    events: &'static [&'static str],
+}
+
+impl Instance {
+    /// Mounts tracefs if needed, creates the instance, writes each `(file, value)` of
+    /// `settings` (before any event runs), then enables `events` and turns tracing on.
+    pub(crate) fn create(
+        name: &str,
+        settings: &[(&str, &str)],
+        events: &'static [&'static str],
+    ) -> Result<Instance, String> {
+        if !Path::new(TRACEFS).join("instances").exists() {
+            mount_tracefs()?;
+        }
+        let dir = Path::new(TRACEFS).join("instances").join(name);
+        if !dir.exists() {
+            std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        }
+        let instance = Instance { dir, events };
+        for (file, value) in settings {
+            instance.write(file, value)?;
+        }
+        for event in events {
+            instance.write(&format!("events/{event}/enable"), "1")?;
+        }
+        instance.write("tracing_on", "1")?;
+        Ok(instance)
+    }
+
+    /// The path of one of the instance's files.
+    pub(crate) fn path(&self, file: &str) -> String {
+        self.dir.join(file).to_string_lossy().into_owned()
+    }
+
+    /// Writes one of the instance's files.
+    pub(crate) fn write(&self, file: &str, value: &str) -> Result<(), String> {
+        crate::host::write(&self.path(file), value)
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        for event in self.events {
+            let _ = self.write(&format!("events/{event}/enable"), "0");
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
 /// Mounts tracefs at [`TRACEFS`] (the emulated host's init does not).
 pub(crate) fn mount_tracefs() -> Result<(), String> {
     crate::host::run_tool(&["mount", "-t", "tracefs", "nodev", TRACEFS])

@@ -769,42 +769,29 @@ fn read_into_hugepages(file: &Path, node: u32) -> Result<u64, String> {
     if len == 0 {
         return Ok(0);
     }
-    // SAFETY: a new private anonymous mapping; no existing memory is touched.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
+    let mut map = crate::host::HugeMap::new(len)?;
+    let mask: u64 = 1 << node;
+    // SAFETY: mbind only sets the policy of the mapping made above (`map.ptr()`, `len`);
+    // `mask` is a valid 64-bit node mask for the duration of the call.
+    let bound = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            map.ptr(),
             len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
-            -1,
-            0,
+            MPOL_BIND,
+            &mask,
+            64u64,
+            0u32,
         )
     };
     ensure!(
-        ptr != libc::MAP_FAILED,
-        "mmap {len} bytes of 2 MiB pages: {}",
+        bound == 0,
+        "mbind to node{node}: {}",
         std::io::Error::last_os_error()
     );
-    let mask: u64 = 1 << node;
-    // SAFETY: mbind only sets the policy of the mapping made above (`ptr`, `len`); `mask` is
-    // a valid 64-bit node mask for the duration of the call.
-    let bound = unsafe { libc::syscall(libc::SYS_mbind, ptr, len, MPOL_BIND, &mask, 64u64, 0u32) };
-    let result = if bound != 0 {
-        Err(format!(
-            "mbind to node{node}: {}",
-            std::io::Error::last_os_error()
-        ))
-    } else {
-        // SAFETY: `ptr` is a writable mapping of `len` bytes that only this function uses,
-        // until the munmap below.
-        let buf = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), len) };
-        f.read_exact(&mut buf[..bytes])
-            .map(|()| size)
-            .map_err(|e| format!("read {} into hugepages: {e}", file.display()))
-    };
-    // SAFETY: unmaps the mapping made above; `buf` is no longer used.
-    unsafe { libc::munmap(ptr, len) };
-    result
+    f.read_exact(&mut map.bytes()[..bytes])
+        .map(|()| size)
+        .map_err(|e| format!("read {} into hugepages: {e}", file.display()))
 }
 
 /// Reads every `memory-cell*` file of the snapshot `dir` into hugepages on `node`; seconds.
@@ -1047,4 +1034,22 @@ pub fn migration_vs_qemu(env: &Env) -> Outcome {
         report_workload(name, &v, &q);
     }
     restore_vs_read(&s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_into_hugepages;
+
+    /// Runs on the CI host too (`make test` reserves its 2 MiB pool): node 0 always exists.
+    #[test]
+    fn a_file_is_read_whole_into_bound_hugepages() {
+        let path = std::env::temp_dir().join(format!("vmhost-tb-read-{}", std::process::id()));
+        let data: Vec<u8> = (0..(3u32 << 20) + 123)
+            .map(|i| i.to_le_bytes()[0])
+            .collect();
+        std::fs::write(&path, &data).expect("write the file");
+        let read = read_into_hugepages(&path, 0);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(read, Ok(data.len() as u64));
+    }
 }

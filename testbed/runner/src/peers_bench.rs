@@ -70,31 +70,12 @@ fn scrub_pool() -> Result<(), String> {
     if pages == 0 {
         return Ok(());
     }
-    let len = pages * PAGE;
-    // SAFETY: a new private anonymous mapping; no existing memory is affected.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(format!(
-            "scrub: mmap of {pages} free 2 MiB pages: {}",
-            std::io::Error::last_os_error()
-        ));
+    let mut map = host::HugeMap::new(pages * PAGE).map_err(|e| format!("scrub: {e}"))?;
+    for page in map.bytes().chunks_mut(PAGE) {
+        // A volatile write: the fault, not the value, is the point.
+        // SAFETY: `page` is a valid, writable, non-empty slice of the mapping.
+        unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 1) };
     }
-    let base = p.cast::<u8>();
-    for i in 0..pages {
-        // SAFETY: `i * PAGE < len`, inside the mapping made above, which is writable.
-        unsafe { base.add(i * PAGE).write_volatile(1) };
-    }
-    // SAFETY: the mapping made above, unmapped once; nothing refers to it after.
-    unsafe { libc::munmap(p, len) };
     Ok(())
 }
 
