@@ -27,6 +27,20 @@ pub fn gettid() -> i32 {
     i32::try_from(tid).unwrap_or(i32::MAX)
 }
 
+/// Keeps transparent huge pages out of `len` bytes at `addr` (`MADV_NOHUGEPAGE`), a mapping
+/// of this process not yet touched: a kernel whose THP mode is `always` would otherwise back
+/// a 2 MiB-aligned anonymous mapping of 2 MiB with one huge page at its first write, 2 MiB of
+/// resident memory for a few KiB used. A kernel without THP refuses the advice (`EINVAL`),
+/// and has no huge page to keep out.
+pub fn no_transparent_huge_pages(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: madvise only changes the kernel's paging advice for the range; the caller's
+    // mapping stays valid whatever the outcome, and no memory is read or written.
+    if unsafe { libc::madvise(addr.cast::<c_void>(), len, libc::MADV_NOHUGEPAGE) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Nanoseconds on `CLOCK_MONOTONIC` (0 if the clock cannot be read).
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmhost_memory::GuestMemoryMmap;
 
 /// 4 KiB.
@@ -240,6 +240,12 @@ impl BootLayout {
                     source,
                 }
             })?;
+        // Before the first write below: a few KiB of tables in a 2 MiB-aligned mapping that a
+        // THP-`always` host would back with a whole huge page (docs/benchmarks.md).
+        for region in mem.iter() {
+            let len = usize::try_from(region.len()).unwrap_or(0);
+            let _ = crate::sys::no_transparent_huge_pages(region.as_ptr(), len);
+        }
         let write = |gpa: u64, bytes: &[u8]| {
             mem.write_slice(bytes, GuestAddress(gpa))
                 .map_err(|source| BootError::Write { gpa, source })
@@ -453,6 +459,27 @@ mod tests {
         assert_eq!(walk(&l, 5 << 30), None);
         // One PML4, one PDPT, PDs for GiB 0, 3 and 4.
         assert_eq!(l.tables.len(), 5);
+    }
+
+    /// The kernel's account of the built area's mapping: `nh` (no huge pages) in its
+    /// `VmFlags` in `/proc/self/smaps`, whatever this host's THP mode.
+    #[test]
+    fn the_built_area_is_advised_against_transparent_huge_pages() {
+        let l = BootLayout::new(BASE, LIMIT, 2, &[0..(64 << 20), 0..0]).unwrap();
+        let mem = l.build(&[0u64; IDT_VECTORS]).unwrap();
+        let start = mem.iter().next().unwrap().as_ptr() as usize;
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut lines = smaps
+            .lines()
+            .skip_while(|l| !l.starts_with(&format!("{start:x}-")));
+        assert!(lines.next().is_some(), "no mapping at {start:#x} in smaps");
+        let flags = lines
+            .find_map(|l| l.strip_prefix("VmFlags:"))
+            .expect("VmFlags of the mapping");
+        assert!(
+            flags.split_whitespace().any(|f| f == "nh"),
+            "VmFlags: {flags}"
+        );
     }
 
     #[test]
