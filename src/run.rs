@@ -178,9 +178,9 @@ pub fn run(
     finish(plan, opts, ended, background.as_ref(), timeline)
 }
 
-/// What runs on the main thread once the guest runs: the watch for KVM's worker thread (it
-/// appears at the first `KVM_RUN`), then a migration target's ledger hand-over and report;
-/// none of it in a migration target's pause.
+/// What runs on the main thread once the guest runs: a background prefault's workers let go,
+/// the watch for KVM's worker thread (it appears at the first `KVM_RUN`), then a migration
+/// target's ledger hand-over and report; none of it in a migration target's pause.
 fn once_running(
     plan: &Plan,
     arrival: Option<crate::migrate::target::Arrival>,
