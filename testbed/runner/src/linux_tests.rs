@@ -125,7 +125,29 @@ fn guest_value(lines: &[BTreeMap<String, String>], key: &str) -> Option<String> 
 /// The serial log's tail, for failure messages.
 pub(crate) fn tail(serial: &str) -> String {
     let lines: Vec<&str> = serial.lines().collect();
-    lines[lines.len().saturating_sub(12)..].join(" | ")
+    let last = lines[lines.len().saturating_sub(12)..].join(" | ");
+    match oops(&lines) {
+        Some(oops) => format!("{last} || the guest kernel's own report: {oops}"),
+        None => last,
+    }
+}
+
+/// The guest kernel's report of a panic, oops or CPU exception, if the console holds one: up
+/// to 30 lines from its first line. The tail alone ends with vmhost's report, after it.
+fn oops(lines: &[&str]) -> Option<String> {
+    const MARKS: [&str; 7] = [
+        "Kernel panic",
+        "BUG:",
+        "Oops:",
+        "general protection fault",
+        "invalid opcode",
+        "double fault",
+        "unable to handle page fault",
+    ];
+    let first = lines
+        .iter()
+        .position(|l| MARKS.iter().any(|m| l.contains(m)))?;
+    Some(lines[first..lines.len().min(first + 30)].join(" | "))
 }
 
 /// Checks `nproc`, the online CPUs, each guest node (CPUs, memory, distances) and each CPU's
@@ -562,4 +584,27 @@ pub fn bzimage_from_9p_msize_256k(env: &Env) -> Outcome {
 /// A vmlinux (PVH) and initramfs on a 9p mount with `msize=262144` boot in place (issue 23).
 pub fn vmlinux_from_9p_msize_256k(env: &Env) -> Outcome {
     boot_from_small_msize(env, "vmlinux")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tail;
+
+    #[test]
+    fn a_guest_oops_is_quoted_beside_the_tail() {
+        let mut serial = String::from("GUEST cpu=0 package=0\n[    2.1] BUG: unable to handle page fault for address: 0\n[    2.1] RIP: 0010:foo\n");
+        for i in 0..20 {
+            serial.push_str(&format!("vmhost report line {i}\n"));
+        }
+        let t = tail(&serial);
+        let (last, report) = t.split_once(" || ").expect("the tail, then the report");
+        assert!(last.contains("vmhost report line 19"), "{t}");
+        assert!(!last.contains("vmhost report line 7 "), "{t}");
+        assert!(
+            report.starts_with("the guest kernel's own report: [    2.1] BUG: unable"),
+            "{t}"
+        );
+        assert!(report.contains("RIP: 0010:foo"), "{t}");
+        assert!(!tail("a\nb\n").contains("own report"));
+    }
 }
