@@ -61,7 +61,8 @@ fn scrubbing() -> bool {
 /// VMM pays for the pages the *earlier* VMMs' guests ran their kernels from: the pool hands
 /// pages out last-freed first, so a VMM that faults RAM in lazily gets the clean pages at
 /// the head and leaves the stale ones to the next VMM that takes the whole pool, which is
-/// vmhost prefaulting 256 MiB (docs/benchmarks.md, "The stale pages of other VMMs' guests").
+/// vmhost prefaulting 256 MiB (docs/benchmarks.md, "Where the time goes, and the stale pages
+/// of other VMMs' guests").
 /// A real CPU has no such cost.
 fn scrub_pool() -> Result<(), String> {
     const PAGE: usize = 2 << 20;
@@ -277,6 +278,7 @@ fn stop(child: &mut Child, what: &str) {
 }
 
 /// What the reader of a VMM's stdout gives back: the last lines, and a JSON report.
+#[derive(Default)]
 struct Output {
     tail: Vec<String>,
     json: String,
@@ -289,10 +291,7 @@ fn read_stdout(
     t0: Instant,
     tx: mpsc::Sender<(f64, Option<f64>)>,
 ) -> Output {
-    let mut out = Output {
-        tail: Vec::new(),
-        json: String::new(),
-    };
+    let mut out = Output::default();
     for line in BufReader::new(stdout).lines().map_while(Result::ok) {
         if line.contains("GUEST-INIT") {
             let uptime = crate::linux_bench::after(&line, "GUEST-INIT uptime=");
@@ -362,10 +361,7 @@ fn boot(
     }
     let counts = exits.read()?;
     let first_exit = first.first_ns()?.saturating_sub(spawn_ns) as f64 / 1e9;
-    let out = reader.join().unwrap_or(Output {
-        tail: Vec::new(),
-        json: String::new(),
-    });
+    let out = reader.join().unwrap_or_default();
     let tail = &out.tail;
     let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
     let (to_init, uptime) = to_init.or_else(|| rx.try_recv().ok()).ok_or_else(|| {
@@ -549,7 +545,7 @@ fn report(vmms: &[Vmm], runs: &[Vec<Run>], rounds: usize) {
 /// Where each VMM's time to `/init` goes: spawn → the guest's first VM exit (the VMM's own
 /// start), from there to the guest kernel's clock (`/init`'s time minus its uptime: the
 /// guest's earliest boot, and the VMM's work while the guest already runs), then the guest's
-/// uptime; vmhost's own timeline beside it; and the VMM start per pair.
+/// uptime; and the VMM start per pair.
 fn split_lines(vmms: &[Vmm], runs: &[Vec<Run>]) {
     println!(
         "     where the time to /init goes (medians): spawn -> the guest's first VM exit (the \
