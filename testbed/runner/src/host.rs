@@ -373,9 +373,21 @@ impl Drop for HugeMap {
 mod thread_state_tests {
     #[test]
     fn thread_states_lists_the_calling_thread_running() {
+        // The other tests of this binary start and end threads meanwhile, and a thread that
+        // ends during a read of `/proc/PID/task` can make the kernel skip the next entry: the
+        // probe reads the list again (a few times at most) until it finds itself.
         let named = std::thread::Builder::new()
             .name("tstate-probe".into())
-            .spawn(|| super::thread_states(std::process::id()))
+            .spawn(|| {
+                let mut states = String::new();
+                for _ in 0..20 {
+                    states = super::thread_states(std::process::id());
+                    if states.contains("tstate-probe ") {
+                        break;
+                    }
+                }
+                states
+            })
             .unwrap();
         let states = named.join().unwrap();
         assert!(
