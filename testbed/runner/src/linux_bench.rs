@@ -144,12 +144,17 @@ pub(crate) const PHASES: [(&str, &str); 7] = [
     ("vcpus_runnable_ns", "vCPUs runnable"),
 ];
 
-/// The JSON report at the end of `vmhost --json`'s stdout `out`.
+/// The JSON report at the end of `vmhost --json`'s stdout `out`
+/// (from its first line that is `{`, the first line of the text or a later one).
 pub(crate) fn json_report(out: &str) -> Result<serde_json::Value, String> {
-    let start = out
-        .find("\n{\n")
-        .ok_or("vmhost --json printed no JSON report")?;
-    serde_json::from_str(&out[start + 1..]).map_err(|e| format!("vmhost --json report: {e}"))
+    let start = if out.starts_with("{\n") {
+        0
+    } else {
+        out.find("\n{\n")
+            .ok_or("vmhost --json printed no JSON report")?
+            + 1
+    };
+    serde_json::from_str(&out[start..]).map_err(|e| format!("vmhost --json report: {e}"))
 }
 
 /// Each of [`PHASES`] in `report`, milliseconds after `spawn` (ns on `CLOCK_MONOTONIC`).
@@ -334,4 +339,22 @@ pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
         met(bg_ratio)
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_report;
+
+    #[test]
+    fn the_report_is_found_after_console_lines_or_at_the_start() {
+        let report = "{\n  \"timeline\": {\"main_ns\": 7}\n}\n";
+        for out in [
+            report.to_string(),
+            format!("GUEST-INIT uptime=1.0\n{report}"),
+        ] {
+            let v = json_report(&out).expect("the report");
+            assert_eq!(v["timeline"]["main_ns"], 7, "{out}");
+        }
+        assert!(json_report("no report here\n").is_err());
+    }
 }

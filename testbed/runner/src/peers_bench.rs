@@ -373,7 +373,7 @@ fn boot(
         "{what}: exit {status:?} after the guest's /init; last lines {tail:?}; stderr {stderr}"
     );
     let phases = if json {
-        phases_ms(&json_report(&format!("\n{}", out.json))?, spawn_ns)?
+        phases_ms(&json_report(&out.json)?, spawn_ns)?
     } else {
         Vec::new()
     };
