@@ -17,11 +17,13 @@
 //! On an authenticated stream ([`crate::auth`]) the header and every record (the end record
 //! too) are followed by a tag bound to a sequence number (0 for the header, then 1, 2, …) and
 //! the exact bytes of the header or record; see [`RecordMac`]. From version 3 it is a 16-byte
-//! Poly1305 tag with a one-time ChaCha20-derived key per record; before, a 32-byte
-//! HMAC-SHA256 tag. From version 2 an authenticated stream's records carry no CRC-64 (the field
-//! is 0 and not checked): the MAC already covers every byte, and the CRC was most of the
-//! sender's time in an emulated host without SHA extensions. Snapshot files (not
-//! authenticated) keep it; they are the same in versions 2 and 3.
+//! Poly1305 tag with a one-time ChaCha20-derived key per record (from version 4 a record's
+//! kind and flags are bound through that key's nonce and its payload is tagged where it lies);
+//! before, a 32-byte HMAC-SHA256 tag. From version 2 an authenticated stream's records carry
+//! no CRC-64 (the field is 0, and from version 4 a reader refuses anything else): the MAC
+//! already covers every byte, and the CRC was most of the sender's time in an emulated host
+//! without SHA extensions. Snapshot files (not authenticated) keep it; they are the same in
+//! versions 2, 3 and 4.
 //!
 //! A reader accepts its own format version and the one before it ([`FORMAT_VERSION`]).
 //! Version 1 is the first: there is no version 0, and a header that says 0 is refused as
@@ -36,9 +38,9 @@ use crate::auth::RecordMac;
 
 /// The first eight bytes of every container.
 pub const MAGIC: [u8; 8] = *b"VMHOSTPF";
-/// The format version this crate writes (3: Poly1305 record tags on authenticated streams;
-/// 2: no record CRC on them).
-pub const FORMAT_VERSION: u32 = 3;
+/// The format version this crate writes (4: record tags that bind the head through the nonce;
+/// 3: Poly1305 record tags on authenticated streams; 2: no record CRC on them).
+pub const FORMAT_VERSION: u32 = 4;
 /// The largest record payload a reader accepts (8 MiB + 4 KiB): a reader never allocates more
 /// than this for one record, whatever length a hostile input claims.
 pub const MAX_PAYLOAD: u32 = 8 * 1024 * 1024 + 4096;
@@ -504,7 +506,7 @@ impl<W: Write> Writer<W> {
         let tag = self
             .mac
             .as_mut()
-            .map(|m| (m.sign(&[&head, payload, &sum]), m.tag_len()));
+            .map(|m| (m.sign_record(&head, payload, &sum), m.tag_len()));
         let writing = Instant::now();
         let mut parts = [
             IoSlice::new(&head),
@@ -695,7 +697,9 @@ impl<R: Read> Reader<R> {
         if let Some(mac) = &mut self.mac {
             mac.use_format(version);
         }
-        self.check_tag(0, "the header".to_string(), &[&fixed, &rest])?;
+        self.check_tag(0, "the header".to_string(), |m, tag| {
+            m.verify(&[&fixed, &rest], tag)
+        })?;
         let vmhost_version = String::from_utf8(text.to_vec())
             .map_err(|_| ContainerError::BadVersionString { len })?;
         Ok(Header {
@@ -704,12 +708,13 @@ impl<R: Read> Reader<R> {
         })
     }
 
-    /// Reads the MAC tag after the bytes at `start` and checks it (authenticated readers only).
+    /// Reads the MAC tag after the bytes at `start` and checks it with `verify` (authenticated
+    /// readers only).
     fn check_tag(
         &mut self,
         start: u64,
         what: String,
-        parts: &[&[u8]],
+        verify: impl FnOnce(&mut RecordMac, &[u8]) -> bool,
     ) -> Result<(), ContainerError> {
         let Some(mut mac) = self.mac.take() else {
             return Ok(());
@@ -718,7 +723,7 @@ impl<R: Read> Reader<R> {
         let tag = &mut tag[..mac.tag_len()];
         let read = self.take(tag, &|| format!("the tag of {what}"));
         let seq = mac.seq();
-        let ok = read.is_ok() && mac.verify(parts, tag);
+        let ok = read.is_ok() && verify(&mut mac, tag);
         self.mac = Some(mac);
         read?;
         if !ok {
@@ -757,7 +762,9 @@ impl<R: Read> Reader<R> {
         let payload = self.take_payload(len, &what)?;
         let mut sum = [0u8; 8];
         self.take(&mut sum, &what)?;
-        self.check_tag(start, format!("{kind} record"), &[&head, &payload, &sum])?;
+        self.check_tag(start, format!("{kind} record"), |m, tag| {
+            m.verify_record(&head, &payload, &sum, tag)
+        })?;
         // The MAC just checked every byte of a version-2 authenticated record.
         let crc_checked = self.mac.is_none() || self.header.version < 2;
         let computed = if crc_checked {
@@ -883,9 +890,10 @@ mod tests {
         RECORD_HEADER + len as usize + 8
     }
 
-    /// Version 3 tags an authenticated stream's header and records with 16-byte Poly1305 tags,
-    /// a version-2 stream (32-byte HMAC-SHA256 tags) is still read, and version 1 is refused
-    /// as too old; neither authenticated version carries record CRCs, a plain container does.
+    /// Version 4 tags an authenticated stream's header and records with 16-byte Poly1305 tags
+    /// (record heads bound through the nonce), a version-3 stream (the tag of the record's
+    /// whole bytes) is still read, and version 2 is refused as too old; neither authenticated
+    /// version carries record CRCs, a plain container does.
     /// Records read into a recycled buffer (larger, then smaller, then larger than the last)
     /// are the records written; a payload cut short in a recycled buffer is named with its
     /// offset.
@@ -925,9 +933,9 @@ mod tests {
     }
 
     #[test]
-    fn authenticated_records_carry_poly1305_tags_from_version_3_and_version_2_still_reads() {
+    fn authenticated_records_carry_bound_tags_from_version_4_and_version_3_still_reads() {
         let payload = b"guest pages".repeat(100);
-        for (version, tag_len) in [(3, 16), (2, 32)] {
+        for (version, tag_len) in [(4, 16), (3, 16)] {
             let (bytes, sum, read) = authenticated_at(version, &payload);
             assert_eq!(sum, 0, "version {version}");
             assert_eq!(read.unwrap(), payload, "version {version}");
@@ -940,18 +948,18 @@ mod tests {
                 "version {version}"
             );
         }
-        let (_, _, read) = authenticated_at(1, &payload);
+        let (_, _, read) = authenticated_at(2, &payload);
         assert!(
             matches!(
                 read,
                 Err(ContainerError::VersionTooOld {
-                    found: 1,
-                    oldest: 2
+                    found: 2,
+                    oldest: 3
                 })
             ),
             "{read:?}"
         );
-        let (_, sum, _) = authenticated_at(3, &payload);
+        let (_, sum, _) = authenticated_at(4, &payload);
         assert_eq!(sum, 0);
         let mut plain = Writer::new(Vec::new(), "t").unwrap();
         plain.write_record(RecordKind::PAGES, &payload).unwrap();
@@ -967,14 +975,14 @@ mod tests {
         );
     }
 
-    /// A version-3 stream whose header is rewritten to say version 2 (CRC fixed up) fails the
+    /// A version-4 stream whose header is rewritten to say version 3 (CRC fixed up) fails the
     /// header's tag: the tag kind cannot be downgraded without the key.
     #[test]
     fn a_stream_relabelled_as_the_older_version_fails_its_header_tag() {
         let (src, tgt) = sessions();
-        let w = Writer::start_at(Vec::new(), 3, "t", Some(src.send)).unwrap();
+        let w = Writer::start_at(Vec::new(), 4, "t", Some(src.send)).unwrap();
         let mut forged = w.finish().unwrap();
-        forged[8..12].copy_from_slice(&2u32.to_le_bytes());
+        forged[8..12].copy_from_slice(&3u32.to_le_bytes());
         let crc = crc64(&forged[..15]);
         forged[15..23].copy_from_slice(&crc.to_le_bytes());
         let err = Reader::authenticated(&forged[..], &[RecordKind::PAGES], tgt.recv)
@@ -986,7 +994,7 @@ mod tests {
         );
         // The same bytes unaltered read (the refusal is the relabelling's).
         let (src, tgt) = sessions();
-        let w = Writer::start_at(Vec::new(), 3, "t", Some(src.send)).unwrap();
+        let w = Writer::start_at(Vec::new(), 4, "t", Some(src.send)).unwrap();
         let bytes = w.finish().unwrap();
         let mut r = Reader::authenticated(&bytes[..], &[], tgt.recv).unwrap();
         assert!(r.next_record().unwrap().is_none());
