@@ -43,6 +43,17 @@ pub struct JobStatus {
     pub seconds: f64,
     /// Why it failed.
     pub error: Option<String>,
+    /// When each step began, seconds since the start, in order (`queued` is not one).
+    pub phases: Vec<PhaseMark>,
+}
+
+/// A step of a job and when it began.
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseMark {
+    /// The step.
+    pub phase: String,
+    /// Seconds since the job started.
+    pub at: f64,
 }
 
 impl JobStatus {
@@ -53,6 +64,7 @@ impl JobStatus {
             phase: "queued".into(),
             seconds: 0.0,
             error: None,
+            phases: Vec::new(),
         }
     }
 }
@@ -89,9 +101,14 @@ pub trait Report: Serialize + Send + 'static {
         self.set_bytes(bytes);
         self.status_mut().seconds = seconds;
     }
-    /// The step the job is in.
-    fn set_phase(&mut self, phase: &str) {
-        self.status_mut().phase = phase.to_string();
+    /// The step the job is in, begun `at` seconds after the start.
+    fn set_phase(&mut self, phase: &str, at: f64) {
+        let s = self.status_mut();
+        s.phase = phase.to_string();
+        s.phases.push(PhaseMark {
+            phase: phase.to_string(),
+            at,
+        });
     }
 }
 
@@ -148,7 +165,9 @@ impl<P: Report> Shared<P> {
 
     /// Sets the running job's step.
     pub fn set_phase(&self, phase: &str) {
-        self.update(|p| p.set_phase(phase));
+        if let Some((p, started)) = lock(&self.progress).as_mut() {
+            p.set_phase(phase, started.elapsed().as_secs_f64());
+        }
     }
 
     /// Ends the report with the outcome; the lock stays held for the grace wait.

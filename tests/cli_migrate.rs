@@ -212,6 +212,34 @@ fn migrate_ok(d: &Path, source: &mut Child, from: &Path, listen: &str, api: &Pat
     );
     println!("{bytes} bytes sent, {} dirty rounds", dirty_rounds(&job));
     assert!(job["downtime_ms"].as_f64().is_some(), "{job:#}");
+    // Every step in order, each begun no earlier than the one before and within the job.
+    let phases: Vec<(&str, f64)> = job["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["phase"].as_str().unwrap(), m["at"].as_f64().unwrap()))
+        .collect();
+    let names: Vec<&str> = phases.iter().map(|p| p.0).collect();
+    assert_eq!(
+        names,
+        [
+            "connect",
+            "hello",
+            "streams",
+            "dirty-log",
+            "precopy",
+            "pause",
+            "final-round",
+            "state",
+            "commit"
+        ],
+        "{job:#}"
+    );
+    let total = job["seconds"].as_f64().unwrap();
+    assert!(
+        phases.windows(2).all(|w| w[0].1 <= w[1].1) && phases[8].1 <= total,
+        "{job:#}"
+    );
     assert!(job["target_plan"]["vcpus"].is_array(), "{job:#}");
     assert!(job["target_audit"].is_object(), "{job:#}");
     target.wait_line("migration committed");

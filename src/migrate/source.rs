@@ -84,8 +84,9 @@ impl SenderTime {
 /// docs/migration.md).
 #[derive(Debug, Clone, Serialize)]
 pub struct Progress {
-    /// State, phase (`connect`, `hello`, `precopy`, `pause`, `final-round`, `state`,
-    /// `commit`, `resume`, `done`), seconds since the start, the error.
+    /// State, phase (`connect`, `hello`, `streams`, `dirty-log`, `precopy`, `pause`,
+    /// `final-round`, `state`, `commit`, `resume`, `done`), seconds since the start, the
+    /// error, and when each phase began.
     #[serde(flatten)]
     pub status: JobStatus,
     /// Where the target listens.
@@ -210,6 +211,7 @@ fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared<Progress>) -> 
         ),
         timeout: req.timeout_s.map_or(DEFAULT_TIMEOUT, Duration::from_secs),
     };
+    shared.set_phase("streams");
     let mut cells = match open_cells(&to, &key, &source.plan) {
         Ok(c) => c,
         Err(e) => {
@@ -217,6 +219,7 @@ fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared<Progress>) -> 
             return Err(e);
         }
     };
+    shared.set_phase("dirty-log");
     source
         .handle
         .start_dirty_log()

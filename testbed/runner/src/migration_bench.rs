@@ -350,10 +350,30 @@ fn time_split(v: &Value) -> String {
         })
         .collect();
     format!(
-        "total {total:.3} s: outside the rounds and the pause {:.3} s; rounds: {}; pause {pause_s:.3} s",
+        "total {total:.3} s: outside the rounds and the pause {:.3} s; rounds: {}; pause {pause_s:.3} s; phases began at (s): {}",
         total - in_rounds - pause_s,
-        each.join("; ")
+        each.join("; "),
+        phase_marks(v)
     )
+}
+
+/// The report's phases and when each began (`connect 0.000, hello 0.012, …`).
+fn phase_marks(v: &Value) -> String {
+    v["phases"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|m| {
+                    format!(
+                        "{} {:.3}",
+                        m["phase"].as_str().unwrap_or("?"),
+                        m["at"].as_f64().unwrap_or(f64::NAN)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
 }
 
 /// A number of a JSON report, or an error naming it.
