@@ -379,12 +379,15 @@ fn cmd_receive(cli: &Cli, args: &cli::ReceiveArgs) -> Result<u8> {
     // Every thread filter compiled now, while no source is connected: after the commit the
     // threads that start before the guest runs again only install theirs.
     vmhost_seccomp::precompile().context("compiling the seccomp filters")?;
+    // The host's tree discovered now too, while no source is connected; its pools are read
+    // again when the source says hello (`start_vm`).
+    let host = host::load(&Default::default()).context("discovering this host's topology")?;
     let (spec, source, incoming) = migrate::target::accept(args)?;
     for w in &spec.warnings {
         eprintln!("{w}");
     }
     let start = run::Start::Incoming(Box::new(incoming));
-    start_vm(cli, &args.run, spec, source, start, timeline)
+    start_vm_on(cli, &args.run, (spec, source), Some(host), start, timeline)
 }
 
 /// The spec's text, kept for snapshots.
@@ -400,15 +403,35 @@ fn spec_source(cli: &Cli) -> Result<SpecSource> {
 fn start_vm(
     cli: &Cli,
     args: &RunArgs,
-    mut spec: LoadedSpec,
+    spec: LoadedSpec,
     source: SpecSource,
+    start: run::Start,
+    timeline: timeline::Timeline,
+) -> Result<u8> {
+    start_vm_on(cli, args, (spec, source), None, start, timeline)
+}
+
+/// [`start_vm`] on a host discovered ahead (`Some`: its pools are read again), or on this
+/// host discovered now.
+fn start_vm_on(
+    cli: &Cli,
+    args: &RunArgs,
+    (mut spec, source): (LoadedSpec, SpecSource),
+    host: Option<vmhost_topology::HostTopology>,
     mut start: run::Start,
     mut timeline: timeline::Timeline,
 ) -> Result<u8> {
     check_boot_inputs(&spec.spec.boot)?;
     signals::stop_if_requested("while the spec was read")?;
     timeline.spec_loaded_ns = timeline::now_ns();
-    let host = host::load(&Default::default()).context("discovering this host's topology")?;
+    let host = match host {
+        Some(mut h) => {
+            vmhost_topology::refresh_live(&mut h)
+                .context("reading this host's hugepage pools again")?;
+            h
+        }
+        None => host::load(&Default::default()).context("discovering this host's topology")?,
+    };
     signals::stop_if_requested("while the host's topology was read")?;
     timeline.host_discovered_ns = timeline::now_ns();
     let run_dir = vms::run_dir(cli.run_dir.as_deref());

@@ -76,6 +76,10 @@ pub fn accept(
         invalid(format!("--auth-key {}: {e:#}", args.auth_key.display()))
     })?;
     let at: super::wire::Endpoint = args.listen.parse().map_err(invalid)?;
+    // This host's KVM, probed once (a throwaway VM) before any source connects: the TSC rule
+    // at the hello, the vCPUs' CPUID when the state arrives, and neither inside the
+    // migration's time.
+    let caps = TargetCaps::of_this_host().context("probing this host's KVM")?;
     let listener = Listener::bind(&at)?;
     eprintln!("vmhost: receive: listening on {at}");
     let mut channel = loop {
@@ -88,7 +92,7 @@ pub fn accept(
             Err(e) => eprintln!("vmhost: receive: refused a connection on {peer}: {e:#}"),
         }
     };
-    match read_hello(&mut channel, args.same_distances) {
+    match read_hello(&mut channel, args.same_distances, caps) {
         Ok((spec, source, hello, identity, caps)) => Ok((
             spec,
             source,
@@ -115,6 +119,7 @@ pub fn accept(
 fn read_hello(
     channel: &mut Channel,
     same_distances: bool,
+    caps: TargetCaps,
 ) -> Result<(
     vmhost_config::LoadedSpec,
     SpecSource,
@@ -142,9 +147,6 @@ fn read_hello(
             hello.cpu_vendor
         )));
     }
-    // This host's KVM, probed once (a throwaway VM): the TSC rule now, the vCPUs' CPUID when
-    // the state arrives, without a probe VM while the guest is paused.
-    let caps = TargetCaps::of_this_host().context("probing this host's KVM")?;
     check_tsc(hello.tsc_khz, &caps)?;
     let source: SpecSource = serde_json::from_value(hello.spec.clone())
         .map_err(|e| invalid(format!("the source's spec record is not valid: {e}")))?;

@@ -41,7 +41,9 @@ mod udev;
 
 pub use error::{BackendError, TopologyError};
 pub use hugepages::{apply_hugepages, parse_hugepages_arg, HugepageArg};
-pub use load::{discover, load_synthetic, load_xml, restrict_allowed, LOADED_HUGEPAGE_SIZES};
+pub use load::{
+    discover, load_synthetic, load_xml, refresh_live, restrict_allowed, LOADED_HUGEPAGE_SIZES,
+};
 pub use model::*;
 pub use render::render_text;
 

@@ -51,6 +51,31 @@ pub fn discover() -> Result<HostTopology, TopologyError> {
     Ok(topo)
 }
 
+/// Reads again what changes on a running host, into a topology [`discover`] built earlier:
+/// the per-node hugepage pools (free pages above all), the cgroup's memory nodes and its
+/// hugetlb limits. The tree, distances and CPU sets stay as discovered. For a process that
+/// discovers the host ahead (a migration target waiting for its source) and admits a VM
+/// later. A topology that is not live is left as it is.
+pub fn refresh_live(topo: &mut HostTopology) -> Result<(), TopologyError> {
+    if topo.source != TopologySource::Live {
+        return Ok(());
+    }
+    let sysfs = Sysfs {
+        root: Path::new(sysfs::ROOT),
+    };
+    let single_node = topo.nodes.len() == 1;
+    for node in &mut topo.nodes {
+        node.hugepages = sysfs.node_hugepages(node.os_index, single_node)?;
+    }
+    let cgroups = Cgroups {
+        membership: Path::new(cgroup::MEMBERSHIP),
+        mount: Path::new(cgroup::MOUNT),
+    };
+    topo.allowed_mems = cgroups.allowed_mems()?;
+    topo.hugetlb_limits = cgroups.hugetlb_limits(&topo.hugepage_sizes)?;
+    Ok(())
+}
+
 /// Load a topology from an hwloc XML file as `lstopo --of xml FILE` writes it.
 ///
 /// Hugepage pools are empty (see [`crate::apply_hugepages`]), `hugepage_sizes` is

@@ -7,7 +7,9 @@ mod common;
 use std::{fs, path::Path};
 
 use common::{all_pus, check_consistent};
-use vmhost_topology::{cpulist, discover, HostTopology, HugepagePool, TopologySource};
+use vmhost_topology::{
+    cpulist, discover, refresh_live, HostTopology, HugepagePool, TopologySource,
+};
 
 fn read(path: impl AsRef<Path>) -> String {
     let path = path.as_ref();
@@ -122,6 +124,37 @@ fn pinned_calling_thread_still_reports_the_process_mask() {
     .join()
     .unwrap();
     assert_eq!(from_thread, expected);
+}
+
+/// A topology discovered earlier, whose pools have since gone stale (here: every count made
+/// impossible), reads the kernel's pools again; the tree and the CPU sets stay as they were.
+#[test]
+fn refresh_live_reads_the_pools_again_and_keeps_the_tree() {
+    let nodes = sysfs_nodes();
+    let fresh = discover().unwrap();
+    for _ in 0..20 {
+        let mut stale = fresh.clone();
+        for node in &mut stale.nodes {
+            for pool in &mut node.hugepages {
+                (pool.total, pool.free) = (u64::MAX, u64::MAX);
+            }
+        }
+        stale.hugetlb_limits.clear();
+        let before = sysfs_pools(&nodes);
+        refresh_live(&mut stale).unwrap();
+        let after = sysfs_pools(&nodes);
+        if before != after {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            continue;
+        }
+        assert_eq!(node_pools(&stale), before);
+        assert_eq!(stale.cores, fresh.cores);
+        assert_eq!(stale.distances, fresh.distances);
+        assert_eq!(stale.allowed_cpus, fresh.allowed_cpus);
+        assert_eq!(stale.allowed_mems, discover().unwrap().allowed_mems);
+        return;
+    }
+    panic!("hugepage pools in sysfs kept changing while refreshing");
 }
 
 #[test]
