@@ -343,7 +343,15 @@ pub fn vmlinux_two_cells_acpi_shutdown(env: &Env) -> Outcome {
     let serial = std::fs::read_to_string(&out).unwrap_or_default();
     ensure!(
         code == 0 && serial.contains("GUEST power button pressed") && serial.contains("PoweredOff"),
-        "after PUT /vm/shutdown: exit {code}, want 0 with the guest powering off itself: {}; stderr: {}",
+        "after PUT /vm/shutdown: exit {code}, want 0 with the guest powering off itself; the \
+         guest's last GUEST lines: {}; the output's tail: {}; stderr: {}",
+        serial
+            .lines()
+            .filter(|l| l.starts_with("GUEST"))
+            .rev()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" | "),
         tail(&serial),
         vm.stderr()
     );
