@@ -168,11 +168,15 @@ fn page_and_cell_sizes_are_checked() {
 fn is_zero_page_sees_every_byte() {
     let mut page = vec![0u8; PS + 7];
     assert!(is_zero_page(&page));
-    for at in [0, 63, 64, PS - 1, PS, PS + 6] {
-        page[at] = 1;
-        assert!(!is_zero_page(&page), "byte {at}");
-        page[at] = 0;
+    for at in 0..page.len() {
+        for bit in [0x01, 0x80] {
+            page[at] = bit;
+            assert!(!is_zero_page(&page), "byte {at}, bit {bit:#x}");
+            page[at] = 0;
+        }
     }
+    assert!(is_zero_page(&page));
+    assert!(is_zero_page(&[]));
 }
 
 proptest! {
