@@ -94,28 +94,19 @@ pub fn run(
 ) -> Result<u8> {
     let sec_at_start = crate::overhead::sec_page_tables();
     let (enforcement, signals) = prepare(plan, opts)?;
-    let mut memory = match guest_memory(plan, enforcement.as_deref(), &signals, opts.prefault)? {
-        Ok(memory) => memory,
+    // The handle the VM answers through, before the VM exists.
+    let handle = VmHandle::unbuilt(plan.vcpus.len());
+    let ready = ready_memory(
+        (spec, plan, admission),
+        (&enforcement, &signals),
+        opts,
+        &handle,
+        &mut start,
+    )?;
+    let (mut memory, shell, early, mut api) = match ready {
+        Ok(ready) => ready,
         Err(stopped) => return Ok(stopped_before_start(plan, &stopped)),
     };
-    // A migration target whose RAM is all in place records and audits it before the rounds:
-    // the pages do not move when the rounds write them, and the source pauses only after the
-    // last round, so this is not in the guest's downtime.
-    let early = (matches!(start, Start::Incoming(_))
-        && opts.prefault == PrefaultTiming::BeforeStart)
-        .then(|| taken(&memory, admission))
-        .transpose()?;
-    // The handle the VM answers through, before the VM exists: a target that audited early
-    // serves its API now, outside the guest's downtime, and a socket it cannot bind fails the
-    // move before any page of it moves.
-    let handle = VmHandle::unbuilt(plan.vcpus.len());
-    let view = |audit| ApiView::new(spec, plan, audit, &handle, memory.regions().to_vec());
-    let mut api = early
-        .as_ref()
-        .map(|audit| serve_api(view(audit), enforcement.as_ref(), opts))
-        .transpose()?
-        .flatten();
-    let shell = fill_memory(&memory, plan, &mut start, opts)?;
     // A migration target: the guest's state is here; the source is paused until the commit.
     let resume = matches!(start, Start::Incoming(_))
         .then(|| Arc::new(crate::migrate::resume::ResumeClock::start()));
@@ -237,6 +228,96 @@ fn commit(
     inc.commit(plan, audit, admission, opts.json)
 }
 
+/// Guest RAM allocated, bound, prefaulted and filled from the snapshot or the migration;
+/// the VM's shell (a migration target's), the audit and API a target made while its rounds
+/// arrived; `Err(Stopped)` when a stop signal cancelled the prefault.
+#[allow(clippy::type_complexity)]
+fn ready_memory(
+    (spec, plan, admission): (&VmSpec, &Plan, &crate::vms::Admission),
+    (enforcement, signals): (&Option<Arc<Enforcement>>, &StopSignals),
+    opts: &RunOptions,
+    handle: &VmHandle,
+    start: &mut Start,
+) -> Result<
+    Result<
+        (
+            GuestMemory,
+            Option<VmShell>,
+            Option<Audit>,
+            Option<vmhost_api::ApiServer>,
+        ),
+        Stopped,
+    >,
+> {
+    // A migration target prefaults its RAM while the rounds arrive: allocated and bound
+    // here, faulted in beside the receivers.
+    let early_target =
+        matches!(start, Start::Incoming(_)) && opts.prefault == PrefaultTiming::BeforeStart;
+    let timing = match early_target {
+        true => PrefaultTiming::Background,
+        false => opts.prefault,
+    };
+    let mut memory = match guest_memory(plan, enforcement.as_deref(), signals, timing)? {
+        Ok(memory) => memory,
+        Err(stopped) => return Ok(Err(stopped)),
+    };
+    let (shell, early, api) = if early_target {
+        target_memory(
+            spec,
+            plan,
+            admission,
+            &memory,
+            handle,
+            start,
+            (enforcement, opts),
+        )?
+    } else {
+        let (shell, _) = fill_memory(&memory, plan, start, opts, || Ok(()))?;
+        (shell, None, None)
+    };
+    let early = early.map(|(done, audit)| {
+        if let Some(done) = done {
+            memory.mark_prefaulted(done);
+        }
+        audit
+    });
+    Ok(Ok((memory, shell, early, api)))
+}
+
+/// What a migration target did to its RAM while the rounds arrived: the prefault's outcome
+/// and time (`None`: nothing was deferred), and the residency audit read after it.
+type EarlyMemory = (Option<(vmhost_memory::PrefaultStats, f64)>, Audit);
+
+/// A migration target's RAM prefaulted (`--prefault before-start`), recorded in the ledger
+/// and audited while the rounds arrive, and its API served then: the pages do not move when
+/// the rounds write them, and the source pauses only after the last round, so none of this
+/// holds the rounds back or is in the guest's downtime. An API socket that cannot be served
+/// fails the move before the commit (the source runs on). The VM's shell, the prefault's
+/// outcome and time, the audit and the API.
+fn target_memory(
+    spec: &VmSpec,
+    plan: &Plan,
+    admission: &crate::vms::Admission,
+    memory: &GuestMemory,
+    handle: &VmHandle,
+    start: &mut Start,
+    (enforcement, opts): (&Option<Arc<Enforcement>>, &RunOptions),
+) -> Result<(
+    Option<VmShell>,
+    Option<EarlyMemory>,
+    Option<vmhost_api::ApiServer>,
+)> {
+    let (shell, early) = fill_memory(memory, plan, start, opts, || {
+        let done = memory.prefault_deferred()?;
+        let audit = taken(memory, admission)?;
+        let view = ApiView::new(spec, plan, &audit, handle, memory.regions().to_vec());
+        let api = serve_api(view, enforcement.as_ref(), opts)?;
+        Ok((done, audit, api))
+    })?;
+    let (done, audit, api) = early.context("the rounds ended before the memory was ready")?;
+    Ok((shell, Some((done, audit)), api))
+}
+
 /// After guest RAM is filled (or, for a boot, allocated): starts the background prefault
 /// that `--prefault background` deferred, or else narrows the cgroup's cpuset to the envelope
 /// (after a migration target's rounds: its receivers run on their cells' nodes, outside the
@@ -344,20 +425,24 @@ fn vm_options(
 /// Fills guest memory from the snapshot or the migration source before the VM exists. A
 /// migration target builds its VM's shell meanwhile, on another thread ([`VmShell`]: the KVM
 /// VM, memslots, irqchip, CPUID), so that only the state is loaded while the source is paused.
-fn fill_memory(
+///
+/// A migration target runs `meanwhile` on this thread while the rounds arrive and returns its
+/// result; a boot or restore does not run it.
+fn fill_memory<T>(
     memory: &GuestMemory,
     plan: &Plan,
     start: &mut Start,
     opts: &RunOptions,
-) -> Result<Option<VmShell>> {
+    meanwhile: impl FnOnce() -> Result<T>,
+) -> Result<(Option<VmShell>, Option<T>)> {
     match start {
-        Start::Boot => Ok(None),
+        Start::Boot => Ok((None, None)),
         // The memory files are checked as they load, before `/dev/kvm` is opened for the
         // host check: a damaged one is refused before either.
         Start::Restore { restored: r, .. } => {
             crate::restore::load_memory(memory, plan, r, opts.json)?;
             crate::restore::check_this_host(r)?;
-            Ok(None)
+            Ok((None, None))
         }
         Start::Incoming(inc) => std::thread::scope(|scope| {
             let shell = std::thread::Builder::new()
@@ -367,13 +452,14 @@ fn fill_memory(
                 })
                 .context("starting the thread that builds the VM")?;
             let received = inc
-                .receive(memory, plan)
+                .receive(memory, plan, meanwhile)
                 .context("receiving the migrating VM");
             let shell = shell
                 .join()
                 .map_err(|_| anyhow::anyhow!("the thread that builds the VM panicked"))?;
-            received?;
-            shell.context("building the VM for the incoming guest")
+            let early = received?;
+            let shell = shell.context("building the VM for the incoming guest")?;
+            Ok((shell, Some(early)))
         }),
     }
 }

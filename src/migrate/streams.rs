@@ -66,15 +66,19 @@ pub fn accept_cells(
     Ok(got.into_iter().collect())
 }
 
-/// Receives every cell's rounds on its stream, by pinned workers, while `await_state` reads
-/// the control connection (`control`) on this thread; the rounds received.
-pub fn receive_all(
+/// Receives every cell's rounds on its stream, by pinned workers; meanwhile this thread runs
+/// `meanwhile` (the target's work that need not hold the rounds back), then `await_state`,
+/// which reads the control connection (`control`). The rounds received and what `meanwhile`
+/// returned. A `meanwhile` that fails closes every connection, so the receivers and the
+/// source end, and is the error.
+pub fn receive_all<T>(
     memory: &GuestMemory,
     plan: &Plan,
     cells: Vec<(u32, Channel)>,
     control: &Stream,
+    meanwhile: impl FnOnce() -> Result<T>,
     await_state: impl FnOnce() -> Result<()>,
-) -> Result<Vec<Received>> {
+) -> Result<(Vec<Received>, T)> {
     let page_streams: Vec<Stream> = cells.iter().map(|(_, c)| c.stream()).collect();
     let regions = memory.regions();
     std::thread::scope(|scope| {
@@ -99,8 +103,15 @@ pub fn receive_all(
                 }
             }
         }
-        let state = await_state();
-        if state.is_err() {
+        let early = meanwhile();
+        let state = match &early {
+            Ok(_) => await_state(),
+            Err(_) => {
+                control.shutdown();
+                Ok(())
+            }
+        };
+        if state.is_err() || early.is_err() {
             page_streams.iter().for_each(Stream::shutdown);
         }
         let mut rounds = Vec::new();
@@ -116,12 +127,13 @@ pub fn receive_all(
                 }
             }
         }
-        // The source's cancel says most; then a worker's own error says more than the
-        // control connection it closed.
+        // This side's own failure first; then the source's cancel says most; then a worker's
+        // own error says more than the control connection it closed.
+        let early = early?;
         match (first_err, state) {
             (_, Err(e)) if e.is::<super::PeerCancelled>() => Err(e),
             (Some(e), _) | (None, Err(e)) => Err(e),
-            (None, Ok(())) => Ok(rounds),
+            (None, Ok(())) => Ok((rounds, early)),
         }
     })
 }

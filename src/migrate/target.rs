@@ -234,9 +234,15 @@ impl Incoming {
     }
 
     /// Accepts the page streams, then fills `memory` from them (one pinned worker per cell)
-    /// until the VM state arrives on the control connection; checks that this host can run
-    /// the saved vCPUs (CPUID, TSC). Before `/dev/kvm` is opened for the VM.
-    pub fn receive(&mut self, memory: &GuestMemory, plan: &Plan) -> Result<()> {
+    /// until the VM state arrives on the control connection, running `meanwhile` on this
+    /// thread as the rounds arrive; checks that this host can run the saved vCPUs (CPUID,
+    /// TSC). Before `/dev/kvm` is opened for the VM. Returns what `meanwhile` returned.
+    pub fn receive<T>(
+        &mut self,
+        memory: &GuestMemory,
+        plan: &Plan,
+        meanwhile: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
         let listener = self
             .listener
             .take()
@@ -244,19 +250,20 @@ impl Incoming {
         let cells = super::streams::accept_cells(&listener, &self.key, plan)?;
         drop(listener);
         let control = self.channel.stream();
-        let rounds = super::streams::receive_all(memory, plan, cells, &control, || {
-            let rec = self.channel.recv("the VM state")?;
-            match rec.kind {
-                RecordKind::VM_STATE => self.take_state(&rec.payload),
-                _ => Err(
-                    expect::<msg::Cancel>(&rec, RecordKind::VM_STATE, "VM state")
-                        .err()
-                        .unwrap_or_else(|| anyhow::anyhow!("the source sent no VM state")),
-                ),
-            }
-        })?;
+        let (rounds, early) =
+            super::streams::receive_all(memory, plan, cells, &control, meanwhile, || {
+                let rec = self.channel.recv("the VM state")?;
+                match rec.kind {
+                    RecordKind::VM_STATE => self.take_state(&rec.payload),
+                    _ => Err(
+                        expect::<msg::Cancel>(&rec, RecordKind::VM_STATE, "VM state")
+                            .err()
+                            .unwrap_or_else(|| anyhow::anyhow!("the source sent no VM state")),
+                    ),
+                }
+            })?;
         self.rounds = rounds;
-        Ok(())
+        Ok(early)
     }
 
     fn take_state(&mut self, payload: &[u8]) -> Result<()> {

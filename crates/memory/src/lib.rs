@@ -345,6 +345,38 @@ impl GuestMemory {
         self.start_background_prefault_at(on_done, gate)
     }
 
+    /// Runs the prefault that [`PrefaultTiming::Background`] deferred here and now, with this
+    /// thread's workers pinned to each cell's node, while other threads may be writing guest
+    /// RAM: both prefault methods leave a page's bytes as they are (`MADV_POPULATE_WRITE`
+    /// faults in only what is missing; the touch loop adds zero atomically). A migration
+    /// target runs it beside the page receivers, so the rounds need not wait for the zeroing
+    /// of RAM they will overwrite anyway. Returns what the workers did and how long it took;
+    /// hand both to [`mark_prefaulted`](Self::mark_prefaulted). Nothing deferred: `None`.
+    pub fn prefault_deferred(&self) -> Result<Option<(PrefaultStats, f64)>, MemoryError> {
+        let Some(options) = &self.deferred else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let borrowed = background::borrow_targets(&self.targets, &self.regions);
+        let stats =
+            prefault::prefault(&borrowed, options).map_err(|source| MemoryError::Prefault {
+                vm: self.name.clone(),
+                source,
+            })?;
+        Ok(Some((stats, started.elapsed().as_secs_f64())))
+    }
+
+    /// Records a [`prefault_deferred`](Self::prefault_deferred) that completed: the RAM now
+    /// counts as prefaulted before the start (nothing is left for a background prefault).
+    pub fn mark_prefaulted(&mut self, (stats, seconds): (PrefaultStats, f64)) {
+        self.deferred = None;
+        self.prefault = stats;
+        self.timings.push(StepTime {
+            step: Step::Prefault,
+            seconds,
+        });
+    }
+
     /// [`start_background_prefault`](Self::start_background_prefault), with the workers held
     /// back until `gate` is opened (or the guest memory dropped).
     pub fn start_background_prefault_at(
