@@ -103,7 +103,12 @@ pub fn run(
         &handle,
         &mut start,
     )?;
-    let (mut memory, shell, early, mut api) = match ready {
+    let ReadyMemory {
+        mut memory,
+        shell,
+        early,
+        mut api,
+    } = match ready {
         Ok(ready) => ready,
         Err(stopped) => return Ok(stopped_before_start(plan, &stopped)),
     };
@@ -228,27 +233,26 @@ fn commit(
     inc.commit(plan, audit, admission, opts.json)
 }
 
+/// Guest RAM ready for the VM, and what a migration target made while its rounds arrived.
+struct ReadyMemory {
+    memory: GuestMemory,
+    /// A migration target's VM shell ([`fill_memory`]).
+    shell: Option<VmShell>,
+    /// A migration target's residency audit, read while the rounds arrived.
+    early: Option<Audit>,
+    /// A migration target's control API, served then.
+    api: Option<vmhost_api::ApiServer>,
+}
+
 /// Guest RAM allocated, bound, prefaulted and filled from the snapshot or the migration;
-/// the VM's shell (a migration target's), the audit and API a target made while its rounds
-/// arrived; `Err(Stopped)` when a stop signal cancelled the prefault.
-#[allow(clippy::type_complexity)]
+/// `Err(Stopped)` when a stop signal cancelled the prefault.
 fn ready_memory(
     (spec, plan, admission): (&VmSpec, &Plan, &crate::vms::Admission),
     (enforcement, signals): (&Option<Arc<Enforcement>>, &StopSignals),
     opts: &RunOptions,
     handle: &VmHandle,
     start: &mut Start,
-) -> Result<
-    Result<
-        (
-            GuestMemory,
-            Option<VmShell>,
-            Option<Audit>,
-            Option<vmhost_api::ApiServer>,
-        ),
-        Stopped,
-    >,
-> {
+) -> Result<Result<ReadyMemory, Stopped>> {
     // A migration target prefaults its RAM while the rounds arrive: allocated and bound
     // here, faulted in beside the receivers.
     let early_target =
@@ -261,27 +265,33 @@ fn ready_memory(
         Ok(memory) => memory,
         Err(stopped) => return Ok(Err(stopped)),
     };
-    let (shell, early, api) = if early_target {
-        target_memory(
-            spec,
-            plan,
-            admission,
-            &memory,
-            handle,
-            start,
-            (enforcement, opts),
-        )?
-    } else {
+    if !early_target {
         let (shell, _) = fill_memory(&memory, plan, start, opts, || Ok(()))?;
-        (shell, None, None)
-    };
-    let early = early.map(|(done, audit)| {
-        if let Some(done) = done {
-            memory.mark_prefaulted(done);
-        }
-        audit
-    });
-    Ok(Ok((memory, shell, early, api)))
+        let (early, api) = (None, None);
+        return Ok(Ok(ReadyMemory {
+            memory,
+            shell,
+            early,
+            api,
+        }));
+    }
+    let (shell, (done, audit), api) = target_memory(
+        (spec, plan, admission),
+        &memory,
+        handle,
+        start,
+        (enforcement, opts),
+    )?;
+    if let Some(done) = done {
+        memory.mark_prefaulted(done);
+    }
+    let early = Some(audit);
+    Ok(Ok(ReadyMemory {
+        memory,
+        shell,
+        early,
+        api,
+    }))
 }
 
 /// What a migration target did to its RAM while the rounds arrived: the prefault's outcome
@@ -293,20 +303,14 @@ type EarlyMemory = (Option<(vmhost_memory::PrefaultStats, f64)>, Audit);
 /// the rounds write them, and the source pauses only after the last round, so none of this
 /// holds the rounds back or is in the guest's downtime. An API socket that cannot be served
 /// fails the move before the commit (the source runs on). The VM's shell, the prefault's
-/// outcome and time, the audit and the API.
+/// outcome and time with the audit, and the API.
 fn target_memory(
-    spec: &VmSpec,
-    plan: &Plan,
-    admission: &crate::vms::Admission,
+    (spec, plan, admission): (&VmSpec, &Plan, &crate::vms::Admission),
     memory: &GuestMemory,
     handle: &VmHandle,
     start: &mut Start,
     (enforcement, opts): (&Option<Arc<Enforcement>>, &RunOptions),
-) -> Result<(
-    Option<VmShell>,
-    Option<EarlyMemory>,
-    Option<vmhost_api::ApiServer>,
-)> {
+) -> Result<(Option<VmShell>, EarlyMemory, Option<vmhost_api::ApiServer>)> {
     let (shell, early) = fill_memory(memory, plan, start, opts, || {
         let done = memory.prefault_deferred()?;
         let audit = taken(memory, admission)?;
@@ -315,7 +319,7 @@ fn target_memory(
         Ok((done, audit, api))
     })?;
     let (done, audit, api) = early.context("the rounds ended before the memory was ready")?;
-    Ok((shell, Some((done, audit)), api))
+    Ok((shell, (done, audit), api))
 }
 
 /// After guest RAM is filled (or, for a boot, allocated): starts the background prefault
