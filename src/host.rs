@@ -14,6 +14,11 @@ pub fn load(args: &HostArgs) -> Result<HostTopology> {
     load_source(args.topology.as_deref(), args)
 }
 
+/// This host, discovered (no `--topology`, `--hugepages` or `--allowed-cpus`).
+pub fn this_host() -> Result<HostTopology> {
+    load(&HostArgs::default())
+}
+
 /// Like [`load`], with the topology source given separately.
 pub fn load_source(topology: Option<&str>, args: &HostArgs) -> Result<HostTopology> {
     let mut host = match topology {

@@ -381,7 +381,7 @@ fn cmd_receive(cli: &Cli, args: &cli::ReceiveArgs) -> Result<u8> {
     vmhost_seccomp::precompile().context("compiling the seccomp filters")?;
     // The host's tree discovered now too, while no source is connected; its pools are read
     // again when the source says hello (`start_vm`).
-    let host = host::load(&Default::default()).context("discovering this host's topology")?;
+    let host = host::this_host()?;
     let (spec, source, incoming) = migrate::target::accept(args)?;
     for w in &spec.warnings {
         eprintln!("{w}");
@@ -430,7 +430,7 @@ fn start_vm_on(
                 .context("reading this host's hugepage pools again")?;
             h
         }
-        None => host::load(&Default::default()).context("discovering this host's topology")?,
+        None => host::this_host()?,
     };
     signals::stop_if_requested("while the host's topology was read")?;
     timeline.host_discovered_ns = timeline::now_ns();
@@ -585,7 +585,7 @@ fn cmd_ctl(cli: &Cli, args: &cli::CtlArgs) -> Result<u8> {
 
 /// `vmhost bench numa`.
 fn cmd_bench_numa(cli: &Cli, args: &cli::NumaBenchArgs) -> Result<u8> {
-    let host = host::load(&Default::default()).context("discovering this host's topology")?;
+    let host = host::this_host()?;
     if args.host_only {
         let mut ha = vmhost_bench::HostOnlyArgs::new(host);
         ha.repeat = args.repeat;

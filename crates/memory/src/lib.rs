@@ -297,30 +297,13 @@ impl GuestMemory {
         })
         .map_err(|source| MemoryError::Backing { vm: vm(), source })?;
         let targets = prefault_targets(plan, &regions);
-        let (stats, deferred) = match opts.timing {
-            PrefaultTiming::BeforeStart => {
-                let borrowed = background::borrow_targets(&targets, &regions);
-                let stats = timed(&mut timings, Step::Prefault, || {
-                    prefault::prefault(&borrowed, &opts.prefault)
-                })
-                .map_err(|source| MemoryError::Prefault { vm: vm(), source })?;
-                (stats, None)
-            }
-            PrefaultTiming::Background => (
-                PrefaultStats {
-                    method: opts.prefault.method,
-                    cells: Vec::new(),
-                },
-                Some(opts.prefault.clone()),
-            ),
-        };
         let memory = GuestMemoryMmap::from_arc_regions(
             regions.iter().map(|r| Arc::clone(&r.region)).collect(),
         )
         .map_err(|source| MemoryError::Regions { vm: vm(), source })?;
-        Ok(GuestMemory {
+        let mut guest = GuestMemory {
             background: None,
-            deferred,
+            deferred: Some(opts.prefault.clone()),
             name: plan.name.clone(),
             memory,
             layout,
@@ -329,9 +312,18 @@ impl GuestMemory {
             hugetlb: matches!(plan.backing, Backing::Hugetlb { .. }),
             policy: opts.policy_override.clone(),
             admission,
-            prefault: stats,
+            prefault: PrefaultStats {
+                method: opts.prefault.method,
+                cells: Vec::new(),
+            },
             timings,
-        })
+        };
+        if opts.timing == PrefaultTiming::BeforeStart {
+            if let Some(done) = guest.prefault_deferred()? {
+                guest.mark_prefaulted(done);
+            }
+        }
+        Ok(guest)
     }
 
     /// Starts the prefault that [`PrefaultTiming::Background`] deferred, on a

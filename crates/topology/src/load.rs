@@ -11,7 +11,7 @@ use crate::{
     cgroup::{self, Cgroups},
     error::TopologyError,
     hwloc::{self, BackendOrModel, HwlocView},
-    model::{Distances, HostTopology, TopologySource},
+    model::{Distances, HostTopology, NumaNode, TopologySource},
     sysfs::{self, Sysfs},
 };
 
@@ -35,20 +35,36 @@ pub fn discover() -> Result<HostTopology, TopologyError> {
     let view = hwloc::live()?;
     let affinity =
         crate::affinity::process().map_err(|source| TopologyError::Affinity { source })?;
-    let mut topo = assemble_live(
-        view,
-        Sysfs {
-            root: Path::new(sysfs::ROOT),
-        },
-        &affinity,
-    )?;
+    let mut topo = assemble_live(view, live_sysfs(), &affinity)?;
+    read_cgroup_limits(&mut topo)?;
+    Ok(topo)
+}
+
+/// This host's sysfs.
+fn live_sysfs() -> Sysfs<'static> {
+    Sysfs {
+        root: Path::new(sysfs::ROOT),
+    }
+}
+
+/// The per-node hugepage pools of `nodes` from `sysfs`.
+fn read_pools(nodes: &mut [NumaNode], sysfs: &Sysfs<'_>) -> Result<(), TopologyError> {
+    let single_node = nodes.len() == 1;
+    for node in nodes {
+        node.hugepages = sysfs.node_hugepages(node.os_index, single_node)?;
+    }
+    Ok(())
+}
+
+/// The process's cgroup: its effective memory nodes and hugetlb limits.
+fn read_cgroup_limits(topo: &mut HostTopology) -> Result<(), TopologyError> {
     let cgroups = Cgroups {
         membership: Path::new(cgroup::MEMBERSHIP),
         mount: Path::new(cgroup::MOUNT),
     };
     topo.allowed_mems = cgroups.allowed_mems()?;
     topo.hugetlb_limits = cgroups.hugetlb_limits(&topo.hugepage_sizes)?;
-    Ok(topo)
+    Ok(())
 }
 
 /// Reads again what changes on a running host, into a topology [`discover`] built earlier:
@@ -60,20 +76,8 @@ pub fn refresh_live(topo: &mut HostTopology) -> Result<(), TopologyError> {
     if topo.source != TopologySource::Live {
         return Ok(());
     }
-    let sysfs = Sysfs {
-        root: Path::new(sysfs::ROOT),
-    };
-    let single_node = topo.nodes.len() == 1;
-    for node in &mut topo.nodes {
-        node.hugepages = sysfs.node_hugepages(node.os_index, single_node)?;
-    }
-    let cgroups = Cgroups {
-        membership: Path::new(cgroup::MEMBERSHIP),
-        mount: Path::new(cgroup::MOUNT),
-    };
-    topo.allowed_mems = cgroups.allowed_mems()?;
-    topo.hugetlb_limits = cgroups.hugetlb_limits(&topo.hugepage_sizes)?;
-    Ok(())
+    read_pools(&mut topo.nodes, &live_sysfs())?;
+    read_cgroup_limits(topo)
 }
 
 /// Load a topology from an hwloc XML file as `lstopo --of xml FILE` writes it.
@@ -150,11 +154,8 @@ fn assemble_live(
     };
     let allowed = intersect(&intersect(&view.allowed, affinity), &online);
     let node_ids: Vec<u32> = view.nodes.iter().map(|n| n.os_index).collect();
-    let single_node = view.nodes.len() == 1;
     let mut nodes = view.nodes;
-    for node in &mut nodes {
-        node.hugepages = sysfs.node_hugepages(node.os_index, single_node)?;
-    }
+    read_pools(&mut nodes, &sysfs)?;
     let distances = match view.distances {
         Some(d) => d,
         None => match sysfs.node_distances(&node_ids)? {
