@@ -362,6 +362,7 @@ fn cmd_restore(cli: &Cli, args: &cli::RestoreArgs) -> Result<u8> {
     let start = run::Start::Restore {
         restored: Box::new(restored),
         same_distances: args.same_distances,
+        steps: timeline::StepClock::start(),
     };
     start_vm(cli, &args.run, spec, source, start, timeline)
 }
@@ -424,6 +425,7 @@ fn start_vm_on(
     check_boot_inputs(&spec.spec.boot)?;
     signals::stop_if_requested("while the spec was read")?;
     timeline.spec_loaded_ns = timeline::now_ns();
+    start.mark_step("boot inputs");
     let host = match host {
         Some(mut h) => {
             vmhost_topology::refresh_live(&mut h)
@@ -434,6 +436,7 @@ fn start_vm_on(
     };
     signals::stop_if_requested("while the host's topology was read")?;
     timeline.host_discovered_ns = timeline::now_ns();
+    start.mark_step("pools");
     let run_dir = vms::run_dir(cli.run_dir.as_deref());
     resolve_vsock_socket(&mut spec.spec, &run_dir);
     let api = cli.api_socket.clone();
@@ -451,6 +454,7 @@ fn start_vm_on(
         };
         let alt = output::dedicated_alternative(&spec.spec, &host, &held);
         print!("{}", output::plan_summary(&plan, &host, alt.as_ref()));
+        start.mark_step("plan summary");
     }
     let run_opts = run::RunOptions {
         ignore_unknown: args.ignore_unknown_access,
@@ -482,10 +486,13 @@ fn admit(
         run::Start::Restore {
             restored,
             same_distances,
+            steps,
         } => {
             opts.same_distances = *same_distances;
             let arrival = Arrival::Restore(&restored.guest.identity);
-            return vms::admit(run_dir, spec, host, &opts, api, arrival);
+            let admitted = vms::admit(run_dir, spec, host, &opts, api, arrival);
+            steps.mark("admitted");
+            return admitted;
         }
         run::Start::Incoming(incoming) => incoming,
     };
@@ -493,8 +500,10 @@ fn admit(
     let arrival = Arrival::Incoming(incoming.identity());
     let admitted = vms::admit(run_dir, spec, host, &opts, api, arrival);
     match &admitted {
-        Ok((plan, _)) => incoming.answer(Ok(plan)),
-        Err(e) => incoming.answer(Err(&format!("{e:#}"))),
+        Ok((plan, _)) => incoming
+            .answer(Ok(plan))
+            .context("accepting the source's page streams")?,
+        Err(e) => incoming.answer(Err(&format!("{e:#}")))?,
     }
     admitted
 }

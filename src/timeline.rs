@@ -1,7 +1,12 @@
 //! Start-up timeline on `CLOCK_MONOTONIC`, comparable across processes (a benchmark that
-//! spawns vmhost reads the same clock before the spawn).
+//! spawns vmhost reads the same clock before the spawn), and [`StepClock`]: where a stretch
+//! of a restore's or a migration target's work went, step by step, for one stderr line
+//! (`vmhost: receive: ready for the rounds …`, `… the guest runs again …`, `vmhost: restore:
+//! memory ready …`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -53,5 +58,75 @@ impl Timeline {
             main_ns: MAIN_NS.load(Ordering::Relaxed),
             ..Default::default()
         }
+    }
+}
+
+/// The marks of one stretch of a target's work, from the moment it began.
+#[derive(Debug)]
+pub struct StepClock {
+    marks: Mutex<Vec<(&'static str, Instant)>>,
+}
+
+impl StepClock {
+    /// Starts the clock now.
+    pub fn start() -> StepClock {
+        StepClock {
+            marks: Mutex::new(vec![("start", Instant::now())]),
+        }
+    }
+
+    /// Marks the end of `step`.
+    pub fn mark(&self, step: &'static str) {
+        self.mark_at(step, Instant::now());
+    }
+
+    /// Marks the end of `step` at `at` (a step timed by another thread).
+    pub fn mark_at(&self, step: &'static str, at: Instant) {
+        if let Ok(mut m) = self.marks.lock() {
+            m.push((step, at));
+        }
+    }
+
+    /// The time from the start to the last mark (ms) and each step's share ("step a ms, …").
+    pub fn steps(&self) -> (f64, String) {
+        let Ok(marks) = self.marks.lock() else {
+            return (0.0, String::new());
+        };
+        let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
+        let steps: Vec<String> = marks
+            .windows(2)
+            .map(|w| format!("{} {:.1} ms", w[1].0, ms(w[0].1, w[1].1)))
+            .collect();
+        let total = match (marks.first(), marks.last()) {
+            (Some(a), Some(b)) => ms(a.1, b.1),
+            _ => 0.0,
+        };
+        (total, steps.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StepClock;
+
+    #[test]
+    fn the_steps_are_named_in_order_and_add_up_to_the_whole() {
+        let c = StepClock::start();
+        c.mark("VM built");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        c.mark_at("vCPUs", std::time::Instant::now());
+        let (total, steps) = c.steps();
+        assert!(
+            steps.starts_with("VM built ") && steps.contains(" ms, vCPUs "),
+            "{steps}"
+        );
+        let parts: f64 = steps
+            .split(", ")
+            .map(|p| p.rsplit(' ').nth(1).unwrap().parse::<f64>().unwrap())
+            .sum();
+        assert!(
+            total >= 2.0 && (parts - total).abs() < 0.2,
+            "{total} vs {steps}"
+        );
     }
 }

@@ -69,7 +69,7 @@ fn restore_with(d: &Path, snap: &Path, sock: &Path, extra: &[&str], after: &[&st
         .args(["restore", snap.to_str().unwrap()])
         .args(after)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -164,7 +164,7 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
     refusals(&d, &s2, before);
 
     let sock2 = d.join("api2.sock");
-    let mut restored = restore(&d, &s2, &sock2, &[]);
+    let restored = restore(&d, &s2, &sock2, &["--json"]);
     let (id, first) = common::progress(&sock2);
     assert_eq!(
         id, boot_id,
@@ -177,9 +177,35 @@ fn a_snapshot_keeps_the_vm_running_and_a_stopped_one_restores_and_continues() {
     common::ticks_pass(&sock2, first);
     let (checked, _) = common::ram_check(&sock2);
     common::ram_pass(&sock2, checked);
+    // The kernel's account: every 2 MiB page of the guest's 32 MiB is faulted in, none
+    // only reserved.
+    assert_eq!(
+        pool(PAGE_2M),
+        (before.0 - 16, before.1),
+        "(free, reserved) 2 MiB pages while the restored VM runs, from {before:?}"
+    );
     assert!(ledger_names(&d.join("run")).contains("snap-vm"));
     assert_eq!(common::ctl(&sock2, "shutdown").0, 0);
-    assert_eq!(restored.wait().unwrap().code(), Some(0));
+    let out = restored.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", common::text(&out));
+    // The default prefault was done before the guest ran (beside the memory files'
+    // loaders), not left to a background one; the audit found every page on its node.
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["prefault"], "before-start", "{report:#}");
+    let t = &report["timeline"];
+    let ready = t["memory_ready_ns"].as_u64().unwrap();
+    assert!(
+        ready > 0 && ready <= t["vcpus_runnable_ns"].as_u64().unwrap(),
+        "guest RAM ready (prefaulted) before the vCPUs ran: {t:#}"
+    );
+    for r in report["audit"]["regions"].as_array().unwrap() {
+        assert_eq!(r["pages_not_present"], 0, "{report:#}");
+        assert_eq!(
+            r["violations"].as_array().map(Vec::len),
+            Some(0),
+            "{report:#}"
+        );
+    }
     assert_eq!(
         pool(PAGE_2M),
         before,

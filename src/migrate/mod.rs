@@ -4,7 +4,6 @@
 //! `vmhost_persist::migration`.
 
 pub mod report;
-pub mod resume;
 pub mod source;
 pub mod streams;
 pub mod target;

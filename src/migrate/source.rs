@@ -84,7 +84,7 @@ impl SenderTime {
 /// docs/migration.md).
 #[derive(Debug, Clone, Serialize)]
 pub struct Progress {
-    /// State, phase (`connect`, `hello`, `streams`, `dirty-log`, `precopy`, `pause`,
+    /// State, phase (`connect`, `hello`, `streams`, `precopy`, `pause`,
     /// `final-round`, `state`, `commit`, `resume`, `done`), seconds since the start, the
     /// error, and when each phase began.
     #[serde(flatten)]
@@ -199,33 +199,22 @@ fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared<Progress>) -> 
     let mut ch = Channel::open(stream, &key, Role::Source, &msg::SOURCE_READS)?;
     shared.set_phase("hello");
     ch.send(RecordKind::MIG_HELLO, &msg::encode(&hello(source)?))?;
-    let answer = ch.recv("the target's answer")?;
-    match expect::<Answer>(&answer, RecordKind::MIG_ANSWER, "answer")? {
-        Answer::Refused { reason } => bail!("the target refused the VM: {reason}"),
-        Answer::Accepted { placement } => shared.update(|p| p.target_plan = placement),
-    }
-    let limits = PrecopyLimits {
-        max_downtime: req.max_downtime_ms.map_or(
-            vmhost_persist::precopy::DEFAULT_MAX_DOWNTIME,
-            Duration::from_millis,
-        ),
-        timeout: req.timeout_s.map_or(DEFAULT_TIMEOUT, Duration::from_secs),
-    };
-    shared.set_phase("streams");
-    let mut cells = match open_cells(&to, &key, &source.plan) {
-        Ok(c) => c,
-        Err(e) => {
-            ch.close();
-            return Err(e);
-        }
-    };
-    shared.set_phase("dirty-log");
+    // KVM's dirty log starts while the target checks, plans and admits: round 0 sends every
+    // page anyway, so a page the guest writes from now on is at worst sent twice.
     source
         .handle
         .start_dirty_log()
         .context("starting the dirty log")?;
+    let mut cells = Vec::new();
     let mut paused = false;
-    let moved = migrate(source, &mut ch, &mut cells, limits, shared, &mut paused);
+    let moved = move_vm(
+        source,
+        req,
+        (&mut ch, &mut cells),
+        (&to, &key),
+        shared,
+        &mut paused,
+    );
     if let Err(e) = source.handle.stop_dirty_log() {
         tracing::warn!(error = %e, "cannot stop the dirty log");
     }
@@ -251,6 +240,32 @@ fn run_job(source: &Source, req: &MigrateRequest, shared: &Shared<Progress>) -> 
         }
     }
     moved
+}
+
+/// The target's answer, the page streams (into `cells`), the rounds and the switch.
+fn move_vm(
+    source: &Source,
+    req: &MigrateRequest,
+    (ch, cells): (&mut Channel, &mut Vec<(u32, Channel)>),
+    (to, key): (&Endpoint, &AuthKey),
+    shared: &Shared<Progress>,
+    paused: &mut bool,
+) -> Result<()> {
+    let answer = ch.recv("the target's answer")?;
+    match expect::<Answer>(&answer, RecordKind::MIG_ANSWER, "answer")? {
+        Answer::Refused { reason } => bail!("the target refused the VM: {reason}"),
+        Answer::Accepted { placement } => shared.update(|p| p.target_plan = placement),
+    }
+    let limits = PrecopyLimits {
+        max_downtime: req.max_downtime_ms.map_or(
+            vmhost_persist::precopy::DEFAULT_MAX_DOWNTIME,
+            Duration::from_millis,
+        ),
+        timeout: req.timeout_s.map_or(DEFAULT_TIMEOUT, Duration::from_secs),
+    };
+    shared.set_phase("streams");
+    *cells = open_cells(to, key, &source.plan)?;
+    migrate(source, ch, cells, limits, shared, paused)
 }
 
 /// The opening message: the spec, the guest identity, the source's plan, CPU and TSC rate.

@@ -28,6 +28,7 @@ use vmhost_vcpu::persist::TargetCaps;
 use super::source::expect;
 use super::wire::{Channel, Listener};
 use crate::snapshot::SpecSource;
+use crate::timeline::StepClock;
 use crate::{Exit, EXIT_INVALID};
 
 /// A round as the target received it.
@@ -48,12 +49,16 @@ pub struct Incoming {
     channel: Channel,
     /// Kept until the page streams are accepted.
     listener: Option<Listener>,
+    /// The page streams, accepted right after the answer.
+    cells: Option<Vec<(u32, Channel)>>,
     key: AuthKey,
     hello: Hello,
     identity: GuestIdentity,
     /// This host's KVM as probed at the hello.
     caps: TargetCaps,
     started: Instant,
+    /// The steps from the hello to the receivers' start.
+    arriving: StepClock,
     rounds: Vec<Received>,
     saved: Option<crate::vmstate::Saved>,
 }
@@ -93,17 +98,19 @@ pub fn accept(
         }
     };
     match read_hello(&mut channel, args.same_distances, caps) {
-        Ok((spec, source, hello, identity, caps)) => Ok((
-            spec,
-            source,
+        Ok(h) => Ok((
+            h.spec,
+            h.source,
             Incoming {
                 channel,
                 listener: Some(listener),
+                cells: None,
                 key,
-                hello,
-                identity,
-                caps,
+                hello: h.hello,
+                identity: h.identity,
+                caps: h.caps,
                 started: Instant::now(),
+                arriving: h.clock,
                 rounds: Vec::new(),
                 saved: None,
             },
@@ -115,21 +122,23 @@ pub fn accept(
     }
 }
 
-/// Reads and checks the `Hello`: protocol, spec, identity, CPU vendor, TSC rate.
-fn read_hello(
-    channel: &mut Channel,
-    same_distances: bool,
+/// A checked hello and what it said.
+struct Heard {
+    spec: vmhost_config::LoadedSpec,
+    source: SpecSource,
+    hello: Hello,
+    identity: GuestIdentity,
     caps: TargetCaps,
-) -> Result<(
-    vmhost_config::LoadedSpec,
-    SpecSource,
-    Hello,
-    GuestIdentity,
-    TargetCaps,
-)> {
+    /// When it arrived: the start of the target's steps up to the receivers.
+    clock: StepClock,
+}
+
+/// Reads and checks the `Hello`: protocol, spec, identity, CPU vendor, TSC rate.
+fn read_hello(channel: &mut Channel, same_distances: bool, caps: TargetCaps) -> Result<Heard> {
     let rec = channel
         .recv("the source's hello")
         .map_err(|e| invalid(format!("{e:#}")))?;
+    let clock = StepClock::start();
     let mut hello: Hello = expect(&rec, RecordKind::MIG_HELLO, "hello").map_err(invalid)?;
     if hello.protocol != msg::PROTOCOL_VERSION {
         return Err(invalid(format!(
@@ -156,7 +165,15 @@ fn read_hello(
     let identity = serde_json::from_value(hello.identity.clone())
         .map_err(|e| invalid(format!("the source's guest identity is not valid: {e}")))?;
     hello.same_distances |= same_distances;
-    Ok((spec, source, hello, identity, caps))
+    clock.mark("hello checked");
+    Ok(Heard {
+        spec,
+        source,
+        hello,
+        identity,
+        caps,
+        clock,
+    })
 }
 
 /// The guest's TSC on the target.
@@ -228,12 +245,36 @@ impl Incoming {
         self.hello.same_distances
     }
 
-    /// Answers the source: accepted with the target's plan, or refused with the reason.
-    pub fn answer(&mut self, outcome: Result<&Plan, &str>) {
+    /// Answers the source: accepted with the target's plan, or refused with the reason. An
+    /// accepted VM's page streams are accepted at once, so that the source's round 0 begins
+    /// while this side enters its cgroup and allocates the guest's memory (the rounds wait in
+    /// the sockets until the receivers start); a failure to accept them is
+    /// the error (the ledger entry, dropped by the caller, is released; nothing else is held
+    /// yet).
+    pub fn answer(&mut self, outcome: Result<&Plan, &str>) -> Result<()> {
         send_answer(&mut self.channel, outcome);
+        self.arriving.mark("answered");
+        let (Ok(plan), Some(listener)) = (outcome, self.listener.take()) else {
+            return Ok(());
+        };
+        self.cells = Some(super::streams::accept_cells(&listener, &self.key, plan)?);
+        self.arriving.mark("page streams");
+        Ok(())
     }
 
-    /// Accepts the page streams, then fills `memory` from them (one pinned worker per cell)
+    /// Marks the end of `step` of the target's work between the hello and the receivers.
+    pub fn mark(&self, step: &'static str) {
+        self.arriving.mark(step);
+    }
+
+    /// Where the time between the hello and the receivers' start went: "ready for the rounds
+    /// N ms after the hello: step a ms, …".
+    pub fn arriving_line(&self) -> String {
+        let (total, steps) = self.arriving.steps();
+        format!("ready for the rounds {total:.1} ms after the hello: {steps}")
+    }
+
+    /// Fills `memory` from the page streams [`Incoming::answer`] accepted (one pinned worker per cell)
     /// until the VM state arrives on the control connection, running `meanwhile` on this
     /// thread as the rounds arrive; checks that this host can run the saved vCPUs (CPUID,
     /// TSC). Before `/dev/kvm` is opened for the VM. Returns what `meanwhile` returned.
@@ -243,12 +284,10 @@ impl Incoming {
         plan: &Plan,
         meanwhile: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        let listener = self
-            .listener
+        let cells = self
+            .cells
             .take()
-            .context("the page streams were accepted already")?;
-        let cells = super::streams::accept_cells(&listener, &self.key, plan)?;
-        drop(listener);
+            .context("the source's page streams were not accepted: the VM was not admitted")?;
         let control = self.channel.stream();
         let (rounds, early) =
             super::streams::receive_all(memory, plan, cells, &control, meanwhile, || {

@@ -571,11 +571,12 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
     at.dst.stop()?;
     let r = &at.report;
     println!("       vmhost's report: {}", time_split(r));
-    // The target's own account of the pause's end (`vmhost: receive: the guest runs again …`).
+    // The target's own account of its steps from the hello to its receivers and of the
+    // pause's end (`vmhost: receive: ready for the rounds …`, `… the guest runs again …`).
     let target_err = std::fs::read_to_string(&at.dst.err).unwrap_or_default();
-    if let Some(line) = target_err
+    for line in target_err
         .lines()
-        .find(|l| l.contains("the guest runs again"))
+        .filter(|l| l.contains("ready for the rounds") || l.contains("the guest runs again"))
     {
         println!(
             "       the target: {}",

@@ -13,18 +13,19 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use vmhost_api::ServerLimits;
-use vmhost_config::{BootSpec, Payload, VmSpec};
-use vmhost_memory::{
-    Audit, GuestMemory, MemoryError, MemoryOptions, PrefaultError, PrefaultTiming,
-};
+use vmhost_config::VmSpec;
+use vmhost_memory::{Audit, GuestMemory, PrefaultTiming};
 use vmhost_plan::Plan;
 
 use crate::background::Background;
 use crate::control::Control;
-use crate::enforce::{Enforcement, EXIT_LIMIT};
+use crate::enforce::Enforcement;
 use crate::output::placement_table;
-use crate::signals::{StopSignals, EXIT_INTERRUPTED};
+use crate::signals::StopSignals;
 use crate::timeline::{now_ns, Timeline};
+
+mod memory;
+use memory::{ready_memory, settle_memory, stopped_before_start, ReadyMemory};
 use vmhost_vcpu::{
     pin_current_thread_to_emulator, AfterStart, RunReport, StartHook, StartSteps, ThreadPlacement,
     UnknownAccessPolicy, Vm, VmHandle, VmOptions, VmShell, VmState,
@@ -77,9 +78,23 @@ pub enum Start {
         restored: Box<crate::restore::Restored>,
         /// `--same-distances`: refuse host nodes not as far apart as the guest's cells.
         same_distances: bool,
+        /// The steps from the snapshot's check to the VM's memory ready.
+        steps: crate::timeline::StepClock,
     },
     /// Received from a live migration's source (`vmhost receive`).
     Incoming(Box<crate::migrate::target::Incoming>),
+}
+
+impl Start {
+    /// Marks the end of `step` of a restore's work up to its memory, or of a migration
+    /// target's up to its receivers (nothing for a boot).
+    pub fn mark_step(&self, step: &'static str) {
+        match self {
+            Start::Boot => {}
+            Start::Restore { steps, .. } => steps.mark(step),
+            Start::Incoming(inc) => inc.mark(step),
+        }
+    }
 }
 
 /// Runs the VM of `plan` and returns the process exit status. A restore takes the same path:
@@ -94,6 +109,7 @@ pub fn run(
 ) -> Result<u8> {
     let sec_at_start = crate::overhead::sec_page_tables();
     let (enforcement, signals) = prepare(plan, opts)?;
+    start.mark_step("cgroup and threads");
     // The handle the VM answers through, before the VM exists.
     let handle = VmHandle::unbuilt(plan.vcpus.len());
     let ready = ready_memory(
@@ -113,8 +129,8 @@ pub fn run(
         Err(stopped) => return Ok(stopped_before_start(plan, &stopped)),
     };
     // A migration target: the guest's state is here; the source is paused until the commit.
-    let resume = matches!(start, Start::Incoming(_))
-        .then(|| Arc::new(crate::migrate::resume::ResumeClock::start()));
+    let resume =
+        matches!(start, Start::Incoming(_)).then(|| Arc::new(crate::timeline::StepClock::start()));
     let mark = |step| resume.as_deref().map(|r| r.mark(step));
     let audited_early = early.is_some();
     let (background, audit) = settle_memory(
@@ -131,6 +147,13 @@ pub fn run(
     } else {
         "ledger and audit"
     });
+    if let (Start::Restore { steps, .. }, false) = (&start, opts.json) {
+        steps.mark("ledger and audit");
+        let (total, steps) = steps.steps();
+        eprintln!(
+            "vmhost: restore: memory ready {total:.1} ms after the snapshot's check: {steps}"
+        );
+    }
     let started: Arc<Mutex<(Vec<ThreadPlacement>, u64)>> = Arc::default();
     let final_audit = background.is_none().then(|| audit.clone());
     let (mut options, after_start) = vm_options(plan, opts, final_audit, &started, resume.clone());
@@ -233,132 +256,6 @@ fn commit(
     inc.commit(plan, audit, admission, opts.json)
 }
 
-/// Guest RAM ready for the VM, and what a migration target made while its rounds arrived.
-struct ReadyMemory {
-    memory: GuestMemory,
-    /// A migration target's VM shell ([`fill_memory`]).
-    shell: Option<VmShell>,
-    /// A migration target's residency audit, read while the rounds arrived.
-    early: Option<Audit>,
-    /// A migration target's control API, served then.
-    api: Option<vmhost_api::ApiServer>,
-}
-
-/// Guest RAM allocated, bound, prefaulted and filled from the snapshot or the migration;
-/// `Err(Stopped)` when a stop signal cancelled the prefault.
-fn ready_memory(
-    (spec, plan, admission): (&VmSpec, &Plan, &crate::vms::Admission),
-    (enforcement, signals): (&Option<Arc<Enforcement>>, &StopSignals),
-    opts: &RunOptions,
-    handle: &VmHandle,
-    start: &mut Start,
-) -> Result<Result<ReadyMemory, Stopped>> {
-    // A migration target prefaults its RAM while the rounds arrive: allocated and bound
-    // here, faulted in beside the receivers.
-    let early_target =
-        matches!(start, Start::Incoming(_)) && opts.prefault == PrefaultTiming::BeforeStart;
-    let timing = match early_target {
-        true => PrefaultTiming::Background,
-        false => opts.prefault,
-    };
-    let mut memory = match guest_memory(plan, enforcement.as_deref(), signals, timing)? {
-        Ok(memory) => memory,
-        Err(stopped) => return Ok(Err(stopped)),
-    };
-    if !early_target {
-        let (shell, _) = fill_memory(&memory, plan, start, opts, || Ok(()))?;
-        let (early, api) = (None, None);
-        return Ok(Ok(ReadyMemory {
-            memory,
-            shell,
-            early,
-            api,
-        }));
-    }
-    let (shell, (done, audit), api) = target_memory(
-        (spec, plan, admission),
-        &memory,
-        handle,
-        start,
-        (enforcement, opts),
-    )?;
-    if let Some(done) = done {
-        memory.mark_prefaulted(done);
-    }
-    let early = Some(audit);
-    Ok(Ok(ReadyMemory {
-        memory,
-        shell,
-        early,
-        api,
-    }))
-}
-
-/// What a migration target did to its RAM while the rounds arrived: the prefault's outcome
-/// and time (`None`: nothing was deferred), and the residency audit read after it.
-type EarlyMemory = (Option<(vmhost_memory::PrefaultStats, f64)>, Audit);
-
-/// A migration target's RAM prefaulted (`--prefault before-start`), recorded in the ledger
-/// and audited while the rounds arrive, and its API served then: the pages do not move when
-/// the rounds write them, and the source pauses only after the last round, so none of this
-/// holds the rounds back or is in the guest's downtime. An API socket that cannot be served
-/// fails the move before the commit (the source runs on). The VM's shell, the prefault's
-/// outcome and time with the audit, and the API.
-fn target_memory(
-    (spec, plan, admission): (&VmSpec, &Plan, &crate::vms::Admission),
-    memory: &GuestMemory,
-    handle: &VmHandle,
-    start: &mut Start,
-    (enforcement, opts): (&Option<Arc<Enforcement>>, &RunOptions),
-) -> Result<(Option<VmShell>, EarlyMemory, Option<vmhost_api::ApiServer>)> {
-    let (shell, early) = fill_memory(memory, plan, start, opts, || {
-        let done = memory.prefault_deferred()?;
-        let audit = taken(memory, admission)?;
-        let view = ApiView::new(spec, plan, &audit, handle, memory.regions().to_vec());
-        let api = serve_api(view, enforcement.as_ref(), opts)?;
-        Ok((done, audit, api))
-    })?;
-    let (done, audit, api) = early.context("the rounds ended before the memory was ready")?;
-    Ok((shell, (done, audit), api))
-}
-
-/// After guest RAM is filled (or, for a boot, allocated): starts the background prefault
-/// that `--prefault background` deferred, or else narrows the cgroup's cpuset to the envelope
-/// (after a migration target's rounds: its receivers run on their cells' nodes, outside the
-/// envelope's PUs); then the ledger entry and the residency audit ([`taken`]) unless they
-/// were done `early`.
-fn settle_memory(
-    memory: &mut GuestMemory,
-    plan: &Plan,
-    enforcement: &Option<Arc<Enforcement>>,
-    admission: &crate::vms::Admission,
-    early: Option<Audit>,
-    opts: &RunOptions,
-    timeline: &mut Timeline,
-) -> Result<(Option<Background>, Audit)> {
-    let background = Background::start(memory, plan, enforcement.as_ref(), !opts.json)
-        .context("starting the background prefault")?;
-    if background.is_none() {
-        if let Some(e) = enforcement {
-            e.narrow_after_prefault()?;
-        }
-        timeline.memory_ready_ns = now_ns();
-    }
-    let audit = match early {
-        Some(audit) => audit,
-        None => taken(memory, admission)?,
-    };
-    Ok((background, audit))
-}
-
-/// Guest RAM allocated: the ledger told that its pages are taken, and their residency read
-/// back. With a background prefault still running the audit shows the layout and what is
-/// faulted in so far; the report's audit is then the one read when the prefault ended.
-fn taken(memory: &GuestMemory, admission: &crate::vms::Admission) -> Result<Audit> {
-    admission.running()?;
-    memory.audit().context("auditing guest memory residency")
-}
-
 /// Enters the cgroup `--cgroup` names. Before any thread starts: on cgroup v2 entering forks
 /// the VMM off a supervisor, which needs a single-threaded process (a stop signal meanwhile
 /// stays pending).
@@ -384,7 +281,7 @@ fn vm_options(
     opts: &RunOptions,
     audit: Option<Audit>,
     started: &Arc<Mutex<(Vec<ThreadPlacement>, u64)>>,
-    resume: Option<Arc<crate::migrate::resume::ResumeClock>>,
+    resume: Option<Arc<crate::timeline::StepClock>>,
 ) -> (VmOptions, AfterStart) {
     let hook = {
         let (plan, started, json) = (plan.clone(), Arc::clone(started), opts.json);
@@ -395,7 +292,11 @@ fn vm_options(
                     r.mark_at("vCPU threads", steps.spawned);
                     r.mark_at("pinned and placement read", steps.placed);
                     r.mark_at("vCPUs created and loaded", steps.set_up);
-                    eprintln!("vmhost: receive: {}", r.line());
+                    let (total, steps) = r.steps();
+                    eprintln!(
+                        "vmhost: receive: the guest runs again {total:.1} ms after its state \
+                         arrived: {steps}"
+                    );
                 }
                 if !json {
                     print!("{}", placement_table(&plan, audit.as_ref(), threads));
@@ -424,48 +325,6 @@ fn vm_options(
         ..Default::default()
     };
     (options, after_start)
-}
-
-/// Fills guest memory from the snapshot or the migration source before the VM exists. A
-/// migration target builds its VM's shell meanwhile, on another thread ([`VmShell`]: the KVM
-/// VM, memslots, irqchip, CPUID), so that only the state is loaded while the source is paused.
-///
-/// A migration target runs `meanwhile` on this thread while the rounds arrive and returns its
-/// result; a boot or restore does not run it.
-fn fill_memory<T>(
-    memory: &GuestMemory,
-    plan: &Plan,
-    start: &mut Start,
-    opts: &RunOptions,
-    meanwhile: impl FnOnce() -> Result<T>,
-) -> Result<(Option<VmShell>, Option<T>)> {
-    match start {
-        Start::Boot => Ok((None, None)),
-        // The memory files are checked as they load, before `/dev/kvm` is opened for the
-        // host check: a damaged one is refused before either.
-        Start::Restore { restored: r, .. } => {
-            crate::restore::load_memory(memory, plan, r, opts.json)?;
-            crate::restore::check_this_host(r)?;
-            Ok((None, None))
-        }
-        Start::Incoming(inc) => std::thread::scope(|scope| {
-            let shell = std::thread::Builder::new()
-                .name("vmhost-shell".into())
-                .spawn_scoped(scope, || {
-                    VmShell::build(plan, memory, opts.mask_nested_cpuid)
-                })
-                .context("starting the thread that builds the VM")?;
-            let received = inc
-                .receive(memory, plan, meanwhile)
-                .context("receiving the migrating VM");
-            let shell = shell
-                .join()
-                .map_err(|_| anyhow::anyhow!("the thread that builds the VM panicked"))?;
-            let early = received?;
-            let shell = shell.context("building the VM for the incoming guest")?;
-            Ok((shell, Some(early)))
-        }),
-    }
 }
 
 /// Boots the VM, or builds it to continue from the snapshot's or the migration's state; an
@@ -635,64 +494,6 @@ impl<'a> ApiView<'a> {
             handle,
             regions,
         }
-    }
-}
-
-/// A prefault a stop signal cancelled: how far it got.
-struct Stopped {
-    done: u64,
-    total: u64,
-}
-
-/// Allocates, binds and prefaults the guest memory; `Err(Stopped)` when a stop signal
-/// cancelled the prefault. A failure at the envelope's memory limit is exit status 5 with the
-/// limit named.
-fn guest_memory(
-    plan: &Plan,
-    enforcement: Option<&Enforcement>,
-    signals: &StopSignals,
-    timing: PrefaultTiming,
-) -> Result<Result<GuestMemory, Stopped>> {
-    let mut options = MemoryOptions {
-        timing,
-        ..MemoryOptions::default()
-    };
-    options.prefault.cancel = Some(signals.cancel_flag());
-    match GuestMemory::new(plan, &options) {
-        Ok(m) => Ok(Ok(m)),
-        Err(MemoryError::Prefault {
-            source: PrefaultError::Cancelled { done, total },
-            ..
-        }) => Ok(Err(Stopped { done, total })),
-        Err(e) => {
-            if let Some(msg) = enforcement.and_then(Enforcement::limit_reached) {
-                let err = anyhow::Error::new(e).context(msg.clone());
-                return Err(err.context(crate::Exit {
-                    code: EXIT_LIMIT,
-                    message: msg,
-                }));
-            }
-            Err(e.into())
-        }
-    }
-}
-
-/// Reports a VM stopped by a signal while its memory was set up; its exit status: what
-/// stopping it right after the start would give (an idle VM's normal end is a stop; any other
-/// payload was interrupted).
-fn stopped_before_start(plan: &Plan, stopped: &Stopped) -> u8 {
-    eprintln!(
-        "vmhost: VM {}: stopped by a signal while its guest memory was set up \
-         ({} of {} MiB faulted in)",
-        plan.name,
-        stopped.done >> 20,
-        stopped.total >> 20
-    );
-    match plan.boot {
-        BootSpec::Payload {
-            payload: Payload::Idle,
-        } => 0,
-        _ => EXIT_INTERRUPTED,
     }
 }
 
