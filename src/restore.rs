@@ -12,7 +12,7 @@
 //! (`vmhost_plan::plan_for_guest`: same cells, vCPUs and memory per cell, page size, APIC IDs,
 //! on whichever nodes have room; [`placement_report`] says where each cell went), the guest
 //! memory is allocated per the new plan and [`load_memory`] fills it with one pinned worker
-//! per cell, checking every record (CRC-64) as it goes: the memory files are read once, into
+//! per cell, checking every record (its XXH64, CRC-64 before format 5) as it goes: the memory files are read once, into
 //! guest RAM, and a damaged one is refused with exit status 2 before `/dev/kvm` is opened,
 //! everything allocated for it released. Then [`check_this_host`] checks CPUID and TSC, and
 //! the VM continues from the saved state instead of booting.
@@ -281,7 +281,7 @@ pub fn load_memory(memory: &GuestMemory, plan: &Plan, r: &Restored, json: bool) 
         );
         for c in &loaded {
             eprintln!(
-                "vmhost: restore: cell {} loaded and checked (CRC-64 per record): {} MiB in \
+                "vmhost: restore: cell {} loaded and checked (a checksum per record): {} MiB in \
                  {:.3} s by a worker on PUs {:?}",
                 c.cell,
                 c.bytes >> 20,

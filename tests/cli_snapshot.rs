@@ -299,7 +299,7 @@ fn refusals(d: &Path, good: &Path, before: (u64, u64)) {
     assert_eq!(o.status.code(), Some(2), "{}", common::text(&o));
     assert!(
         common::stderr(&o).contains("memory file memory-cell0 is damaged")
-            && common::stderr(&o).contains("is corrupted: CRC-64"),
+            && common::stderr(&o).contains("is corrupted: XXH64"),
         "{}",
         common::text(&o)
     );

@@ -69,6 +69,8 @@ pub struct SenderTime {
     pub write: f64,
     /// Everything the senders did.
     pub total: f64,
+    /// Page records written (each one vectored write).
+    pub records: u64,
 }
 
 impl SenderTime {
@@ -77,6 +79,7 @@ impl SenderTime {
         self.seal += o.seal;
         self.write += o.write;
         self.total += o.total;
+        self.records += o.records;
     }
 }
 
@@ -518,7 +521,7 @@ fn send_cell(
 ) -> Result<(u64, SenderTime)> {
     let (round, cell) = (head.round, head.cell);
     ch.send(RecordKind::MIG_ROUND, &msg::encode(&head))?;
-    let before = ch.writer().timing();
+    let (before, records) = (ch.writer().timing(), ch.writer().records());
     let cell_saved = match dirty {
         Some(map) => vmhost_memory::cells::save_cell_dirty(regions, cell, ch.writer(), map),
         None => vmhost_memory::cells::save_cell(regions, cell, ch.writer(), |_, _| false),
@@ -530,6 +533,7 @@ fn send_cell(
         seal: (after.sealing - before.sealing).as_secs_f64(),
         write: (after.writing - before.writing).as_secs_f64(),
         total: cell_saved.seconds,
+        records: ch.writer().records() - records,
     };
     let saved = cell_saved.bytes;
     total.fetch_add(saved, Ordering::Relaxed);

@@ -1,6 +1,6 @@
 //! The page stream's cost per byte, on this host's CPU: guest pages written as page-run
 //! records (what a snapshot's memory files and each migration round carry), plain (a snapshot
-//! file: CRC-64 per record) and authenticated (a migration stream: a Poly1305 tag per record,
+//! file: a checksum per record, XXH64 from format 5) and authenticated (a migration stream: a Poly1305 tag per record,
 //! format 3), and read back the same two ways. The sink is memory (`io::sink` / a `Vec`): this
 //! is the CPU's share of a round, without the socket.
 //!

@@ -681,7 +681,7 @@ impl Snapshot {
     /// [`open`](Self::open) for a restore, which reads the memory files once, into guest RAM:
     /// the state file and every other file are checked whole, the memory files for their
     /// length (and that they are regular files) only. Their bytes are checked as they are
-    /// loaded: every record's CRC-64, the end record's count, nothing after it
+    /// loaded: every record's checksum, the end record's count, nothing after it
     /// ([`crate::container::Reader`]). A load that fails has found a damaged file; the caller
     /// releases what it allocated for it.
     pub fn open_for_restore(dir: &Path) -> Result<Snapshot, DirError> {

@@ -4,7 +4,8 @@
 
 use proptest::prelude::*;
 use vmhost_persist::container::{
-    crc64, ContainerError, Reader, RecordKind, Writer, FORMAT_VERSION, MAGIC, MAX_PAYLOAD,
+    crc64, record_checksum, ContainerError, Reader, RecordKind, Writer, FORMAT_VERSION, MAGIC,
+    MAX_PAYLOAD,
 };
 
 const KNOWN: &[RecordKind] = &[RecordKind::SPEC, RecordKind::PLAN, RecordKind::PAGES];
@@ -45,13 +46,13 @@ fn header(version: u32, text: &str) -> Vec<u8> {
     h
 }
 
-/// A record with its checksum right.
-fn record(kind: u16, flags: u16, payload: &[u8]) -> Vec<u8> {
+/// A record of a container of format `version` with its checksum right.
+fn record(version: u32, kind: u16, flags: u16, payload: &[u8]) -> Vec<u8> {
     let mut r = kind.to_le_bytes().to_vec();
     r.extend_from_slice(&flags.to_le_bytes());
     r.extend_from_slice(&u32::try_from(payload.len()).expect("short").to_le_bytes());
+    let sum = record_checksum(version, &r, payload);
     r.extend_from_slice(payload);
-    let sum = crc64(&r);
     r.extend_from_slice(&sum.to_le_bytes());
     r
 }
@@ -141,7 +142,7 @@ fn versions_older_than_the_oldest_readable_are_refused() {
     let oldest = FORMAT_VERSION - 1;
     for version in 0..oldest {
         let mut bytes = header(version, "0.0.1");
-        bytes.extend(record(0, 1, &0u64.to_le_bytes()));
+        bytes.extend(record(version, 0, 1, &0u64.to_le_bytes()));
         let err = read_all(&bytes, KNOWN).expect_err("too old");
         assert!(
             matches!(err, ContainerError::VersionTooOld { found, oldest: o } if found == version && o == oldest),
@@ -156,7 +157,7 @@ fn versions_older_than_the_oldest_readable_are_refused() {
     }
     // The one before this format reads.
     let mut bytes = header(oldest, "0.0.1");
-    bytes.extend(record(0, 1, &0u64.to_le_bytes()));
+    bytes.extend(record(oldest, 0, 1, &0u64.to_le_bytes()));
     read_all(&bytes, KNOWN).expect("the previous format");
 }
 
@@ -164,7 +165,7 @@ fn versions_older_than_the_oldest_readable_are_refused() {
 fn a_newer_version_is_refused_naming_both_versions() {
     let newer = FORMAT_VERSION + 1;
     let mut bytes = header(newer, "9.9.9");
-    bytes.extend(record(0, 1, &0u64.to_le_bytes()));
+    bytes.extend(record(newer, 0, 1, &0u64.to_le_bytes()));
     let err = read_all(&bytes, KNOWN).expect_err("newer");
     assert!(
         matches!(err, ContainerError::VersionTooNew { found, newest } if found == newer && newest == FORMAT_VERSION),
@@ -229,7 +230,7 @@ fn an_unknown_mandatory_record_is_refused_with_kind_and_offset() {
 #[test]
 fn unknown_flags_a_wrong_end_count_and_trailing_bytes_are_refused() {
     let mut bytes = header(FORMAT_VERSION, "x");
-    bytes.extend(record(2, 0x8001, b"s"));
+    bytes.extend(record(FORMAT_VERSION, 2, 0x8001, b"s"));
     assert!(matches!(
         read_all(&bytes, KNOWN),
         Err(ContainerError::BadFlags { flags: 0x8001, .. })
@@ -237,8 +238,8 @@ fn unknown_flags_a_wrong_end_count_and_trailing_bytes_are_refused() {
 
     // A record dropped cleanly between others: the end record's count differs.
     let mut bytes = header(FORMAT_VERSION, "x");
-    bytes.extend(record(2, 1, b"s"));
-    bytes.extend(record(0, 1, &2u64.to_le_bytes()));
+    bytes.extend(record(FORMAT_VERSION, 2, 1, b"s"));
+    bytes.extend(record(FORMAT_VERSION, 0, 1, &2u64.to_le_bytes()));
     let err = read_all(&bytes, KNOWN).expect_err("count");
     assert!(
         matches!(

@@ -339,13 +339,14 @@ fn time_split(v: &Value) -> String {
         .map(|r| {
             let t = |k: &str| r["senders"][k].as_f64().unwrap_or(f64::NAN);
             format!(
-                "{:.1} MiB in {:.3} s (senders: copy {:.3}, seal {:.3}, write {:.3}, total {:.3})",
+                "{:.1} MiB in {:.3} s (senders: copy {:.3}, seal {:.3}, write {:.3}, total {:.3}; {} records)",
                 r["bytes"].as_f64().unwrap_or(f64::NAN) / 1048576.0,
                 r["seconds"].as_f64().unwrap_or(f64::NAN),
                 t("copy"),
                 t("seal"),
                 t("write"),
-                t("total")
+                t("total"),
+                r["senders"]["records"].as_u64().unwrap_or(0)
             )
         })
         .collect();
