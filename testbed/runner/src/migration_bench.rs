@@ -126,7 +126,7 @@ impl Proc {
         let out: Vec<&str> = lines
             .iter()
             .rev()
-            .take(6)
+            .take(40)
             .map(|(_, l)| l.as_str())
             .collect();
         let err = std::fs::read_to_string(&self.err).unwrap_or_default();
