@@ -355,7 +355,23 @@ fn cmd_restore(cli: &Cli, args: &cli::RestoreArgs) -> Result<u8> {
         }
         .into());
     }
-    let (spec, source, restored) = restore::prepare(&args.dir, cli.config.as_deref())?;
+    // The host's tree is discovered (hwloc) on another thread while the snapshot is checked;
+    // a snapshot refused is the error even when the discovery failed too.
+    let (prepared, host) = std::thread::scope(|scope| {
+        let host = std::thread::Builder::new()
+            .name("vmhost-host".into())
+            .spawn_scoped(scope, host::this_host);
+        let prepared = restore::prepare(&args.dir, cli.config.as_deref());
+        let host = match host {
+            Ok(h) => h
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("discovering this host panicked"))),
+            Err(e) => Err(anyhow::Error::new(e).context("starting the host discovery thread")),
+        };
+        (prepared, host)
+    });
+    let (spec, source, restored) = prepared?;
+    let host = host?;
     for w in &spec.warnings {
         eprintln!("{w}");
     }
@@ -364,7 +380,7 @@ fn cmd_restore(cli: &Cli, args: &cli::RestoreArgs) -> Result<u8> {
         same_distances: args.same_distances,
         steps: timeline::StepClock::start(),
     };
-    start_vm(cli, &args.run, spec, source, start, timeline)
+    start_vm_on(cli, &args.run, (spec, source), Some(host), start, timeline)
 }
 
 /// `vmhost receive`: an authenticated source's hello checked, then the normal start path.
