@@ -159,6 +159,9 @@ const LEAF1_EDX_HTT: u32 = 1 << 28;
 impl TargetCaps {
     /// Probes this host's KVM. Creates a throwaway VM and vCPU for `KVM_GET_TSC_KHZ`; the
     /// VM that will run the guest is created only after [`VcpuState::check_compatible`].
+    /// The throwaway VM is closed on a thread of its own (`vmhost-probe-end`): its teardown
+    /// (the VM's worker thread, SRCU grace periods) took 33–55 ms in the emulated host,
+    /// against 24–46 ms to create it, and none of it need hold the caller back.
     pub fn probe(kvm: &Kvm) -> Result<Self, CompatError> {
         let probe = |what| move |source| CompatError::Probe { what, source };
         let supported = kvm
@@ -167,6 +170,10 @@ impl TargetCaps {
         let vm = kvm.create_vm().map_err(probe("KVM_CREATE_VM"))?;
         let vcpu = vm.create_vcpu(0).map_err(probe("KVM_CREATE_VCPU"))?;
         let tsc_khz = vcpu.get_tsc_khz().map_err(probe("KVM_GET_TSC_KHZ"))?;
+        // A thread that cannot start drops its closure, and so the VM, here.
+        let _ = std::thread::Builder::new()
+            .name("vmhost-probe-end".into())
+            .spawn(move || drop((vcpu, vm)));
         Ok(Self {
             tsc_khz,
             supported: supported.as_slice().iter().map(CpuidEntry::from).collect(),
