@@ -464,11 +464,18 @@ fn start_vm_on(
         }
     }
     if !cli.json {
-        let held = PlanOptions {
-            held_cpus: vms::held_cpus(&run_dir)?,
-            ..plan_options(&PlanArgs::default())
+        // A shared VM's summary says what dedicated placement would give it, among the PUs
+        // other VMs hold (a read of the ledger a dedicated VM does not need).
+        let alt = match spec.spec.cpu.dedicated_cpu_placement {
+            true => None,
+            false => {
+                let held = PlanOptions {
+                    held_cpus: vms::held_cpus(&run_dir)?,
+                    ..plan_options(&PlanArgs::default())
+                };
+                output::dedicated_alternative(&spec.spec, &host, &held)
+            }
         };
-        let alt = output::dedicated_alternative(&spec.spec, &host, &held);
         print!("{}", output::plan_summary(&plan, &host, alt.as_ref()));
         start.mark_step("plan summary");
     }
