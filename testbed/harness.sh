@@ -97,6 +97,9 @@ write_run_script() {
     # The rounds of the peers benchmark (linux_boot_vs_peers), when set: for development.
     [[ "${VMHOST_BENCH_ROUNDS:-}" =~ ^[0-9]+$ ]] \
         && rounds="VMHOST_BENCH_ROUNDS=$VMHOST_BENCH_ROUNDS; export VMHOST_BENCH_ROUNDS"
+    # The interleaved pairs of the migration benchmark (migration_vs_qemu), when set (>= 5).
+    [[ "${VMHOST_BENCH_PAIRS:-}" =~ ^[0-9]+$ ]] \
+        && rounds+=$'\n'"VMHOST_BENCH_PAIRS=$VMHOST_BENCH_PAIRS; export VMHOST_BENCH_PAIRS"
     # VMHOST_BENCH_SCRUB=0: the peers benchmark without its scrub of stale translations.
     [[ "${VMHOST_BENCH_SCRUB:-}" == 0 ]] \
         && rounds+=$'\n'"VMHOST_BENCH_SCRUB=0; export VMHOST_BENCH_SCRUB"
