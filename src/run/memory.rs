@@ -51,24 +51,19 @@ pub(super) fn ready_memory(
         Err(stopped) => return Ok(Err(stopped)),
     };
     start.mark_step("memory bound");
-    if beside && matches!(start, Start::Restore { .. }) {
-        let prefault = || prefault_now(&memory, enforcement.as_deref());
-        let (_, done) = fill_memory(&memory, plan, start, opts, prefault)?;
-        match done.context("the snapshot's memory loaded without its prefault")? {
-            Ok(Some(done)) => memory.mark_prefaulted(done),
-            Ok(None) => {}
-            Err(stopped) => return Ok(Err(stopped)),
+    // A boot, a start whose prefault is done or left to the background, or a restore whose
+    // prefault runs beside its loaders; a migration target's is below.
+    if !beside || matches!(start, Start::Restore { .. }) {
+        let prefault = || match beside {
+            true => prefault_now(&memory, enforcement.as_deref()),
+            false => Ok(Ok(None)),
+        };
+        let (shell, done) = fill_memory(&memory, plan, start, opts, prefault)?;
+        match done {
+            Some(Ok(Some(done))) => memory.mark_prefaulted(done),
+            Some(Err(stopped)) => return Ok(Err(stopped)),
+            Some(Ok(None)) | None => {}
         }
-        let (shell, early, api) = (None, None, None);
-        return Ok(Ok(ReadyMemory {
-            memory,
-            shell,
-            early,
-            api,
-        }));
-    }
-    if !beside {
-        let (shell, _) = fill_memory(&memory, plan, start, opts, || Ok(()))?;
         let (early, api) = (None, None);
         return Ok(Ok(ReadyMemory {
             memory,
@@ -165,8 +160,8 @@ fn taken(memory: &GuestMemory, admission: &crate::vms::Admission) -> Result<Audi
 /// migration target builds its VM's shell meanwhile, on another thread ([`VmShell`]: the KVM
 /// VM, memslots, irqchip, CPUID), so that only the state is loaded while the source is paused.
 ///
-/// A migration target runs `meanwhile` on this thread while the rounds arrive and returns its
-/// result; a boot or restore does not run it.
+/// A migration target runs `meanwhile` on this thread while the rounds arrive, a restore while
+/// its memory files load, and returns its result; a boot does not run it.
 fn fill_memory<T>(
     memory: &GuestMemory,
     plan: &Plan,

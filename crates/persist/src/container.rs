@@ -802,9 +802,9 @@ impl<R: Read> Reader<R> {
             m.verify_record(&head, &payload, &sum, tag)
         })?;
         // The MAC just checked every byte of a version-2 authenticated record.
-        let crc_checked = self.mac.is_none() || self.header.version < 2;
+        let summed = self.mac.is_none() || self.header.version < 2;
         let version = self.header.version;
-        let computed = match crc_checked {
+        let computed = match summed {
             true => record_checksum(version, &head, &payload),
             false => 0,
         };
