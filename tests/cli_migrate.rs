@@ -228,8 +228,8 @@ fn migrate_ok(d: &Path, source: &mut Child, from: &Path, listen: &str, api: &Pat
             "streams",
             "precopy",
             "pause",
-            "final-round",
             "state",
+            "final-round",
             "commit"
         ],
         "{job:#}"

@@ -87,8 +87,8 @@ impl SenderTime {
 /// docs/migration.md).
 #[derive(Debug, Clone, Serialize)]
 pub struct Progress {
-    /// State, phase (`connect`, `hello`, `streams`, `precopy`, `pause`,
-    /// `final-round`, `state`, `commit`, `resume`, `done`), seconds since the start, the
+    /// State, phase (`connect`, `hello`, `streams`, `precopy`, `pause`, `state`,
+    /// `final-round`, `commit`, `resume`, `done`), seconds since the start, the
     /// error, and when each phase began.
     #[serde(flatten)]
     pub status: JobStatus,
@@ -344,6 +344,12 @@ fn migrate(
         source.handle.pause().context("pausing the vCPUs")?;
         *paused = true;
     }
+    // The state first: the capture quiesces the devices, whose requests still in flight
+    // complete and write guest RAM (a disk read's data, a used ring, a received frame) after
+    // the vCPUs paused. Those writes are in the dirty log the final round takes after it; a
+    // capture after the final round would leave them out of the target's RAM.
+    shared.set_phase("state");
+    let state = crate::vmstate::capture(&source.handle).context("capturing the VM's state")?;
     shared.set_phase("final-round");
     for d in &mut dirty {
         d.union(&source.handle.take_dirty(d.cell())?);
@@ -359,8 +365,6 @@ fn migrate(
         0,
         None,
     );
-    shared.set_phase("state");
-    let state = crate::vmstate::capture(&source.handle).context("capturing the VM's state")?;
     ch.send(RecordKind::VM_STATE, &state)?;
     shared.set_phase("commit");
     let rec = ch.recv("the target's commit")?;
