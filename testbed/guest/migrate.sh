@@ -11,7 +11,11 @@
 # - 1 MiB of fresh random bytes written over `/tmp/blob` (tmpfs, guest RAM), its sha256 kept
 #   in a shell variable; `mem_ok` is 1 when the blob still has the checksum of the last write
 #   (a page the migration missed or sent stale would break it);
-# - `numa_same`: the guest's NUMA view (each node's CPUs, distances, MemTotal) equals the first.
+# - `numa_same`: the guest's NUMA view (each node's CPUs, distances, MemTotal) equals the first;
+# - `reads`: passes of a background reader that keeps a disk read in flight nearly all the
+#   time (`dd iflag=direct`, 1 MiB in 64 KiB requests from the raw disk). A request in flight
+#   at the source's pause completes while the source quiesces its devices; its data and used
+#   ring must reach the target, or the read never completes there and `reads` stops.
 # testbed/runner/src/migration_tests.rs reads these lines from the source's and the target's
 # consoles.
 up() { cut -d' ' -f1 /proc/uptime; }
@@ -30,6 +34,11 @@ mount -t ext4 /dev/vda /mnt/log || echo "GUEST-MIGFAIL mount=failed"
 printf '#!/bin/busybox sh\nexec dirty 32 16\n' > /tmp/dirtier
 chmod +x /tmp/dirtier
 (while :; do nc -l -p 7001 -e /tmp/dirtier; done) &
+(r=0; while :; do
+    dd if=/dev/vda of=/dev/null bs=65536 count=16 iflag=direct 2>/dev/null
+    r=$((r + 1))
+    echo "$r" > /tmp/reads
+done) &
 numa() {
     for n in /sys/devices/system/node/node[0-9]*; do
         printf '%s:%s:%s:%s;' "${n##*node}" "$(cat "$n/cpulist")" "$(tr ' ' , < "$n/distance")" \
@@ -52,7 +61,8 @@ while :; do
     whole=$(awk -v b="$boot" '$1 != NR - 1 || $2 != b {bad = 1} END {print bad ? 0 : 1}' /mnt/log/ticks)
     same=0
     [ "$(numa)" = "$view" ] && same=1
-    echo "GUEST-MIGTICK n=$i boot_id=$boot uptime=$(up) lines=$lines whole=$whole mem_ok=$mem_ok numa_same=$same"
+    reads=$(cat /tmp/reads 2>/dev/null)
+    echo "GUEST-MIGTICK n=$i boot_id=$boot uptime=$(up) lines=$lines whole=$whole mem_ok=$mem_ok numa_same=$same reads=${reads:-0}"
     i=$((i + 1))
     sleep 0.5
 done
