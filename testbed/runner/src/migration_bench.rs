@@ -90,35 +90,61 @@ type Stamped = Arc<Mutex<Vec<(Instant, String)>>>;
 struct Proc {
     child: Child,
     lines: Stamped,
+    /// Its stderr's lines as they arrived (also written to `err`).
+    err_lines: Stamped,
     err: PathBuf,
     what: String,
 }
 
+/// Reads `from` line by line as it arrives, keeping each line with its arrival time and, when
+/// `copy` is given, writing it there too.
+fn stamp_lines(from: impl std::io::Read + Send + 'static, copy: Option<std::fs::File>) -> Stamped {
+    let lines: Stamped = Arc::default();
+    let sink = Arc::clone(&lines);
+    std::thread::spawn(move || {
+        let mut copy = copy;
+        for line in BufReader::new(from).lines().map_while(Result::ok) {
+            let at = Instant::now();
+            if let Some(f) = copy.as_mut() {
+                let _ = writeln!(f, "{line}");
+            }
+            sink.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((at, line.trim_end_matches('\r').to_string()));
+        }
+    });
+    lines
+}
+
 impl Proc {
-    /// Spawns `cmd` with stdout piped and timestamped, stderr to `<work>/<name>.err`.
+    /// Spawns `cmd` with stdout and stderr piped and timestamped, stderr also written to
+    /// `<work>/<name>.err`.
     fn spawn(mut cmd: Command, env: &Env, name: &str) -> Result<Proc, String> {
         let err = env.work.join(format!("{name}.err"));
         let file =
             std::fs::File::create(&err).map_err(|e| format!("create {}: {e}", err.display()))?;
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(file);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().map_err(|e| format!("spawn {name}: {e}"))?;
         let stdout = child.stdout.take().ok_or("no stdout pipe")?;
-        let lines: Stamped = Arc::default();
-        let sink = Arc::clone(&lines);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let at = Instant::now();
-                sink.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((at, line.trim_end_matches('\r').to_string()));
-            }
-        });
+        let stderr = child.stderr.take().ok_or("no stderr pipe")?;
         Ok(Proc {
             child,
-            lines,
+            lines: stamp_lines(stdout, None),
+            err_lines: stamp_lines(stderr, Some(file)),
             err,
             what: name.to_string(),
         })
+    }
+
+    /// When a line of stderr containing `what` arrived first.
+    fn err_line_at(&self, what: &str) -> Option<Instant> {
+        let lines = self.err_lines.lock().unwrap_or_else(|p| p.into_inner());
+        lines
+            .iter()
+            .find(|(_, l)| l.contains(what))
+            .map(|(t, _)| *t)
     }
 
     /// The arrival times of the guest's beat lines so far.
@@ -220,6 +246,70 @@ fn longest_gap(mut beats: Vec<Instant>, from: Instant, to: Instant) -> Result<f6
         .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
         .fold(None, |m: Option<f64>, g| Some(m.map_or(g, |m| m.max(g))));
     gap.ok_or_else(|| "no beat before and after the migration".to_string())
+}
+
+/// `t` in ms after `t0` (negative before it).
+fn ms_after(t: Instant, t0: Instant) -> f64 {
+    if t >= t0 {
+        (t - t0).as_secs_f64() * 1e3
+    } else {
+        -((t0 - t).as_secs_f64() * 1e3)
+    }
+}
+
+/// Where the beat gap falls, ms after `t0` (the migrate command's start): the source's last
+/// beat before the target's first, and the target's first. Printed beside each VMM's own
+/// figures, so that what lies outside its own downtime shows.
+fn gap_edges(src: &[Instant], dst: &[Instant], t0: Instant) -> String {
+    let ms = |t: Instant| ms_after(t, t0);
+    let first = dst.iter().min().copied();
+    let last = src
+        .iter()
+        .filter(|t| first.is_none_or(|f| **t <= f))
+        .max()
+        .copied();
+    match (last, first) {
+        (Some(l), Some(f)) => format!(
+            "last source beat {:.1} ms, first target beat {:.1} ms after the command",
+            ms(l),
+            ms(f)
+        ),
+        _ => "no beat on one side".to_string(),
+    }
+}
+
+/// `PUT uri` on a vmhost API socket (HTTP/1.1, no body); fails unless the answer is 2xx.
+fn api_put(sock: &Path, uri: &str) -> Outcome {
+    let mut s = UnixStream::connect(sock).map_err(|e| format!("{}: {e}", sock.display()))?;
+    s.set_read_timeout(Some(JOB_LIMIT))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "PUT {uri} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )
+    .map_err(|e| format!("PUT {uri}: {e}"))?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)
+        .map_err(|e| format!("PUT {uri}: {e}"))?;
+    ensure!(answer.starts_with("HTTP/1.1 2"), "PUT {uri}: {answer}");
+    Ok(())
+}
+
+/// The guest's restart cost where it is: the VM paused and resumed at once (`pause` and
+/// `resume` run by the caller, back to back), then the longest beat gap around it against
+/// the time from the pause's request to the resume's answer (at most the pause). A baseline
+/// for the migration's beat gap: the part of it that is the guest's own, with no move.
+fn pause_in_place(p: &mut Proc, pause_resume: impl FnOnce() -> Outcome) -> Result<String, String> {
+    let before = p.beats().len();
+    let t0 = Instant::now();
+    pause_resume()?;
+    let t1 = Instant::now();
+    p.wait_beats(before + 20, JOB_LIMIT)?;
+    let gap = longest_gap(p.beats(), t0, t1)?;
+    Ok(format!(
+        "paused and resumed in place: beat gap {gap:.1} ms, pause to resumed {:.1} ms",
+        (t1 - t0).as_secs_f64() * 1e3
+    ))
 }
 
 /// One migration's figures.
@@ -388,6 +478,16 @@ fn phase_marks(v: &Value) -> String {
         .unwrap_or_default()
 }
 
+/// When the source's job entered `phase`, ms after the job began (the report's `phases`).
+fn phase_at_ms(v: &Value, phase: &str) -> Option<f64> {
+    v["phases"]
+        .as_array()?
+        .iter()
+        .find(|m| m["phase"] == phase)?["at"]
+        .as_f64()
+        .map(|s| s * 1e3)
+}
+
 /// A number of a JSON report, or an error naming it.
 fn field(v: &Value, path: &str) -> Result<f64, String> {
     v.pointer(path)
@@ -526,6 +626,11 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
     let (cmd, src_sock) = s.vmhost("migsrc", &["--config", &spec.to_string_lossy()]);
     let mut src = Proc::spawn(cmd, s.env, "vmhost source")?;
     src.wait_beats(WARM_BEATS, BOOT_LIMIT)?;
+    let in_place = pause_in_place(&mut src, || {
+        api_put(&src_sock, "/vm/pause")?;
+        api_put(&src_sock, "/vm/resume")
+    })?;
+    println!("       vmhost: {in_place}");
     let mut at = vmhost_attempt(
         s,
         &src_sock,
@@ -571,8 +676,10 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
             host::thread_states(at.dst.child.id())
         ));
     }
-    let mut beats = src.beats();
-    beats.extend(at.dst.beats());
+    let (src_beats, dst_beats) = (src.beats(), at.dst.beats());
+    let edges = gap_edges(&src_beats, &dst_beats, at.t0);
+    let mut beats = src_beats;
+    beats.extend(dst_beats);
     let gap_ms = longest_gap(beats, at.t0, at.t1)?;
     let code = src.wait_exit(JOB_LIMIT)?;
     ensure!(
@@ -583,8 +690,31 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
     at.dst.stop()?;
     let r = &at.report;
     println!("       vmhost's report: {}", time_split(r));
+    let resumed = at
+        .dst
+        .err_line_at("the guest runs again")
+        .map_or(f64::NAN, |t| ms_after(t, at.t0));
+    println!(
+        "       the gap: {edges}; the target's line that its guest runs again {resumed:.1} ms; \
+         the source's pause to the commit {:.1} ms, its state sent {:.1} ms after the pause",
+        field(r, "/downtime_ms").unwrap_or(f64::NAN),
+        phase_at_ms(r, "commit").unwrap_or(f64::NAN) - phase_at_ms(r, "pause").unwrap_or(f64::NAN)
+    );
     // The target's own account of its steps from the hello to its receivers and of the
     // pause's end (`vmhost: receive: ready for the rounds …`, `… the guest runs again …`).
+    // The target's own clock from the guest's release to its first console byte (its report,
+    // printed at its end).
+    let first_byte = {
+        let lines = at.dst.lines.lock().unwrap_or_else(|p| p.into_inner());
+        lines
+            .iter()
+            .find_map(|(_, l)| {
+                let i = l.find("first serial byte ")?;
+                Some(l[i..].split(',').next().unwrap_or_default().to_string())
+            })
+            .unwrap_or_else(|| "no first serial byte in its report".to_string())
+    };
+    println!("       the target's report: {first_byte} after the guest's release");
     let target_err = std::fs::read_to_string(&at.dst.err).unwrap_or_default();
     for line in target_err
         .lines()
@@ -739,8 +869,12 @@ fn qmp_migrate(qmp: &mut Qmp, to: &str) -> Result<Value, String> {
 
 /// One QEMU migration of a freshly booted guest doing `action`: source → `-incoming`.
 fn qemu_run(s: &Setup, action: &str) -> Result<Sample, String> {
-    let qmp_path = s.env.work.join("qemu-src.qmp");
-    let listen = s.env.work.join("qemu-mig.listen");
+    // Paths of their own per run: a QEMU of an earlier run that unlinks its sockets as it
+    // ends can never take this run's (one run found its QMP socket gone).
+    static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let qmp_path = s.env.work.join(format!("qemu-src-{run}.qmp"));
+    let listen = s.env.work.join(format!("qemu-mig-{run}.listen"));
     for p in [&qmp_path, &listen] {
         let _ = std::fs::remove_file(p);
     }
@@ -749,6 +883,12 @@ fn qemu_run(s: &Setup, action: &str) -> Result<Sample, String> {
         .arg(format!("unix:{},server=on,wait=off", qmp_path.display()));
     let mut src = Proc::spawn(cmd, s.env, "qemu source")?;
     src.wait_beats(WARM_BEATS, BOOT_LIMIT)?;
+    let mut qmp = Qmp::connect(&qmp_path)?;
+    let in_place = pause_in_place(&mut src, || {
+        qmp.call("stop", json!({}))?;
+        qmp.call("cont", json!({})).map(|_| ())
+    })?;
+    println!("       QEMU: {in_place}");
     let to = format!("unix:{}", listen.display());
     let mut cmd = qemu_command(&s.a, action, 1, false);
     cmd.args(["-incoming", &to]);
@@ -762,14 +902,20 @@ fn qemu_run(s: &Setup, action: &str) -> Result<Sample, String> {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut qmp = Qmp::connect(&qmp_path)?;
     let t0 = Instant::now();
     let q =
         qmp_migrate(&mut qmp, &to).map_err(|e| format!("{e}; {}; {}", src.tail(), dst.tail()))?;
     let t1 = Instant::now();
     dst.wait_beats(AFTER_BEATS, JOB_LIMIT)?;
-    let mut beats = src.beats();
-    beats.extend(dst.beats());
+    let (src_beats, dst_beats) = (src.beats(), dst.beats());
+    println!(
+        "       QEMU: the gap: {}; query-migrate: total {} ms, downtime {} ms",
+        gap_edges(&src_beats, &dst_beats, t0),
+        q["total-time"],
+        q["downtime"]
+    );
+    let mut beats = src_beats;
+    beats.extend(dst_beats);
     let gap_ms = longest_gap(beats, t0, t1)?;
     let _ = qmp.call("quit", json!({}));
     let code = src.wait_exit(JOB_LIMIT)?;
