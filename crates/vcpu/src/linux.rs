@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kvm_bindings::CpuId;
-use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use kvm_ioctls::{Kvm, VmFd};
 use vmhost_boot::{build_acpi, load_linux, LinuxBoot, ACPI_START};
 use vmhost_plan::Plan;
 
@@ -21,7 +21,7 @@ use crate::devices::serial::{SerialConsole, COM1_GSI};
 use crate::devices::LinuxDevices;
 use crate::persist::DevicesState;
 use crate::setup::{create_irqchip, open_vm, register_memslots, vcpu_cpuids, vcpu_cpus, vcpu_fifo};
-use crate::vcpu::{VcpuConfig, VcpuError, VcpuStart};
+use crate::vcpu::{VcpuConfig, VcpuStart};
 use crate::vm::{kvm_err, Guest, GuestRam, Prepared, VmError, VmOptions};
 
 /// What `[boot]` names for a Linux guest.
@@ -110,7 +110,6 @@ pub(crate) fn prepare_linux(
             } else {
                 VcpuStart::LinuxWaitForSipi
             },
-            created: None,
         })
         .collect();
     Ok(Prepared {
@@ -125,15 +124,11 @@ pub(crate) fn prepare_linux(
 }
 
 /// The part of a restored Linux guest's VM that its saved state does not change: the KVM VM,
-/// the RAM memslots, the in-kernel irqchip and PIT, every vCPU's CPUID and, when built ahead,
-/// the vCPUs themselves.
+/// the RAM memslots, the in-kernel irqchip and PIT, and every vCPU's CPUID.
 pub(crate) struct LinuxShell {
     kvm: Kvm,
     fd: VmFd,
     cpuids: Vec<CpuId>,
-    /// The vCPUs created ahead ([`LinuxShell::create_vcpus`]), in the plan's order; empty when
-    /// each vCPU thread creates its own.
-    vcpus: Vec<VcpuFd>,
 }
 
 impl LinuxShell {
@@ -143,65 +138,8 @@ impl LinuxShell {
         register_memslots(&fd, ram.guest_memory(), None)?;
         create_irqchip(&fd)?;
         let cpuids = vcpu_cpuids(&kvm, plan, nested)?;
-        Ok(LinuxShell {
-            kvm,
-            fd,
-            cpuids,
-            vcpus: Vec::new(),
-        })
+        Ok(LinuxShell { kvm, fd, cpuids })
     }
-
-    /// Creates every vCPU now (`KVM_CREATE_VCPU`), each on a short-lived thread pinned to
-    /// the PUs its vCPU thread will run on, so that KVM allocates the vCPU's structures on
-    /// that node, as when the vCPU thread creates it. A migration target does this while the
-    /// rounds arrive: its vCPU threads then only load the state while the guest is paused.
-    pub(crate) fn create_vcpus(mut self, plan: &Plan) -> Result<Self, VmError> {
-        let fd = &self.fd;
-        let created: Vec<Result<VcpuFd, VmError>> = std::thread::scope(|scope| {
-            let threads: Vec<_> = plan
-                .vcpus
-                .iter()
-                .enumerate()
-                .map(|(vcpu, v)| {
-                    let cpus = vcpu_cpus(plan, v);
-                    let thread = std::thread::Builder::new()
-                        .name(format!("vmhost-new{vcpu}"))
-                        .spawn_scoped(scope, move || create_vcpu_on(fd, vcpu, v.apic_id, &cpus))
-                        .map_err(|source| VmError::SpawnVcpu { vcpu, source });
-                    (vcpu, thread)
-                })
-                .collect();
-            threads
-                .into_iter()
-                .map(|(vcpu, t)| t?.join().map_err(|_| VmError::VcpuPanicked { vcpu })?)
-                .collect()
-        });
-        self.vcpus = created.into_iter().collect::<Result<_, _>>()?;
-        Ok(self)
-    }
-}
-
-/// Creates vCPU `vcpu` (KVM id `kvm_id`) on this thread, pinned to `cpus` first (none: left
-/// as it is).
-fn create_vcpu_on(fd: &VmFd, vcpu: usize, kvm_id: u32, cpus: &[u32]) -> Result<VcpuFd, VmError> {
-    let id = u32::try_from(vcpu).unwrap_or(u32::MAX);
-    let failed = |source| VmError::Vcpu { vcpu, source };
-    if !cpus.is_empty() {
-        crate::sys::pin_current_thread(cpus).map_err(|source| {
-            failed(VcpuError::Pin {
-                vcpu: id,
-                cpus: cpus.to_vec(),
-                source,
-            })
-        })?;
-    }
-    fd.create_vcpu(u64::from(kvm_id)).map_err(|source| {
-        failed(VcpuError::Kvm {
-            vcpu: id,
-            op: "KVM_CREATE_VCPU",
-            source,
-        })
-    })
 }
 
 /// Prepares a restored Linux guest: no kernel is loaded (`ram` holds the saved memory); the
@@ -216,12 +154,7 @@ pub(crate) fn prepare_restored_linux(
     saved: &DevicesState,
     shell: Option<LinuxShell>,
 ) -> Result<Prepared, VmError> {
-    let LinuxShell {
-        kvm,
-        fd,
-        cpuids,
-        vcpus,
-    } = match shell {
+    let LinuxShell { kvm, fd, cpuids } = match shell {
         Some(shell) => shell,
         None => LinuxShell::build(plan, ram, options.mask_for_nested_emulation)?,
     };
@@ -235,7 +168,6 @@ pub(crate) fn prepare_restored_linux(
             vm: plan.name.clone(),
             source: Box::new(source),
         })?;
-    let mut created = vcpus.into_iter();
     let configs = plan
         .vcpus
         .iter()
@@ -248,7 +180,6 @@ pub(crate) fn prepare_restored_linux(
             fifo_priority: vcpu_fifo(plan, v),
             cpuid,
             start: VcpuStart::LinuxWaitForSipi,
-            created: created.next(),
         })
         .collect();
     Ok(Prepared {

@@ -220,7 +220,6 @@ pub(crate) fn prepare_payload(
                 entry: entry_points.entry,
                 make_runnable: kind.needs_irqchip(),
             },
-            created: None,
         });
     }
     let guest = Guest::Payload {

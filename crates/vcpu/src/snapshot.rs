@@ -345,10 +345,8 @@ impl Vm {
 
 /// The part of a Linux guest's VM that its saved state does not change, built before the
 /// state is known: the KVM VM with a memslot over each RAM region, the in-kernel irqchip and
-/// PIT, every vCPU's CPUID, and the vCPUs themselves, each created on a short-lived thread
-/// pinned to its vCPU's PUs (so that KVM allocates its structures on that node).
-/// [`Vm::restore_on`] builds the rest (devices, vCPU threads) and loads the state. Dropping it
-/// closes the VM.
+/// PIT, and every vCPU's CPUID. [`Vm::restore_on`] builds the rest (devices, vCPU threads)
+/// and loads the state. Dropping it closes the VM.
 pub struct VmShell {
     linux: LinuxShell,
     /// Each RAM region's (GPA, length, host address) the memslots were made for.
@@ -386,7 +384,7 @@ impl VmShell {
             return Ok(None);
         }
         Ok(Some(VmShell {
-            linux: LinuxShell::build(plan, ram, nested)?.create_vcpus(plan)?,
+            linux: LinuxShell::build(plan, ram, nested)?,
             regions: ram_regions(ram),
         }))
     }

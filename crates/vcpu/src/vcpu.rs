@@ -169,9 +169,6 @@ pub(crate) struct VcpuConfig {
     pub fifo_priority: Option<i32>,
     /// How it starts.
     pub start: VcpuStart,
-    /// The vCPU, when it was created ahead (a migration target's shell); `None`: its thread
-    /// creates it.
-    pub created: Option<VcpuFd>,
 }
 
 /// What the guest runs, as the vCPU threads see it.
@@ -223,15 +220,14 @@ pub(crate) enum Event {
 }
 
 /// Body of the `vcpu<N>` thread.
-pub(crate) fn thread_main(mut cfg: VcpuConfig, ctx: VcpuContext) {
+pub(crate) fn thread_main(cfg: VcpuConfig, ctx: VcpuContext) {
     let vcpu = cfg.index;
-    let created = cfg.created.take();
     ctx.control.set_tid(vcpu, Some(sys::gettid()));
     let gate = Arc::clone(&ctx.gate);
     let mut pinned = gate.pinned_guard();
     // The filter goes in once the vCPU is created and configured (KVM_CREATE_VCPU, the
     // kvm_run mapping, CPUID, registers, pinning, the kick signal's handler).
-    let filtered = setup(&cfg, created, &ctx, &mut pinned).and_then(|v| {
+    let filtered = setup(&cfg, &ctx, &mut pinned).and_then(|v| {
         vmhost_seccomp::install_current(vmhost_seccomp::ThreadKind::Vcpu).map_err(|source| {
             VcpuError::Seccomp {
                 vcpu: u32::try_from(vcpu).unwrap_or(u32::MAX),
@@ -281,11 +277,10 @@ pub(crate) fn thread_main(mut cfg: VcpuConfig, ctx: VcpuContext) {
     });
 }
 
-/// Pins the thread, creates the vCPU (unless it was `created` ahead) and gives it its start
-/// state; returns it with its TSC rate and the CPUID it was given (which a capture saves).
+/// Pins the thread, creates the vCPU and gives it its start state; returns it with its TSC
+/// rate and the CPUID it was given (which a capture saves).
 fn setup(
     cfg: &VcpuConfig,
-    created: Option<VcpuFd>,
     ctx: &VcpuContext,
     pinned: &mut crate::control::Pinned<'_>,
 ) -> Result<(VcpuFd, u32, CpuId), VcpuError> {
@@ -308,13 +303,10 @@ fn setup(
     pinned.now();
     sys::prepare_kick_signal().map_err(|source| VcpuError::Signal { vcpu, source })?;
     let kvm = |op: &'static str| move |source| VcpuError::Kvm { vcpu, op, source };
-    let fd = match created {
-        Some(fd) => fd,
-        None => ctx
-            .vm
-            .create_vcpu(u64::from(cfg.kvm_id))
-            .map_err(kvm("KVM_CREATE_VCPU"))?,
-    };
+    let fd = ctx
+        .vm
+        .create_vcpu(u64::from(cfg.kvm_id))
+        .map_err(kvm("KVM_CREATE_VCPU"))?;
     let tsc_khz = fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?;
     if let VcpuStart::Restore(state) = &cfg.start {
         // The saved state carries the CPUID and the payload's mailbox its TSC rate.
