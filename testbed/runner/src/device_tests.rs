@@ -166,10 +166,10 @@ impl Drop for Helpers {
 }
 
 /// A loop device over a file, detached on drop.
-struct Loop(String);
+pub(crate) struct Loop(pub(crate) String);
 
 impl Loop {
-    fn attach(file: &Path) -> Result<Self, String> {
+    pub(crate) fn attach(file: &Path) -> Result<Self, String> {
         let free = Command::new("losetup")
             .arg("-f")
             .output()
@@ -820,7 +820,7 @@ fn task_state(pid: u32, tid: u32) -> Option<char> {
 }
 
 /// vmhost's I/O threads that are in uninterruptible sleep (`D`).
-fn io_threads_in_d(pid: u32) -> Vec<u32> {
+pub(crate) fn io_threads_in_d(pid: u32) -> Vec<u32> {
     crate::host::threads(pid)
         .unwrap_or_default()
         .into_iter()

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::cgroup_tests::{command_in, make_pod_with};
+use crate::dm_log::DmDevice;
 use crate::host;
 use crate::linux_tests::{assets, linux_spec, tail};
 use crate::snapshot_tests::check_placement;
@@ -749,13 +750,19 @@ fn around_tick(env: &Env, names: &[&str], n: usize) -> String {
         .join(" ")
 }
 
-/// Step 4: the migration to nodes 2–3 and everything that must hold after it.
-fn migrate_to_nodes_2_3(env: &Env, src: &Running, listen: &str, key: &str) -> Outcome {
+/// Step 4: the migration to nodes 2–3 and everything that must hold after it. A disk read is
+/// held in flight across the source's pause ([`request_in_flight_at_the_pause`]).
+fn migrate_to_nodes_2_3(
+    env: &Env,
+    src: &Running,
+    (listen, key): (&str, &str),
+    disk: &DmDevice,
+) -> Outcome {
     let boot_id = ticks(&console(env, &["migsrc"]))
         .first()
         .map(|t| t.boot_id.clone())
         .ok_or("no tick before the migration")?;
-    let out = migrate(env, src, listen, key)?;
+    let out = request_in_flight_at_the_pause(src, disk, || migrate(env, src, listen, key))?;
     ensure!(
         out.code == 0,
         "ctl migrate: exit {}: {} {}",
@@ -790,6 +797,117 @@ fn migrate_to_nodes_2_3(env: &Env, src: &Running, listen: &str, key: &str) -> Ou
         last.n
     );
     reader_goes_on(env, at_switch.1)
+}
+
+/// Runs `migrate` with a guest disk request in flight at the source's pause: the disk is
+/// suspended until the source's I/O thread waits in it (the guest's background reader always
+/// has a read out), and resumed once the job's phase is `state`, the capture that quiesces
+/// the devices. The request completes then, writing guest RAM (the data and the used ring)
+/// while the vCPUs are paused: the source must send those pages in its final round. (Before
+/// 5 December the capture came after the final round; the completion's pages then never
+/// reached the target, and its reader, or its ext4, waited for the request for good.)
+fn request_in_flight_at_the_pause(
+    src: &Running,
+    disk: &DmDevice,
+    migrate: impl FnOnce() -> Result<crate::vm::Output, String> + Send,
+) -> Result<crate::vm::Output, String> {
+    disk.suspend(true)?;
+    let held = Instant::now();
+    let in_d = loop {
+        let d = crate::device_tests::io_threads_in_d(src.vmm);
+        if !d.is_empty() {
+            break Ok(d);
+        }
+        if held.elapsed() > GUEST_LIMIT {
+            break Err(format!(
+                "no I/O thread of the source waited on the suspended disk within {GUEST_LIMIT:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (out, resumed) = match in_d {
+        Ok(_) => std::thread::scope(|s| {
+            let job = s.spawn(migrate);
+            let resumed = resume_at_phase(&src.socket, "state", disk);
+            (job.join(), resumed)
+        }),
+        Err(e) => (Ok(Err(e)), Ok(String::new())),
+    };
+    // Never leave the disk suspended, whatever happened.
+    let _ = disk.suspend(false);
+    let out = out.map_err(|_| "the migration's thread panicked".to_string())??;
+    println!(
+        "  migration: a disk read in flight at the pause: {}",
+        resumed?
+    );
+    Ok(out)
+}
+
+/// Polls the source's `GET /vm/migrate` until its phase is `phase`, then resumes `disk`; what
+/// it saw. Resumes the disk and fails when the job ends or `MIGRATE_LIMIT` passes first.
+fn resume_at_phase(sock: &Path, phase: &str, disk: &DmDevice) -> Result<String, String> {
+    let started = Instant::now();
+    let (mut seen, mut running) = (Vec::new(), false);
+    loop {
+        let job = api_get(sock, "/vm/migrate").ok();
+        let now = job
+            .as_ref()
+            .and_then(|j| j["phase"].as_str())
+            .map(str::to_string);
+        if let Some(p) = now.as_ref().filter(|p| seen.last() != Some(*p)) {
+            seen.push(p.clone());
+        }
+        let state = job.as_ref().and_then(|j| j["state"].as_str());
+        // The socket answers with the last job (an earlier, failed one) until this one runs.
+        running |= state == Some("running");
+        if !running {
+            seen.clear();
+            if started.elapsed() > GUEST_LIMIT {
+                disk.suspend(false)?;
+                return Err(format!("the migration job never ran: {job:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        if now.as_deref() == Some(phase) {
+            disk.suspend(false)?;
+            return Ok(format!(
+                "the disk resumed at phase {phase}, {:.1} s after the migration started \
+                 (phases seen: {})",
+                started.elapsed().as_secs_f64(),
+                seen.join(", ")
+            ));
+        }
+        if matches!(state, Some("failed" | "succeeded")) || started.elapsed() > MIGRATE_LIMIT {
+            disk.suspend(false)?;
+            return Err(format!(
+                "the migration job ended or took too long before phase {phase}: {job:?}; \
+                 phases seen: {}",
+                seen.join(", ")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `GET uri` on a vmhost API socket: the JSON body of a 2xx answer.
+fn api_get(sock: &Path, uri: &str) -> Result<Value, String> {
+    use std::io::Read;
+    let mut s = std::os::unix::net::UnixStream::connect(sock)
+        .map_err(|e| format!("{}: {e}", sock.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET {uri} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("GET {uri}: {e}"))?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)
+        .map_err(|e| format!("GET {uri}: {e}"))?;
+    ensure!(answer.starts_with("HTTP/1.1 2"), "GET {uri}: {answer}");
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).map_err(|e| format!("GET {uri}: {e}: {body}"))
 }
 
 /// The guest's background disk reader makes progress on the target: its passes go past
@@ -896,8 +1014,22 @@ fn sequence(env: &Env) -> Outcome {
     let started = Instant::now();
     host::set_2m_pools(&[CELL_PAGES; 4])?;
     let bridge = Bridge::create()?;
+    // The disk through a dm-linear device over a loop device, so that step 4 can hold a read
+    // in flight across the source's pause (`request_in_flight_at_the_pause`).
     let disk = make_disk(env)?;
-    let spec = spec(env, &disk)?.to_string_lossy().into_owned();
+    let sectors = std::fs::metadata(&disk)
+        .map_err(|e| format!("{}: {e}", disk.display()))?
+        .len()
+        / 512;
+    let backing = crate::device_tests::Loop::attach(&disk)?;
+    let dm = DmDevice::create(
+        "vmhost-migdisk",
+        sectors,
+        &format!("linear {} 0", backing.0),
+    )?;
+    let spec = spec(env, Path::new(&dm.dev))?
+        .to_string_lossy()
+        .into_owned();
     let (key, wrong) = (
         key_file(env, "mig.key", 7)?,
         key_file(env, "mig-wrong.key", 9)?,
@@ -920,7 +1052,7 @@ fn sequence(env: &Env) -> Outcome {
     let listen = format!("unix:{}", env.work.join("mig.sock").display());
     let dst = receive(env, "migdst", &pod_b, &listen, &key, Some("round:1:source"))?;
     wrong_key_refused(env, &src, &listen, &wrong)?;
-    migrate_to_nodes_2_3(env, &src, &listen, &key)?;
+    migrate_to_nodes_2_3(env, &src, (&listen, &key), &dm)?;
     bridge.attach_new()?;
     echo.round_trip("after the migration")?;
     after_the_switch(env, &dst)?;
