@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::linux_tests::{assets, linux_spec, Assets, CMDLINE};
-use crate::vm::{run_command_for, Env};
+use crate::vm::{api_call, run_command_for, Env};
 use crate::{ensure, host, Outcome};
 use vmhost_testsupport::stats;
 
@@ -276,23 +276,6 @@ fn gap_edges(src: &[Instant], dst: &[Instant], t0: Instant) -> String {
         ),
         _ => "no beat on one side".to_string(),
     }
-}
-
-/// `PUT uri` on a vmhost API socket (HTTP/1.1, no body); fails unless the answer is 2xx.
-fn api_put(sock: &Path, uri: &str) -> Outcome {
-    let mut s = UnixStream::connect(sock).map_err(|e| format!("{}: {e}", sock.display()))?;
-    s.set_read_timeout(Some(JOB_LIMIT))
-        .map_err(|e| e.to_string())?;
-    write!(
-        s,
-        "PUT {uri} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-    )
-    .map_err(|e| format!("PUT {uri}: {e}"))?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer)
-        .map_err(|e| format!("PUT {uri}: {e}"))?;
-    ensure!(answer.starts_with("HTTP/1.1 2"), "PUT {uri}: {answer}");
-    Ok(())
 }
 
 /// The guest's restart cost where it is: the VM paused and resumed at once (`pause` and
@@ -627,8 +610,8 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
     let mut src = Proc::spawn(cmd, s.env, "vmhost source")?;
     src.wait_beats(WARM_BEATS, BOOT_LIMIT)?;
     let in_place = pause_in_place(&mut src, || {
-        api_put(&src_sock, "/vm/pause")?;
-        api_put(&src_sock, "/vm/resume")
+        api_call(&src_sock, "PUT", "/vm/pause")?;
+        api_call(&src_sock, "PUT", "/vm/resume").map(drop)
     })?;
     println!("       vmhost: {in_place}");
     let mut at = vmhost_attempt(

@@ -892,22 +892,8 @@ fn resume_at_phase(sock: &Path, phase: &str, disk: &DmDevice) -> Result<String, 
 
 /// `GET uri` on a vmhost API socket: the JSON body of a 2xx answer.
 fn api_get(sock: &Path, uri: &str) -> Result<Value, String> {
-    use std::io::Read;
-    let mut s = std::os::unix::net::UnixStream::connect(sock)
-        .map_err(|e| format!("{}: {e}", sock.display()))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    write!(
-        s,
-        "GET {uri} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| format!("GET {uri}: {e}"))?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer)
-        .map_err(|e| format!("GET {uri}: {e}"))?;
-    ensure!(answer.starts_with("HTTP/1.1 2"), "GET {uri}: {answer}");
-    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    serde_json::from_str(body).map_err(|e| format!("GET {uri}: {e}: {body}"))
+    let body = crate::vm::api_call(sock, "GET", uri)?;
+    serde_json::from_str(&body).map_err(|e| format!("GET {uri}: {e}: {body}"))
 }
 
 /// The guest's background disk reader makes progress on the target: its passes go past

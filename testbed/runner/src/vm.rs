@@ -432,6 +432,29 @@ pub fn opt_num(v: &Value) -> Option<u32> {
     v.as_u64().and_then(|n| u32::try_from(n).ok())
 }
 
+/// `METHOD uri` with no body on a vmhost API socket (HTTP/1.1, one request per connection):
+/// the body of a 2xx answer; any other answer is an error naming it.
+pub(crate) fn api_call(sock: &Path, method: &str, uri: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let what = format!("{method} {uri}");
+    let mut s = std::os::unix::net::UnixStream::connect(sock)
+        .map_err(|e| format!("{}: {e}", sock.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "{what} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )
+    .map_err(|e| format!("{what}: {e}"))?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)
+        .map_err(|e| format!("{what}: {e}"))?;
+    crate::ensure!(answer.starts_with("HTTP/1.1 2"), "{what}: {answer}");
+    Ok(answer
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string()))
+}
+
 #[cfg(test)]
 mod cleanup_tests {
     use super::*;
