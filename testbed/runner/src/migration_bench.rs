@@ -673,6 +673,24 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
     at.dst.stop()?;
     let r = &at.report;
     println!("       vmhost's report: {}", time_split(r));
+    where_the_gap_goes(&at, &edges);
+    Ok(Sample {
+        gap_ms,
+        own_downtime_ms: field(r, "/downtime_ms")?,
+        total_s: field(r, "/seconds")?,
+        bytes: field(r, "/bytes_sent")?,
+        rounds: r["rounds"].as_array().map_or(0, Vec::len) as f64,
+        gave_up,
+    })
+}
+
+/// Prints where a vmhost migration's beat gap went (`edges`: [`gap_edges`]): the target's line
+/// that its guest runs again, the source's pause to its commit and to its state sent, the
+/// target's first console byte after the release (its report, printed at its end), and the
+/// target's own account of its steps (`vmhost: receive: ready for the rounds …`, `… the
+/// guest runs again …`).
+fn where_the_gap_goes(at: &Attempt, edges: &str) {
+    let r = &at.report;
     let resumed = at
         .dst
         .err_line_at("the guest runs again")
@@ -683,10 +701,6 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
         field(r, "/downtime_ms").unwrap_or(f64::NAN),
         phase_at_ms(r, "commit").unwrap_or(f64::NAN) - phase_at_ms(r, "pause").unwrap_or(f64::NAN)
     );
-    // The target's own account of its steps from the hello to its receivers and of the
-    // pause's end (`vmhost: receive: ready for the rounds …`, `… the guest runs again …`).
-    // The target's own clock from the guest's release to its first console byte (its report,
-    // printed at its end).
     let first_byte = {
         let lines = at.dst.lines.lock().unwrap_or_else(|p| p.into_inner());
         lines
@@ -698,24 +712,16 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
             .unwrap_or_else(|| "no first serial byte in its report".to_string())
     };
     println!("       the target's report: {first_byte} after the guest's release");
-    let target_err = std::fs::read_to_string(&at.dst.err).unwrap_or_default();
-    for line in target_err
-        .lines()
-        .filter(|l| l.contains("ready for the rounds") || l.contains("the guest runs again"))
+    let err = at.dst.err_lines.lock().unwrap_or_else(|p| p.into_inner());
+    for (_, line) in err
+        .iter()
+        .filter(|(_, l)| l.contains("ready for the rounds") || l.contains("the guest runs again"))
     {
         println!(
             "       the target: {}",
             line.trim_start_matches("vmhost: receive: ")
         );
     }
-    Ok(Sample {
-        gap_ms,
-        own_downtime_ms: field(r, "/downtime_ms")?,
-        total_s: field(r, "/seconds")?,
-        bytes: field(r, "/bytes_sent")?,
-        rounds: r["rounds"].as_array().map_or(0, Vec::len) as f64,
-        gave_up,
-    })
 }
 
 /// The estimated downtime of a report's last round, ms.

@@ -814,9 +814,8 @@ fn request_in_flight_at_the_pause(
     disk.suspend(true)?;
     let held = Instant::now();
     let in_d = loop {
-        let d = crate::device_tests::io_threads_in_d(src.vmm);
-        if !d.is_empty() {
-            break Ok(d);
+        if !crate::device_tests::io_threads_in_d(src.vmm).is_empty() {
+            break Ok(());
         }
         if held.elapsed() > GUEST_LIMIT {
             break Err(format!(
@@ -825,27 +824,27 @@ fn request_in_flight_at_the_pause(
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let (out, resumed) = match in_d {
-        Ok(_) => std::thread::scope(|s| {
+    let (out, seen) = match in_d {
+        Ok(()) => std::thread::scope(|s| {
             let job = s.spawn(migrate);
-            let resumed = resume_at_phase(&src.socket, "state", disk);
-            (job.join(), resumed)
+            let seen = wait_for_phase(&src.socket, "state");
+            // At the phase, or at once when it never came: the job never waits on the disk.
+            let resumed = disk.suspend(false);
+            (job.join(), seen.and_then(|seen| resumed.map(|()| seen)))
         }),
-        Err(e) => (Ok(Err(e)), Ok(String::new())),
+        Err(e) => {
+            let _ = disk.suspend(false);
+            (Ok(Err(e)), Ok(String::new()))
+        }
     };
-    // Never leave the disk suspended, whatever happened.
-    let _ = disk.suspend(false);
     let out = out.map_err(|_| "the migration's thread panicked".to_string())??;
-    println!(
-        "  migration: a disk read in flight at the pause: {}",
-        resumed?
-    );
+    println!("  migration: a disk read in flight at the pause: {}", seen?);
     Ok(out)
 }
 
-/// Polls the source's `GET /vm/migrate` until its phase is `phase`, then resumes `disk`; what
-/// it saw. Resumes the disk and fails when the job ends or `MIGRATE_LIMIT` passes first.
-fn resume_at_phase(sock: &Path, phase: &str, disk: &DmDevice) -> Result<String, String> {
+/// Polls the source's `GET /vm/migrate` until the running job's phase is `phase`; what it
+/// saw. Fails when the job ends or `MIGRATE_LIMIT` passes first.
+fn wait_for_phase(sock: &Path, phase: &str) -> Result<String, String> {
     let started = Instant::now();
     let (mut seen, mut running) = (Vec::new(), false);
     loop {
@@ -862,29 +861,24 @@ fn resume_at_phase(sock: &Path, phase: &str, disk: &DmDevice) -> Result<String, 
         running |= state == Some("running");
         if !running {
             seen.clear();
-            if started.elapsed() > GUEST_LIMIT {
-                disk.suspend(false)?;
-                return Err(format!("the migration job never ran: {job:?}"));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-            continue;
-        }
-        if now.as_deref() == Some(phase) {
-            disk.suspend(false)?;
+            ensure!(
+                started.elapsed() < GUEST_LIMIT,
+                "the migration job never ran: {job:?}"
+            );
+        } else if now.as_deref() == Some(phase) {
             return Ok(format!(
                 "the disk resumed at phase {phase}, {:.1} s after the migration started \
                  (phases seen: {})",
                 started.elapsed().as_secs_f64(),
                 seen.join(", ")
             ));
-        }
-        if matches!(state, Some("failed" | "succeeded")) || started.elapsed() > MIGRATE_LIMIT {
-            disk.suspend(false)?;
-            return Err(format!(
+        } else {
+            ensure!(
+                !matches!(state, Some("failed" | "succeeded")) && started.elapsed() < MIGRATE_LIMIT,
                 "the migration job ended or took too long before phase {phase}: {job:?}; \
                  phases seen: {}",
                 seen.join(", ")
-            ));
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     }
