@@ -451,10 +451,14 @@ fn virtio_announce_defaults_to_acpi_and_names_its_choices() {
         announce("virtio_announce = \"cmdline\"\n"),
         crate::VirtioAnnounce::Cmdline
     );
+    assert_eq!(
+        announce("virtio_announce = \"pci\"\n"),
+        crate::VirtioAnnounce::Pci
+    );
     let e = toml_err(&format!("{base}virtio_announce = \"dsdt\"\n"));
     assert_eq!(e[0].field, "boot.virtio_announce");
     assert_eq!(e[0].value, "\"dsdt\"");
-    assert!(e[0].fix.contains("acpi, cmdline"), "{}", e[0]);
+    assert!(e[0].fix.contains("acpi, cmdline, pci"), "{}", e[0]);
     let e = toml_err("[memory]\nguest = \"64Mi\"\n[boot]\nvirtio_announce = \"acpi\"\n");
     assert_eq!(e[0].field, "boot.virtio_announce");
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::interrupt::Interrupt;
 use crate::mmio::{MmioTransport, INTERRUPT_ACK_OFFSET, INTERRUPT_STATUS_OFFSET, MMIO_WINDOW_SIZE};
+use crate::virtio_pci::{Region, VirtioPciFront};
 
 /// Why a device could not be put on the bus.
 #[derive(Debug, thiserror::Error)]
@@ -76,11 +77,35 @@ struct Window {
     base: u64,
     transport: SharedTransport,
     interrupt: Arc<Interrupt>,
+    /// A virtio-pci function's BAR 0 instead of a virtio-mmio window.
+    pci: Option<Arc<VirtioPciFront>>,
 }
 
 impl MmioBus {
     /// Puts `transport` at `base` (a [`MMIO_WINDOW_SIZE`] window).
     pub fn insert(&mut self, base: u64, transport: SharedTransport) -> Result<(), BusError> {
+        self.insert_window(base, transport, None)
+    }
+
+    /// Puts `transport` behind a virtio-pci function whose BAR 0 is at `base` ([`front`]'s
+    /// registers, the same size as a virtio-mmio window).
+    ///
+    /// [`front`]: VirtioPciFront
+    pub fn insert_pci(
+        &mut self,
+        base: u64,
+        transport: SharedTransport,
+        front: Arc<VirtioPciFront>,
+    ) -> Result<(), BusError> {
+        self.insert_window(base, transport, Some(front))
+    }
+
+    fn insert_window(
+        &mut self,
+        base: u64,
+        transport: SharedTransport,
+        pci: Option<Arc<VirtioPciFront>>,
+    ) -> Result<(), BusError> {
         if let Some(other) = self
             .windows
             .iter()
@@ -101,6 +126,7 @@ impl MmioBus {
             base,
             transport,
             interrupt,
+            pci,
         });
         self.windows.sort_by_key(|w| w.base);
         Ok(())
@@ -133,6 +159,19 @@ impl MmioBus {
         let Some((offset, w)) = self.find(gpa) else {
             return Access::NotMine;
         };
+        if let Some(front) = &w.pci {
+            if VirtioPciFront::region(offset) == Region::Unlocked {
+                front.read_unlocked(offset, data, &w.interrupt);
+                return Access::Done;
+            }
+            return match lock_unless(&w.transport, give_up) {
+                Some(t) => {
+                    front.read(&t, offset, data);
+                    Access::Done
+                }
+                None => Access::GaveUp,
+            };
+        }
         if offset == INTERRUPT_STATUS_OFFSET && data.len() == 4 {
             data.copy_from_slice(&w.interrupt.read_status().to_le_bytes());
             return Access::Done;
@@ -152,6 +191,19 @@ impl MmioBus {
         let Some((offset, w)) = self.find(gpa) else {
             return Access::NotMine;
         };
+        if let Some(front) = &w.pci {
+            if VirtioPciFront::region(offset) == Region::Unlocked {
+                front.write_unlocked(offset, data);
+                return Access::Done;
+            }
+            return match lock_unless(&w.transport, give_up) {
+                Some(mut t) => {
+                    front.write(&mut t, offset, data);
+                    Access::Done
+                }
+                None => Access::GaveUp,
+            };
+        }
         if let (INTERRUPT_ACK_OFFSET, Ok(bytes)) = (offset, <[u8; 4]>::try_from(data)) {
             w.interrupt.ack(u32::from_le_bytes(bytes));
             return Access::Done;
@@ -169,6 +221,14 @@ impl MmioBus {
     /// planner gives slots rising bases).
     pub fn transports(&self) -> impl Iterator<Item = (u64, &SharedTransport)> {
         self.windows.iter().map(|w| (w.base, &w.transport))
+    }
+
+    /// The virtio-pci front of the function whose BAR 0 is at `base`, if it is one.
+    pub fn pci_front(&self, base: u64) -> Option<&Arc<VirtioPciFront>> {
+        self.windows
+            .iter()
+            .find(|w| w.base == base)
+            .and_then(|w| w.pci.as_ref())
     }
 
     /// Number of devices on the bus.

@@ -11,15 +11,18 @@
 //! back exactly the bits it has just read, so the two behave the same for it.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
 
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::msix::Msix;
+
 /// Why an interrupt could not be raised.
 #[derive(Debug, thiserror::Error)]
 pub enum InterruptError {
-    /// Writing the irqfd failed.
-    #[error("cannot signal the interrupt eventfd")]
+    /// Writing the irqfd (or sending the MSI-X message) failed.
+    #[error("cannot signal the interrupt eventfd or MSI-X message")]
     Signal(#[source] std::io::Error),
 }
 
@@ -47,6 +50,9 @@ pub struct Interrupt {
     status: AtomicU32,
     ack_on_read: AtomicBool,
     irqfd: EventFd,
+    /// A virtio-pci function's vectors: while the driver has MSI-X on, queue and
+    /// configuration interrupts are messages and the status bits stay clear.
+    msix: Option<Arc<Msix>>,
 }
 
 impl Interrupt {
@@ -56,7 +62,26 @@ impl Interrupt {
             status: AtomicU32::new(0),
             ack_on_read: AtomicBool::new(false),
             irqfd,
+            msix: None,
         }
+    }
+
+    /// An interrupt of a virtio-pci function: MSI-X messages through `msix` once the driver
+    /// enables it, `irqfd` and the status bits (the ISR) before.
+    pub fn with_msix(irqfd: EventFd, msix: Arc<Msix>) -> Self {
+        Interrupt {
+            msix: Some(msix),
+            ..Interrupt::new(irqfd)
+        }
+    }
+
+    /// The function's MSI-X vectors, for a virtio-pci device.
+    pub fn msix(&self) -> Option<&Arc<Msix>> {
+        self.msix.as_ref()
+    }
+
+    fn msix_on(&self) -> Option<&Msix> {
+        self.msix.as_deref().filter(|m| m.enabled())
     }
 
     /// The status bits, without side effects.
@@ -107,9 +132,21 @@ impl Interrupt {
         self.raise(VIRTIO_MMIO_INT_VRING)
     }
 
+    /// The device used buffers of queue `queue`: its MSI-X vector when the driver enabled
+    /// MSI-X, else as [`Interrupt::signal_used_queue`].
+    pub fn signal_queue(&self, queue: usize) -> Result<(), InterruptError> {
+        match self.msix_on() {
+            Some(m) => m.signal_queue(queue).map_err(InterruptError::Signal),
+            None => self.signal_used_queue(),
+        }
+    }
+
     /// The configuration space (or the device status, e.g. NEEDS_RESET) changed.
     pub fn signal_config_change(&self) -> Result<(), InterruptError> {
-        self.raise(VIRTIO_MMIO_INT_CONFIG)
+        match self.msix_on() {
+            Some(m) => m.signal_config().map_err(InterruptError::Signal),
+            None => self.raise(VIRTIO_MMIO_INT_CONFIG),
+        }
     }
 
     fn raise(&self, bit: u32) -> Result<(), InterruptError> {

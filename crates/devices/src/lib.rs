@@ -1,4 +1,4 @@
-//! vmhost's virtio devices and their virtio-mmio transport.
+//! vmhost's virtio devices and their transports: virtio-mmio, and virtio-pci with MSI-X.
 //!
 //! - [`mmio`]: the virtio-mmio v2 register file and device status state machine, KVM-free.
 //! - [`block`] (over [`disk`]), [`net`], [`rng`], [`vsock`]: the devices, one module each.
@@ -6,7 +6,10 @@
 //!   becomes a [`DeviceError`] and the transport puts the device into NEEDS_RESET.
 //! - [`iov`]: a chain's buffers as `iovec`s into guest memory, for `preadv`/`pwritev` and
 //!   `readv`/`writev` without a bounce buffer.
-//! - [`interrupt`]: interrupt status plus the eventfd (irqfd) that raises the GSI.
+//! - [`interrupt`]: interrupt status plus the eventfd (irqfd) that raises the GSI, or the
+//!   MSI-X vectors ([`msix`]) of a virtio-pci function.
+//! - [`pci`], [`virtio_pci`]: bus 0 behind configuration mechanism #1 and the virtio-pci
+//!   transport, a front on the virtio-mmio one (the same status machine and queues).
 //! - [`persist`]: the devices' state that moves with the VM (snapshot/restore, migration).
 //! - [`ratelimit`]: the per-source log budget for warnings a guest can cause.
 //!
@@ -37,12 +40,15 @@ pub mod host;
 pub mod interrupt;
 pub mod iov;
 pub mod mmio;
+pub mod msix;
 pub mod net;
+pub mod pci;
 pub mod persist;
 pub mod ratelimit;
 pub mod rng;
 pub mod seed;
 mod sys;
+pub mod virtio_pci;
 pub mod vsock;
 pub mod worker;
 

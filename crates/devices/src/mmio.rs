@@ -78,6 +78,21 @@ pub enum MmioError {
     },
 }
 
+/// One queue's setup as the driver wrote it ([`MmioTransport::queue_info`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueInfo {
+    /// Queue size.
+    pub size: u16,
+    /// Whether the driver made it ready.
+    pub ready: bool,
+    /// Descriptor table address.
+    pub desc: u64,
+    /// Available (driver) ring address.
+    pub avail: u64,
+    /// Used (device) ring address.
+    pub used: u64,
+}
+
 /// One device's virtio-mmio register file and status.
 pub struct MmioTransport {
     device: Box<dyn VirtioDevice>,
@@ -165,6 +180,19 @@ impl MmioTransport {
     /// The device behind the transport.
     pub fn device(&self) -> &dyn VirtioDevice {
         self.device.as_ref()
+    }
+
+    /// Queue `index` as the driver set it up (for a transport that reads the queue registers
+    /// back, such as virtio-pci's common configuration); `None` for a queue that does not
+    /// exist.
+    pub fn queue_info(&self, index: usize) -> Option<QueueInfo> {
+        self.queues.get(index).map(|q| QueueInfo {
+            size: q.size(),
+            ready: q.ready(),
+            desc: q.desc_table(),
+            avail: q.avail_ring(),
+            used: q.used_ring(),
+        })
     }
 
     fn offered_features(&self) -> u64 {
@@ -436,7 +464,7 @@ impl MmioTransport {
         match serve(self.device.as_mut(), index, queue, &self.mem, event_idx) {
             Ok(false) => {}
             Ok(true) => {
-                if let Err(e) = self.interrupt.signal_used_queue() {
+                if let Err(e) = self.interrupt.signal_queue(index) {
                     warn!(error = %e, "virtio-mmio: cannot raise the queue interrupt");
                 }
             }

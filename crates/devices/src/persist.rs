@@ -62,6 +62,9 @@ pub struct VirtioSlotState {
     pub transport: TransportState,
     /// The device's own state.
     pub device: DeviceState,
+    /// A virtio-pci function's configuration space and MSI-X (absent for virtio-mmio).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci: Option<crate::virtio_pci::PciSlotState>,
 }
 
 /// A virtio device's own state, by kind.
@@ -241,6 +244,27 @@ pub enum PersistError {
     /// The UART state cannot be applied.
     #[error("serial port: {0}")]
     Serial(String),
+    /// A slot was saved with the other transport (virtio-mmio against virtio-pci).
+    #[error(
+        "virtio slot {index}: saved as a {saved} device, here a {built} one; \
+         boot.virtio_announce must be the same as the saved VM's"
+    )]
+    Transport {
+        /// Slot index.
+        index: usize,
+        /// The saved transport.
+        saved: &'static str,
+        /// The transport here.
+        built: &'static str,
+    },
+    /// A virtio-pci function's state does not fit the function built here.
+    #[error("virtio-pci function at {base:#x}: {why}")]
+    Pci {
+        /// The slot's base.
+        base: u64,
+        /// What does not fit.
+        why: String,
+    },
 }
 
 /// Checks, before any memory moves, that `state` can be restored on this host: every disk
@@ -305,6 +329,7 @@ pub fn save_transports<'a>(
                 base,
                 transport,
                 device,
+                pci: None,
             })
         })
         .collect()

@@ -47,6 +47,7 @@ fn copy_of(mem: &GuestMemoryMmap) -> GuestMemoryMmap {
 fn through_json(transport: &TransportState, device: &DeviceState) -> (TransportState, DeviceState) {
     let state = DevicesState {
         virtio: vec![VirtioSlotState {
+            pci: None,
             base: 0xd000_0000,
             transport: transport.clone(),
             device: device.clone(),
@@ -394,6 +395,7 @@ fn disk_state(path: &Path, sectors: u64, run_scratch: bool) -> DevicesState {
     };
     DevicesState {
         virtio: vec![VirtioSlotState {
+            pci: None,
             base: 0xd000_0000,
             transport: TransportState {
                 device_type: 2,

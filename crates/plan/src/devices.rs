@@ -133,6 +133,12 @@ impl Plan {
         }
     }
 
+    /// Whether the devices are virtio-pci functions (`boot.virtio_announce = "pci"`): each
+    /// slot's base is then its function's BAR 0 and its device number is the slot index + 1.
+    pub fn virtio_pci(&self) -> bool {
+        self.virtio_announce() == Some(VirtioAnnounce::Pci)
+    }
+
     /// The `virtio_mmio.device=` parameters to append to the kernel command line: empty unless
     /// `boot.virtio_announce = "cmdline"` (a device announced twice would be probed twice).
     pub fn virtio_cmdline(&self) -> String {

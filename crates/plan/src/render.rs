@@ -198,9 +198,15 @@ fn render_devices(
     let how = match announce {
         Some(VirtioAnnounce::Acpi) => ", announced in the DSDT as LNRO0005 devices",
         Some(VirtioAnnounce::Cmdline) => ", announced with virtio_mmio.device= on the command line",
+        Some(VirtioAnnounce::Pci) => ", virtio-pci functions with MSI-X on PCI bus 0",
         None => "",
     };
-    let _ = writeln!(s, "\n  virtio devices (virtio-mmio{how}):");
+    let transport = if announce == Some(VirtioAnnounce::Pci) {
+        "virtio-pci"
+    } else {
+        "virtio-mmio"
+    };
+    let _ = writeln!(s, "\n  virtio devices ({transport}{how}):");
     for slot in &d.slots {
         let what = match slot.device {
             VirtioKind::Disk(i) => {

@@ -104,6 +104,10 @@ pub const KVM_VM_STATE_GETS: [u64; 3] = [
     ioc(IOC_READ, KVMIO, 0x9f, 112),
     ioc(IOC_READ, KVMIO, 0x7c, 48),
 ];
+/// `KVM_SIGNAL_MSI` (`struct kvm_msi`, 32 bytes): a virtio-pci function's MSI-X message,
+/// sent by whichever thread completes the device's work (its I/O thread, a vCPU in a register
+/// access, the VMM resuming a restored VM).
+pub const KVM_SIGNAL_MSI: u64 = ioc(IOC_WRITE, KVMIO, 0xa5, 32);
 /// `KVM_IRQ_LINE` (`struct kvm_irq_level`, 8 bytes): the ACPI power button (GED).
 pub const KVM_IRQ_LINE: u64 = ioc(IOC_WRITE, KVMIO, 0x61, 8);
 /// `KVM_GET_DIRTY_LOG` (`struct kvm_dirty_log`, 16 bytes): a memslot's dirty pages, read and
@@ -242,6 +246,8 @@ const VCPU: &[&[(i64, Rule)]] = &[
             VHOST_SET_VRING_KICK,
             VHOST_SET_VRING_CALL,
             VHOST_VSOCK_SET_RUNNING,
+            // A virtio-pci queue served, or a pending MSI-X vector unmasked, in an access.
+            KVM_SIGNAL_MSI,
         ]),
         // The kick signal's handler returns.
         (SYS_rt_sigreturn, Rule::Any),
@@ -278,6 +284,8 @@ const VMM: &[&[(i64, Rule)]] = &[
             KVM_VM_STATE_GETS[0],
             KVM_VM_STATE_GETS[1],
             KVM_VM_STATE_GETS[2],
+            // A restored virtio-pci function's pending MSI-X messages.
+            KVM_SIGNAL_MSI,
         ]),
     ],
 ];
@@ -422,7 +430,8 @@ const DEVICE_IO: &[&[(i64, Rule)]] = &[
         // The last reference to a device can be the I/O thread's: the vsock socket file is
         // removed and a vhost-vsock device stopped when it drops it.
         (SYS_unlink, Rule::Any),
-        ioctl(&[FIONBIO_REQ, VHOST_VSOCK_SET_RUNNING]),
+        // A virtio-pci queue's MSI-X message.
+        ioctl(&[FIONBIO_REQ, VHOST_VSOCK_SET_RUNNING, KVM_SIGNAL_MSI]),
     ],
     // Its epoll and eventfds, closed when the thread ends.
     &CLOSE,

@@ -82,12 +82,19 @@ pub(crate) fn prepare_linux(
             .device_dir
             .clone()
             .unwrap_or_else(std::env::temp_dir);
-        let virtio =
-            crate::virtio::attach(&fd, &plan.devices, &plan.name, ram.guest_memory(), &dir)
-                .map_err(|source| VmError::Virtio {
-                    vm: vm(),
-                    source: Box::new(source),
-                })?;
+        let transport = crate::virtio::Transport::of(plan);
+        let virtio = crate::virtio::attach(
+            &fd,
+            &plan.devices,
+            transport,
+            &plan.name,
+            ram.guest_memory(),
+            &dir,
+        )
+        .map_err(|source| VmError::Virtio {
+            vm: vm(),
+            source: Box::new(source),
+        })?;
         for line in virtio.describe() {
             tracing::info!("{line}");
         }

@@ -19,7 +19,10 @@ use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use vmhost_devices::bus::{Access, BusError, MmioBus, SharedTransport};
 use vmhost_devices::host::{HostDevices, HostError, PreparedDevice};
 use vmhost_devices::mmio::{INTERRUPT_ACK_OFFSET, QUEUE_NOTIFY_OFFSET};
+use vmhost_devices::msix::{MsiSink, Msix};
+use vmhost_devices::pci::PciRoot;
 use vmhost_devices::persist::{restore_slot, save_transports, VirtioSlotState};
+use vmhost_devices::virtio_pci::{self, msix_vectors, VirtioPciFront};
 use vmhost_devices::worker::{IoSource, IoThread, WorkerError, STOP_WAIT};
 use vmhost_devices::{Interrupt, MmioError, MmioTransport, PersistError};
 use vmhost_memory::GuestMemoryMmap;
@@ -122,11 +125,44 @@ pub struct IoThreadInfo {
     pub device_bases: Vec<u64>,
 }
 
+/// How the devices reach the guest (`boot.virtio_announce`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// virtio-mmio windows, each with a GSI (irqfd).
+    Mmio,
+    /// virtio-pci functions on bus 0, interrupting with MSI-X (`KVM_SIGNAL_MSI`).
+    Pci,
+}
+
+impl Transport {
+    /// The transport `plan` gives its devices.
+    pub fn of(plan: &vmhost_plan::Plan) -> Self {
+        if plan.virtio_pci() {
+            Transport::Pci
+        } else {
+            Transport::Mmio
+        }
+    }
+}
+
+/// Sends a virtio-pci function's MSI-X messages into the VM with `KVM_SIGNAL_MSI`, on a
+/// descriptor of its own (the I/O threads outlive no VM: the attachment is dropped first).
+#[derive(Debug)]
+struct KvmMsi(std::os::fd::OwnedFd);
+
+impl MsiSink for KvmMsi {
+    fn send(&self, address: u64, data: u32) -> std::io::Result<()> {
+        crate::sys::signal_msi(&self.0, address, data)
+    }
+}
+
 /// The attached devices of one VM; dropping it stops the I/O threads and removes the run's
 /// scratch files.
 #[derive(Debug)]
 pub struct VirtioAttachment {
     bus: MmioBus,
+    /// Bus 0 of virtio-pci functions (`None` for virtio-mmio).
+    pci: Option<PciRoot>,
     // Field order is drop order: the threads stop (IoThread's Drop) before the run's files go.
     _io: Vec<IoThread>,
     // The InterruptACK ioeventfds (KVM holds its own reference; kept for the VM's life).
@@ -169,6 +205,17 @@ impl VirtioAttachment {
         self.bus.write_or_give_up(gpa, data, give_up)
     }
 
+    /// A guest `in` from a PCI configuration port; false when the VM has no PCI bus or the
+    /// port is not the bus's.
+    pub fn pio_read(&self, port: u16, data: &mut [u8]) -> bool {
+        self.pci.as_ref().is_some_and(|p| p.pio_read(port, data))
+    }
+
+    /// A guest `out` to a PCI configuration port; as [`VirtioAttachment::pio_read`].
+    pub fn pio_write(&self, port: u16, data: &[u8]) -> bool {
+        self.pci.as_ref().is_some_and(|p| p.pio_write(port, data))
+    }
+
     /// The running I/O threads, in plan order.
     pub fn io_threads(&self) -> &[IoThreadInfo] {
         &self.io_info
@@ -206,7 +253,11 @@ impl VirtioAttachment {
     /// not change until the VM resumes ([`VirtioAttachment::resume_io`]) or ends.
     pub fn save(&self) -> Result<Vec<VirtioSlotState>, PersistError> {
         self.pause_io().map_err(PersistError::Quiesce)?;
-        save_transports(self.bus.transports())
+        let mut slots = save_transports(self.bus.transports())?;
+        for slot in &mut slots {
+            slot.pci = self.bus.pci_front(slot.base).map(|f| f.save());
+        }
+        Ok(slots)
     }
 
     /// After [`attach_restored`], once the VM's interrupt controller is restored and before
@@ -223,10 +274,12 @@ impl VirtioAttachment {
     pub fn raise_restored_interrupts(&self) -> usize {
         self.bus
             .transports()
-            .filter(|(_, t)| {
-                t.lock()
+            .filter(|(base, t)| match self.bus.pci_front(*base) {
+                Some(front) => front.msix().release() > 0,
+                None => t
+                    .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .raise_restored_interrupt()
+                    .raise_restored_interrupt(),
             })
             .count()
     }
@@ -239,11 +292,12 @@ impl VirtioAttachment {
 pub fn attach(
     fd: &VmFd,
     plan: &DevicePlan,
+    transport: Transport,
     vm: &str,
     mem: &GuestMemoryMmap,
     run_dir: &Path,
 ) -> Result<VirtioAttachment, VirtioError> {
-    attach_with(fd, plan, vm, mem, run_dir, None)
+    attach_with(fd, plan, transport, vm, mem, run_dir, None)
 }
 
 /// As [`attach`] for a restored VM (snapshot restore, migration target): the devices are
@@ -255,6 +309,7 @@ pub fn attach(
 pub fn attach_restored(
     fd: &VmFd,
     plan: &DevicePlan,
+    transport: Transport,
     vm: &str,
     mem: &GuestMemoryMmap,
     run_dir: &Path,
@@ -266,12 +321,13 @@ pub fn attach_restored(
             built: plan.slots.len(),
         }));
     }
-    attach_with(fd, plan, vm, mem, run_dir, Some(saved))
+    attach_with(fd, plan, transport, vm, mem, run_dir, Some(saved))
 }
 
 fn attach_with(
     fd: &VmFd,
     plan: &DevicePlan,
+    transport: Transport,
     vm: &str,
     mem: &GuestMemoryMmap,
     run_dir: &Path,
@@ -294,16 +350,38 @@ fn attach_with(
     let mut bus = MmioBus::default();
     let mut per_slot = Vec::new();
     let mut acks = Vec::new();
+    let sink: Option<Arc<dyn MsiSink>> = match transport {
+        Transport::Mmio => None,
+        Transport::Pci => Some(Arc::new(KvmMsi(
+            crate::sys::dup_vm_fd(fd).map_err(|source| VirtioError::EventFd { base: 0, source })?,
+        ))),
+    };
+    let mut functions = Vec::new();
     for (index, (slot, prepared)) in plan.slots.iter().zip(prepared).enumerate() {
         let restore = saved.and_then(|s| s.get(index)).map(|s| (index, s));
-        let (transport, sources, ack) = attach_slot(fd, slot, prepared, mem, restore)?;
-        acks.push(ack);
+        let Some(sink) = &sink else {
+            let (transport, sources, ack) = attach_slot(fd, slot, prepared, mem, restore)?;
+            acks.push(ack);
+            per_slot.push(sources);
+            bus.insert(slot.base, transport).map_err(VirtioError::Bus)?;
+            continue;
+        };
+        let device_number = u8::try_from(index + 1).unwrap_or(u8::MAX);
+        let pci = PciSlot {
+            device_number,
+            sink: sink.clone(),
+        };
+        let (transport, sources, front) = attach_pci_slot(fd, slot, pci, prepared, mem, restore)?;
         per_slot.push(sources);
-        bus.insert(slot.base, transport).map_err(VirtioError::Bus)?;
+        functions.push(front.function().clone());
+        bus.insert_pci(slot.base, transport, front)
+            .map_err(VirtioError::Bus)?;
     }
+    let pci = sink.map(|_| PciRoot::new(functions));
     let (io, io_info) = spawn_io_threads(plan, per_slot)?;
     Ok(VirtioAttachment {
         bus,
+        pci,
         _io: io,
         _acks: acks,
         io_info,
@@ -344,30 +422,130 @@ fn attach_slot(
     let mut transport = MmioTransport::new(device, mem.clone(), interrupt)
         .map_err(|source| VirtioError::Transport { base, source })?;
     if let Some((index, saved)) = restore {
+        if saved.pci.is_some() {
+            return Err(VirtioError::Restore(PersistError::Transport {
+                index,
+                saved: "virtio-pci",
+                built: "virtio-mmio",
+            }));
+        }
         restore_slot(index, base, &mut transport, saved).map_err(VirtioError::Restore)?;
     }
     let transport = Arc::new(Mutex::new(transport));
     let notify = IoEventAddress::Mmio(base + QUEUE_NOTIFY_OFFSET);
+    let sources = queue_sources(&transport, queues, prepared.backend, |queue, event| {
+        let index = u32::try_from(queue).unwrap_or(u32::MAX);
+        fd.register_ioevent(event, &notify, index)
+            .map_err(kvm("KVM_IOEVENTFD"))
+    })?;
+    Ok((transport, sources, ack))
+}
+
+/// What a virtio-pci slot needs beyond a virtio-mmio one.
+struct PciSlot {
+    /// Its device number on bus 0.
+    device_number: u8,
+    /// Where its MSI-X messages go.
+    sink: Arc<dyn MsiSink>,
+}
+
+/// One slot as a virtio-pci function whose BAR 0 is at the slot's base: its MSI-X vectors
+/// (one per queue and one for configuration changes), the transport (its saved state and the
+/// function's applied when `restore` is given) and a 2-byte ioeventfd per queue on the
+/// notification address (the value written is the queue index).
+fn attach_pci_slot(
+    fd: &VmFd,
+    slot: &VirtioSlot,
+    pci: PciSlot,
+    prepared: PreparedDevice,
+    mem: &GuestMemoryMmap,
+    restore: Option<(usize, &VirtioSlotState)>,
+) -> Result<(SharedTransport, Vec<IoSource>, Arc<VirtioPciFront>), VirtioError> {
+    let base = slot.base;
+    let evt = || EventFd::new(EFD_NONBLOCK).map_err(|source| VirtioError::EventFd { base, source });
+    let kvm = |op| move |source| VirtioError::Kvm { op, base, source };
+    let device = prepared.device;
+    let queues = device.queue_max_sizes().len();
+    let device_type = device.device_type();
+    let msix = Arc::new(Msix::new(msix_vectors(queues), queues, pci.sink));
+    let bar0 = u32::try_from(base).map_err(|_| VirtioError::Unserved { base })?;
+    let function = Arc::new(virtio_pci::function(
+        pci.device_number,
+        device_type,
+        bar0,
+        msix.clone(),
+    ));
+    let front =
+        Arc::new(VirtioPciFront::new(function, queues).ok_or(VirtioError::Unserved { base })?);
+    // No INTx: the function has no interrupt pin, and the DSDT no _PRT. The eventfd only
+    // takes what the transport would raise before the driver enables MSI-X.
+    let interrupt = Arc::new(Interrupt::with_msix(evt()?, msix));
+    interrupt.set_ack_on_read(true);
+    let mut transport = MmioTransport::new(device, mem.clone(), interrupt)
+        .map_err(|source| VirtioError::Transport { base, source })?;
+    if let Some((index, saved)) = restore {
+        restore_pci_slot(index, base, &mut transport, &front, saved)?;
+    }
+    let transport = Arc::new(Mutex::new(transport));
+    let notify = IoEventAddress::Mmio(base + virtio_pci::NOTIFY_OFFSET);
+    let sources = queue_sources(&transport, queues, prepared.backend, |queue, event| {
+        let index = u16::try_from(queue).unwrap_or(u16::MAX);
+        fd.register_ioevent(event, &notify, index)
+            .map_err(kvm("KVM_IOEVENTFD"))
+    })?;
+    Ok((transport, sources, front))
+}
+
+/// Applies a saved slot to a virtio-pci function: the transport's state, then the
+/// function's (configuration space, MSI-X, selectors).
+fn restore_pci_slot(
+    index: usize,
+    base: u64,
+    transport: &mut MmioTransport,
+    front: &VirtioPciFront,
+    saved: &VirtioSlotState,
+) -> Result<(), VirtioError> {
+    let Some(pci) = &saved.pci else {
+        return Err(VirtioError::Restore(PersistError::Transport {
+            index,
+            saved: "virtio-mmio",
+            built: "virtio-pci",
+        }));
+    };
+    restore_slot(index, base, transport, saved).map_err(VirtioError::Restore)?;
+    front
+        .restore(pci)
+        .map_err(|why| VirtioError::Restore(PersistError::Pci { base, why }))
+}
+
+/// The I/O thread's sources of one transport: an eventfd per queue, each registered by
+/// `register` (an ioeventfd on the transport's notification address), and the device's
+/// backend descriptor if it has one.
+fn queue_sources(
+    transport: &SharedTransport,
+    queues: usize,
+    backend: Option<(std::os::fd::RawFd, usize)>,
+    mut register: impl FnMut(usize, &EventFd) -> Result<(), VirtioError>,
+) -> Result<Vec<IoSource>, VirtioError> {
     let mut sources = Vec::new();
     for queue in 0..queues {
-        let event = evt()?;
-        let index = u32::try_from(queue).unwrap_or(u32::MAX);
-        fd.register_ioevent(&event, &notify, index)
-            .map_err(kvm("KVM_IOEVENTFD"))?;
+        let event = EventFd::new(EFD_NONBLOCK)
+            .map_err(|source| VirtioError::EventFd { base: 0, source })?;
+        register(queue, &event)?;
         sources.push(IoSource::QueueEvent {
             transport: transport.clone(),
             queue,
             event,
         });
     }
-    if let Some((fd, queue)) = prepared.backend {
+    if let Some((fd, queue)) = backend {
         sources.push(IoSource::Backend {
             transport: transport.clone(),
             queue,
             fd,
         });
     }
-    Ok((transport, sources, ack))
+    Ok(sources)
 }
 
 /// The planned I/O threads (or one unpinned thread for a hand-made plan), each with the
@@ -440,3 +618,7 @@ fn spawn_io_threads(
 #[cfg(test)]
 #[path = "virtio_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "virtio_pci_tests.rs"]
+mod pci_tests;

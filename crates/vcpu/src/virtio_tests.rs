@@ -30,6 +30,27 @@ fn flat(type_: u8, selector: u16) -> kvm_segment {
     }
 }
 
+/// Puts `vcpu` in flat 32-bit protected mode at `rip`.
+pub(super) fn protected_mode(vcpu: &kvm_ioctls::VcpuFd, rip: u64) {
+    let mut sregs = vcpu.get_sregs().unwrap();
+    sregs.cs = flat(0xb, 0x8);
+    for s in [
+        &mut sregs.ds,
+        &mut sregs.es,
+        &mut sregs.ss,
+        &mut sregs.fs,
+        &mut sregs.gs,
+    ] {
+        *s = flat(0x3, 0x10);
+    }
+    sregs.cr0 |= 1;
+    vcpu.set_sregs(&sregs).unwrap();
+    let mut regs = vcpu.get_regs().unwrap();
+    regs.rip = rip;
+    regs.rflags = 2;
+    vcpu.set_regs(&regs).unwrap();
+}
+
 fn reg(att: &VirtioAttachment, offset: u64, value: u32) {
     assert!(att.mmio_write(BASE + offset, &value.to_le_bytes()));
 }
@@ -77,7 +98,7 @@ fn a_guest_queue_notify_reaches_the_device_through_the_ioeventfd() {
         rng: true,
         ..DeviceSpec::default()
     });
-    let att = attach(&vm, &plan, "t", &mem, dir.path()).unwrap();
+    let att = attach(&vm, &plan, Transport::Mmio, "t", &mem, dir.path()).unwrap();
     let io = att.io_threads();
     assert_eq!(io.len(), 1, "a hand-made plan gets one I/O thread");
     assert_eq!(io[0].name, "vmhost-io-0");
@@ -102,23 +123,7 @@ fn a_guest_queue_notify_reaches_the_device_through_the_ioeventfd() {
     ];
     mem.write_slice(&code, GuestAddress(CODE)).unwrap();
     let mut vcpu = vm.create_vcpu(0).unwrap();
-    let mut sregs = vcpu.get_sregs().unwrap();
-    sregs.cs = flat(0xb, 0x8);
-    for s in [
-        &mut sregs.ds,
-        &mut sregs.es,
-        &mut sregs.ss,
-        &mut sregs.fs,
-        &mut sregs.gs,
-    ] {
-        *s = flat(0x3, 0x10);
-    }
-    sregs.cr0 |= 1;
-    vcpu.set_sregs(&sregs).unwrap();
-    let mut regs = vcpu.get_regs().unwrap();
-    regs.rip = CODE;
-    regs.rflags = 2;
-    vcpu.set_regs(&regs).unwrap();
+    protected_mode(&vcpu, CODE);
     match vcpu.run().unwrap() {
         VcpuExit::IoOut(0x80, _) => {}
         other => panic!(
@@ -152,7 +157,7 @@ fn a_guest_queue_notify_reaches_the_device_through_the_ioeventfd() {
 
 /// Writes descriptor `index` (a device-writable buffer of `len` bytes at `addr`) and makes
 /// it available as ring entry `slot`.
-fn post_writable(mem: &GuestMemoryMmap, index: u16, addr: u64, len: u32, slot: u16) {
+pub(super) fn post_writable(mem: &GuestMemoryMmap, index: u16, addr: u64, len: u32, slot: u16) {
     let mut d = [0u8; 16];
     d[..8].copy_from_slice(&addr.to_le_bytes());
     d[8..12].copy_from_slice(&len.to_le_bytes());
@@ -165,7 +170,7 @@ fn post_writable(mem: &GuestMemoryMmap, index: u16, addr: u64, len: u32, slot: u
 }
 
 /// A VM with an in-kernel irqchip and `mem` as its RAM.
-fn vm_with(kvm: &Kvm, mem: &GuestMemoryMmap) -> VmFd {
+pub(super) fn vm_with(kvm: &Kvm, mem: &GuestMemoryMmap) -> VmFd {
     let vm = kvm.create_vm().unwrap();
     vm.create_irq_chip().unwrap();
     register_memslots(&vm, mem, None).unwrap();
@@ -189,7 +194,7 @@ fn devices_saved_from_one_vm_are_restored_into_another() {
         rng: true,
         ..DeviceSpec::default()
     });
-    let att = attach(&vm, &plan, "t", &mem, dir.path()).unwrap();
+    let att = attach(&vm, &plan, Transport::Mmio, "t", &mem, dir.path()).unwrap();
     handshake(&att);
     post_writable(&mem, 0, BUF, 64, 0);
     reg(&att, 0x50, 0); // QueueNotify, served on this thread
@@ -213,8 +218,16 @@ fn devices_saved_from_one_vm_are_restored_into_another() {
     let target_mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
     target_mem.write_slice(&bytes, GuestAddress(0)).unwrap();
     let target_vm = vm_with(&kvm, &target_mem);
-    let restored =
-        attach_restored(&target_vm, &plan, "t2", &target_mem, dir.path(), &saved).unwrap();
+    let restored = attach_restored(
+        &target_vm,
+        &plan,
+        Transport::Mmio,
+        "t2",
+        &target_mem,
+        dir.path(),
+        &saved,
+    )
+    .unwrap();
     let mut status = [0u8; 4];
     assert!(restored.mmio_read(BASE + 0x70, &mut status));
     assert_eq!(u32::from_le_bytes(status), 15, "DRIVER_OK restored");
@@ -242,7 +255,16 @@ fn devices_saved_from_one_vm_are_restored_into_another() {
 
     let none = DevicePlan::new(DeviceSpec::default());
     let other_vm = vm_with(&kvm, &target_mem);
-    let err = attach_restored(&other_vm, &none, "t3", &target_mem, dir.path(), &saved).unwrap_err();
+    let err = attach_restored(
+        &other_vm,
+        &none,
+        Transport::Mmio,
+        "t3",
+        &target_mem,
+        dir.path(),
+        &saved,
+    )
+    .unwrap_err();
     let chain = format!("{:?}", err);
     assert!(chain.contains("SlotCount"), "{chain}");
 }
@@ -271,7 +293,7 @@ fn a_missing_image_fails_attach_with_the_disk_named() {
         disks: vec![disk],
         ..DeviceSpec::default()
     });
-    let err = attach(&vm, &plan, "t", &mem, dir.path()).unwrap_err();
+    let err = attach(&vm, &plan, Transport::Mmio, "t", &mem, dir.path()).unwrap_err();
     let chain = format!(
         "{err}: {}",
         std::error::Error::source(&err)
@@ -349,7 +371,7 @@ fn each_planned_io_thread_serves_its_devices_pinned_to_its_pus() {
     vm.create_irq_chip().unwrap();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let att = attach(&vm, &plan.devices, "t", &mem, dir.path()).unwrap();
+    let att = attach(&vm, &plan.devices, Transport::Mmio, "t", &mem, dir.path()).unwrap();
     let io = att.io_threads();
     assert_eq!(io.len(), 2);
     let bases: Vec<u64> = plan.devices.slots.iter().map(|s| s.base).collect();
@@ -390,7 +412,7 @@ fn an_io_thread_that_cannot_be_pinned_fails_attach_and_leaves_no_thread() {
     vm.create_irq_chip().unwrap();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let err = attach(&vm, &plan.devices, "t", &mem, dir.path()).unwrap_err();
+    let err = attach(&vm, &plan.devices, Transport::Mmio, "t", &mem, dir.path()).unwrap_err();
     assert!(
         matches!(&err, VirtioError::Pin { thread, cpus, .. } if thread == "vmhost-io-nopin" && cpus == &[4000]),
         "{err:?}"
@@ -452,7 +474,7 @@ fn linux_devices_are_saved_and_restored_as_one_state() {
             std::io::sink(),
         ))))
     };
-    let att = attach(&vm, &plan.devices, "t", &mem, dir.path()).unwrap();
+    let att = attach(&vm, &plan.devices, Transport::Mmio, "t", &mem, dir.path()).unwrap();
     handshake(&att);
     let source = LinuxDevices::new(SerialConsole::new(sink()).unwrap()).with_virtio(att);
     source.pio_write(0x3ff, &[0x77]); // UART scratch

@@ -46,14 +46,14 @@ const HOST_IP: &str = "10.0.2.1/24";
 const TARGET: f64 = 1.0;
 /// The guest's requests in the phases whose exits are counted per request: 128 MiB in 1 MiB
 /// reads; random reads: the IOPS figure times its 5 s.
-const SEQREAD_REQUESTS: f64 = 128.0;
-const RANDREAD_SECONDS: f64 = 5.0;
+pub(crate) const SEQREAD_REQUESTS: f64 = 128.0;
+pub(crate) const RANDREAD_SECONDS: f64 = 5.0;
 /// How long a VMM may run on after its guest printed `IOBENCH-DONE` (Firecracker does not end
 /// on the guest's power-off; it is stopped then).
 const DONE_GRACE: Duration = Duration::from_secs(15);
 
 /// A process killed (and reaped) when dropped.
-struct Killed(Child);
+pub(crate) struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -64,7 +64,7 @@ impl Drop for Killed {
 
 /// The host's two `nc` endpoints for one run: 5001 swallows what the guest sends, 5002 sends
 /// `payload`.
-fn nc_endpoints(payload: &Path) -> Result<[Killed; 2], String> {
+pub(crate) fn nc_endpoints(payload: &Path) -> Result<[Killed; 2], String> {
     let spawn = |args: &[&str]| {
         Command::new("nc")
             .args(args)
@@ -107,8 +107,10 @@ fn ip(args: &[&str]) -> Outcome {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Vmm {
+pub(crate) enum Vmm {
     Vmhost,
+    /// vmhost with `boot.virtio_announce = "pci"`: virtio-pci functions with MSI-X.
+    VmhostPci,
     Qemu,
     CloudHypervisor,
     Firecracker,
@@ -118,6 +120,7 @@ impl Vmm {
     fn label(self) -> &'static str {
         match self {
             Vmm::Vmhost => "vmhost",
+            Vmm::VmhostPci => "vmhost (pci)",
             Vmm::Qemu => "QEMU",
             Vmm::CloudHypervisor => "Cloud Hypervisor",
             Vmm::Firecracker => "Firecracker",
@@ -127,7 +130,7 @@ impl Vmm {
     /// The name (prefix) of the tap the VMM creates.
     fn tap(self) -> &'static str {
         match self {
-            Vmm::Vmhost => "vmhost",
+            Vmm::Vmhost | Vmm::VmhostPci => "vmhost",
             Vmm::Qemu => "tapq",
             Vmm::CloudHypervisor => "tapc",
             Vmm::Firecracker => "tapf",
@@ -136,10 +139,15 @@ impl Vmm {
 }
 
 /// What a guest run needs.
-struct Setup {
+pub(crate) struct Setup {
     a: Assets,
+    /// The vmhost to run: the release build of `run.sh bench` ([`setup`]), or the suite's own
+    /// in a test.
+    pub(crate) vmhost: PathBuf,
     run_dir: PathBuf,
     spec: PathBuf,
+    /// The same spec with `boot.virtio_announce = "pci"`.
+    spec_pci: PathBuf,
     initrd: PathBuf,
     image: PathBuf,
     action: String,
@@ -149,12 +157,14 @@ struct Setup {
 
 fn command(s: &Setup, v: Vmm) -> Command {
     match v {
-        Vmm::Vmhost => {
-            let mut c = Command::new(&s.a.vmhost_release);
-            c.arg("--run-dir")
-                .arg(&s.run_dir)
-                .arg("--config")
-                .arg(&s.spec);
+        Vmm::Vmhost | Vmm::VmhostPci => {
+            let spec = if v == Vmm::VmhostPci {
+                &s.spec_pci
+            } else {
+                &s.spec
+            };
+            let mut c = Command::new(&s.vmhost);
+            c.arg("--run-dir").arg(&s.run_dir).arg("--config").arg(spec);
             c
         }
         Vmm::Qemu => {
@@ -215,9 +225,11 @@ fn fc_config(s: &Setup) -> serde_json::Value {
 }
 
 /// One guest run: the figures, and the host's exit counts when each figure's line came.
-struct Figures {
-    values: BTreeMap<String, f64>,
-    exits_at: BTreeMap<String, BTreeMap<String, u64>>,
+pub(crate) struct Figures {
+    pub(crate) values: BTreeMap<String, f64>,
+    pub(crate) exits_at: BTreeMap<String, BTreeMap<String, u64>>,
+    /// The guest's `GUEST key=value` lines (its view of the devices and their interrupts).
+    pub(crate) lines: Vec<BTreeMap<String, String>>,
 }
 
 /// Waits until no tap of an earlier run with `prefix` is left.
@@ -235,7 +247,7 @@ fn wait_no_tap(prefix: &str, what: &str) -> Outcome {
 
 /// Runs one guest under VMM `v`: addresses its tap when it appears, reads its serial lines
 /// as they come (the exit counts at each `IOBENCH` line), and waits for it to end.
-fn run_guest(s: &Setup, v: Vmm, exits: &ExitCounter) -> Result<Figures, String> {
+pub(crate) fn run_guest(s: &Setup, v: Vmm, exits: &ExitCounter) -> Result<Figures, String> {
     let (what, tap_prefix) = (v.label(), v.tap());
     wait_no_tap(tap_prefix, what)?;
     let mut cmd = command(s, v);
@@ -278,7 +290,12 @@ fn run_guest(s: &Setup, v: Vmm, exits: &ExitCounter) -> Result<Figures, String> 
     for f in FIGURES {
         ensure!(values.contains_key(f), "{what}: no {f} figure: {tail:?}");
     }
-    Ok(Figures { values, exits_at })
+    let lines = crate::linux_tests::guest_lines(&out);
+    Ok(Figures {
+        values,
+        exits_at,
+        lines,
+    })
 }
 
 type ExitsAt = BTreeMap<String, BTreeMap<String, u64>>;
@@ -343,34 +360,38 @@ fn wait_guest(
     }
 }
 
-/// The bench's inputs: the image, the payload the host sends, vmhost's spec and Firecracker's
+/// The inputs of a run: the image, vmhost's specs (virtio-mmio and virtio-pci) and, with
+/// `peers`, the bundled peers (each missing one said in a line) and Firecracker's
 /// configuration.
-fn setup(env: &Env) -> Result<Setup, String> {
+pub(crate) fn setup(env: &Env, peers: bool) -> Result<Setup, String> {
     let a = assets(env)?;
-    ensure!(
-        a.qemu.exists(),
-        "benchmark asset {} missing (testbed/run.sh bench copies it)",
-        a.qemu.display()
-    );
     let initrd = env.work.join("guest/initramfs-devices.cpio");
     let image = env.work.join("iobench.img");
     std::fs::File::create(&image)
         .and_then(|f| f.set_len(256 << 20))
         .map_err(|e| format!("create {}: {e}", image.display()))?;
     let action = format!("iobench vmhost.net={GUEST_NET}");
-    let spec = format!(
-        "{}[[devices.disks]]\nname = \"bench\"\ncache = \"writeback\"\n[[volumes]]\n\
-         name = \"bench\"\nhost_disk = {{ path = \"{}\", type = \"Disk\" }}\n\
-         [[devices.interfaces]]\nname = \"default\"\nbridge = {{}}\n[[networks]]\n\
-         name = \"default\"\npod = {{}}\n",
-        linux_spec("iobench", (1, 2), "", "256Mi", &a.vmlinux, &initrd, &action),
-        image.display()
-    );
+    let spec = |boot_extra: &str| {
+        format!(
+            "{}{boot_extra}[[devices.disks]]\nname = \"bench\"\ncache = \"writeback\"\n\
+             [[volumes]]\nname = \"bench\"\nhost_disk = {{ path = \"{}\", type = \"Disk\" }}\n\
+             [[devices.interfaces]]\nname = \"default\"\nbridge = {{}}\n[[networks]]\n\
+             name = \"default\"\npod = {{}}\n",
+            linux_spec("iobench", (1, 2), "", "256Mi", &a.vmlinux, &initrd, &action),
+            image.display()
+        )
+    };
     let s = Setup {
-        spec: env.spec("iobench", &spec)?,
+        vmhost: a.vmhost_release.clone(),
+        spec: env.spec("iobench", &spec(""))?,
+        spec_pci: env.spec("iobench-pci", &spec("virtio_announce = \"pci\"\n"))?,
         run_dir: env.run_dir.clone(),
         fc_config: env.work.join("iobench-fc.json"),
-        peers: peer_bundles(&a),
+        peers: if peers {
+            peer_bundles(&a)
+        } else {
+            BTreeMap::new()
+        },
         initrd,
         image,
         action,
@@ -388,11 +409,16 @@ fn setup(env: &Env) -> Result<Setup, String> {
 /// host and prints each figure's medians, the ratios with their intervals against the >= 1.0
 /// target, and the exits per 1,000 requests of the read phases.
 pub fn virtio_vs_qemu(env: &Env) -> Outcome {
-    let s = setup(env)?;
+    let s = setup(env, true)?;
+    ensure!(
+        s.a.qemu.exists(),
+        "benchmark asset {} missing (testbed/run.sh bench copies it)",
+        s.a.qemu.display()
+    );
     host::set_2m_pools(&[160, 0])?;
     let payload = env.work.join("iobench-to-guest.bin");
     std::fs::write(&payload, vec![0x5au8; 64 << 20]).map_err(|e| e.to_string())?;
-    let mut vmms = vec![Vmm::Vmhost, Vmm::Qemu];
+    let mut vmms = vec![Vmm::Vmhost, Vmm::VmhostPci, Vmm::Qemu];
     if s.peers.contains_key("ch") {
         vmms.push(Vmm::CloudHypervisor);
     }
@@ -456,30 +482,41 @@ fn report(vmms: &[Vmm], runs: &[Vec<Figures>], rounds: usize) {
                 median(&x)
             );
         }
-        for (i, peer) in vmms.iter().enumerate().skip(1) {
-            let ratios: Vec<f64> = runs[0]
-                .iter()
-                .zip(&runs[i])
-                .map(|(a, b)| a.values[f] / b.values[f])
-                .collect();
-            let ci = bootstrap_ci(&ratios);
-            let verdict = if ci.0 >= TARGET {
-                "met"
-            } else if ci.1 < TARGET {
-                "not met"
-            } else {
-                "inconclusive"
-            };
-            println!(
-                "     {f:<9} vmhost / {:<17} {:.3} [{:.3}, {:.3}]  {verdict}",
-                peer.label(),
-                median(&ratios),
-                ci.0,
-                ci.1
-            );
+        // Each vmhost transport against every VMM after it (the pci one against the mmio one
+        // too: the second row).
+        for (j, ours) in vmms.iter().enumerate().take(2) {
+            for (i, peer) in vmms.iter().enumerate().skip(j + 1) {
+                ratio_line(f, ours, peer, &runs[j], &runs[i]);
+            }
         }
     }
     exits_per_request(vmms, runs);
+}
+
+/// One `ours / peer` line: the median per-round ratio of figure `f`, its interval, and the
+/// verdict against [`TARGET`].
+fn ratio_line(f: &str, ours: &Vmm, peer: &Vmm, a: &[Figures], b: &[Figures]) {
+    let ratios: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .map(|(a, b)| a.values[f] / b.values[f])
+        .collect();
+    let ci = bootstrap_ci(&ratios);
+    let verdict = if ci.0 >= TARGET {
+        "met"
+    } else if ci.1 < TARGET {
+        "not met"
+    } else {
+        "inconclusive"
+    };
+    println!(
+        "     {f:<9} {} / {:<17} {:.3} [{:.3}, {:.3}]  {verdict}",
+        ours.label(),
+        peer.label(),
+        median(&ratios),
+        ci.0,
+        ci.1
+    );
 }
 
 /// The exits of the sequential-read and random-read phases per 1,000 of the guest's requests

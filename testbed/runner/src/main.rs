@@ -25,6 +25,7 @@ mod linux_tests;
 mod memory_tests;
 mod migration_bench;
 mod migration_tests;
+mod pci_tests;
 mod peers_bench;
 mod pod_tests;
 mod snapshot_tests;
@@ -163,6 +164,7 @@ const TWO_NODE: &[Test] = &[
         "vsock_vhost_linux_guest_echo_both_ways",
         vsock_tests::vhost_linux_guest_echo_both_ways,
     ),
+    ("virtio_pci_linux_guest", pci_tests::virtio_pci_linux_guest),
 ];
 
 /// The benchmarks of the 2-node host (`testbed/run.sh bench`, `make bench-testbed`): they

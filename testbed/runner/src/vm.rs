@@ -101,6 +101,11 @@ impl Env {
         Ok(path)
     }
 
+    /// The vmhost binary the suite runs.
+    pub fn vmhost(&self) -> &Path {
+        &self.vmhost
+    }
+
     /// A vmhost command with the shared run directory.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(&self.vmhost);

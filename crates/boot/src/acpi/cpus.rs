@@ -117,7 +117,11 @@ pub(super) fn dsdt(plan: &Plan) -> Vec<u8> {
         .collect();
     let children: Vec<&dyn Aml> = devices.iter().map(|d| d as &dyn Aml).collect();
     let platform = RawAml(super::devices::devices_aml());
-    let virtio = RawAml(super::virtio::virtio_mmio_aml(plan.virtio_acpi_slots()));
+    let virtio = RawAml(if plan.virtio_pci() && !plan.devices.is_empty() {
+        super::virtio::pci_host_bridge_aml()
+    } else {
+        super::virtio::virtio_mmio_aml(plan.virtio_acpi_slots())
+    });
     let mut children = children;
     children.push(&platform);
     children.push(&virtio);

@@ -109,7 +109,10 @@ pub const SLP_TYP_MASK: u8 = 0x7 << 2;
 /// Tables are placed on this alignment (the RSDP must be 16-byte aligned to be found by a scan).
 const TABLE_ALIGN: u64 = 16;
 /// FADT IA-PC boot architecture flags: no VGA, no MSI, no CMOS RTC (the VMM emulates none).
-const IAPC_BOOT_ARCH: u16 = (1 << 2) | (1 << 3) | (1 << 5);
+const IAPC_BOOT_ARCH: u16 = (1 << 2) | IAPC_NO_MSI | (1 << 5);
+/// The "no MSI" flag, left out when the guest has virtio-pci functions (their interrupts
+/// are MSI-X messages).
+const IAPC_NO_MSI: u16 = 1 << 3;
 /// FADT hypervisor vendor identity.
 const HYPERVISOR_VENDOR: [u8; 8] = *b"VMHOSTVM";
 
@@ -333,7 +336,7 @@ pub fn build_acpi(
     Ok(AcpiTables {
         rsdp: table(rsdp_addr, aml_bytes(&Rsdp::new(OEM_ID, xsdt_addr))),
         xsdt: table(xsdt_addr, aml_bytes(&xsdt)),
-        fadt: table(fadt_addr, fadt(dsdt_addr)),
+        fadt: table(fadt_addr, fadt(dsdt_addr, plan.virtio_pci())),
         dsdt: table(dsdt_addr, dsdt),
         madt: table(madt_addr, madt),
         srat: table(srat_addr, srat),
@@ -411,14 +414,19 @@ fn io_byte(port: u16) -> GAS {
 /// A hardware-reduced FADT pointing at the DSDT, with the sleep control/status registers (the
 /// guest's way to power off, with the DSDT's `\_S5_`) and a reset register (its way to reboot)
 /// in I/O space.
-fn fadt(dsdt_addr: u64) -> Vec<u8> {
+fn fadt(dsdt_addr: u64, msi: bool) -> Vec<u8> {
     let mut b = FADTBuilder::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION)
         .dsdt_64(dsdt_addr)
         .flag(Flags::HwReducedAcpi)
         .flag(Flags::ResetRegSup)
         .flag(Flags::PwrButton)
         .flag(Flags::SlpButton);
-    b.iapc_boot_arch = IAPC_BOOT_ARCH.into();
+    let arch = if msi {
+        IAPC_BOOT_ARCH & !IAPC_NO_MSI
+    } else {
+        IAPC_BOOT_ARCH
+    };
+    b.iapc_boot_arch = arch.into();
     b.sleep_control_reg = io_byte(SLEEP_CONTROL_PORT);
     b.sleep_status_reg = io_byte(SLEEP_STATUS_PORT);
     b.reset_reg = io_byte(RESET_PORT);

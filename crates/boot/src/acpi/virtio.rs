@@ -7,9 +7,12 @@
 //! for the slots of [`vmhost_plan::Plan::virtio_acpi_slots`] (none when
 //! `boot.virtio_announce = "cmdline"` announces them on the command line instead).
 
-use acpi_tables::aml::{Device, Interrupt, Memory32Fixed, Name, Path, ResourceTemplate};
+use acpi_tables::aml::{
+    AddressSpace, AddressSpaceCacheable, Device, EISAName, Interrupt, Memory32Fixed, Name, Path,
+    ResourceTemplate, IO,
+};
 use acpi_tables::Aml;
-use vmhost_plan::devices::{VirtioSlot, VIRTIO_MMIO_SIZE};
+use vmhost_plan::devices::{VirtioSlot, MAX_VIRTIO_DEVICES, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE};
 
 use super::aml_bytes;
 
@@ -38,6 +41,39 @@ pub fn virtio_mmio_aml(slots: &[VirtioSlot]) -> Vec<u8> {
         out.extend(aml_bytes(&device));
     }
     out
+}
+
+/// The PCI host bridge of `boot.virtio_announce = "pci"` (`\_SB_.PCI0`, `PNP0A08`/`PNP0A03`):
+/// bus 0, configuration mechanism #1 at ports 0xcf8-0xcff, and one memory window over every
+/// virtio slot, where vmhost puts each function's BAR 0. Linux finds the functions by scanning
+/// the bus; their interrupts are MSI-X messages, so there is no `_PRT`.
+pub fn pci_host_bridge_aml() -> Vec<u8> {
+    let window_end = VIRTIO_MMIO_BASE + VIRTIO_MMIO_SIZE * MAX_VIRTIO_DEVICES as u64 - 1;
+    let (Ok(start), Ok(end)) = (u32::try_from(VIRTIO_MMIO_BASE), u32::try_from(window_end)) else {
+        return Vec::new();
+    };
+    let hid = Name::new("_HID".into(), &EISAName::new("PNP0A08"));
+    let cid = Name::new("_CID".into(), &EISAName::new("PNP0A03"));
+    let adr = Name::new("_ADR".into(), &0u32);
+    let seg = Name::new("_SEG".into(), &0u32);
+    let uid = Name::new("_UID".into(), &0u32);
+    let bbn = Name::new("_BBN".into(), &0u32);
+    let buses = AddressSpace::<u16>::new_bus_number(0, 0);
+    let config_ports = IO::new(0xcf8, 0xcf8, 1, 8);
+    let memory = AddressSpace::<u32>::new_memory(
+        AddressSpaceCacheable::NotCacheable,
+        true,
+        start,
+        end,
+        None,
+    );
+    let template = ResourceTemplate::new(vec![&buses as &dyn Aml, &config_ports, &memory]);
+    let crs = Name::new("_CRS".into(), &template);
+    let device = Device::new(
+        Path::new("PCI0"),
+        vec![&hid as &dyn Aml, &cid, &adr, &seg, &uid, &bbn, &crs],
+    );
+    aml_bytes(&device)
 }
 
 #[cfg(test)]

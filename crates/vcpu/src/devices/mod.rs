@@ -1,5 +1,6 @@
 //! The emulated devices of a Linux guest, all on port I/O: COM1 ([`serial`]), the legacy
-//! ports the kernel probes, and the ACPI power-off and reset registers ([`legacy`]). The
+//! ports the kernel probes, and the ACPI power-off and reset registers ([`legacy`]); with
+//! virtio-pci devices, PCI configuration mechanism #1 is the virtio attachment's. The
 //! console input thread is in [`console`].
 //!
 //! The in-kernel irqchip and PIT (created for every Linux guest) handle the PIC, I/O APIC,
@@ -59,6 +60,9 @@ impl LinuxDevices {
             self.serial.read(port, data);
             return true;
         }
+        if self.virtio.as_ref().is_some_and(|v| v.pio_read(port, data)) {
+            return true;
+        }
         lock(&self.legacy).read(port, data)
     }
 
@@ -70,6 +74,13 @@ impl LinuxDevices {
         }
         if port == DEBUG_PORT && data.len() == 1 {
             self.marks.record(data[0], crate::sys::monotonic_ns());
+            return PortAction::Handled;
+        }
+        if self
+            .virtio
+            .as_ref()
+            .is_some_and(|v| v.pio_write(port, data))
+        {
             return PortAction::Handled;
         }
         lock(&self.legacy).write(port, data)

@@ -111,6 +111,7 @@ impl LinuxDevices {
         let virtio = crate::virtio::attach_restored(
             fd,
             &plan.devices,
+            crate::virtio::Transport::of(plan),
             &plan.name,
             mem,
             run_dir,

@@ -456,3 +456,40 @@ mod tests {
         .unwrap();
     }
 }
+
+vmm_sys_util::ioctl_iow_nr!(
+    KVM_SIGNAL_MSI,
+    kvm_bindings::KVMIO,
+    0xa5,
+    kvm_bindings::kvm_msi
+);
+
+/// A second descriptor of the VM `vm` (for the threads that send MSI-X messages).
+pub fn dup_vm_fd(vm: &impl std::os::fd::AsRawFd) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: F_DUPFD_CLOEXEC only reads the descriptor number; a closed one fails (EBADF).
+    let fd = unsafe { libc::fcntl(vm.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by fcntl and nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// `KVM_SIGNAL_MSI` on the VM descriptor `vm`: the message `data` to `address`. A message the
+/// guest's interrupt controller blocked (the ioctl's 0) is not an error: the guest masked it.
+pub fn signal_msi(vm: &std::os::fd::OwnedFd, address: u64, data: u32) -> io::Result<()> {
+    let msi = kvm_bindings::kvm_msi {
+        address_lo: (address & 0xffff_ffff) as u32,
+        address_hi: (address >> 32) as u32,
+        data,
+        ..Default::default()
+    };
+    // SAFETY: `vm` is an open KVM VM descriptor; `msi` is a valid kvm_msi that the kernel only
+    // reads during the call, as KVM_SIGNAL_MSI's _IOW direction and size say.
+    let r = unsafe { vmm_sys_util::ioctl::ioctl_with_ref(vm, KVM_SIGNAL_MSI(), &msi) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
