@@ -3,9 +3,10 @@
 //! device initramfs, 2 vCPUs, 256 MiB of 2 MiB hugepages (QEMU: anonymous memory), a 256 MiB
 //! raw image on the host's tmpfs with the host page cache (`writeback` for vmhost, QEMU and
 //! Firecracker, Cloud Hypervisor's default `direct=off`: tmpfs on Linux 6.1 takes no
-//! O_DIRECT), and a tap on the host at 10.0.2.1. vmhost and Firecracker give the guest
-//! virtio-mmio devices (blk, net); QEMU 7.2 `-enable-kvm` and Cloud Hypervisor virtio-pci ones
-//! (the guest loads `virtio_pci`). The peers are the bundles of `testbed/build-guest.sh`
+//! O_DIRECT), and a tap on the host at 10.0.2.1. vmhost runs twice per round: with its
+//! default virtio-mmio devices (blk, net), as Firecracker gives, and as "vmhost (pci)" with
+//! `boot.virtio_announce = "pci"` (virtio-pci functions with MSI-X), as QEMU 7.2
+//! `-enable-kvm` and Cloud Hypervisor give (the guest loads `virtio_pci`). The peers are the bundles of `testbed/build-guest.sh`
 //! (`VMHOST_BENCH_CH`, `VMHOST_BENCH_FC`); a missing one is left out with one line saying how
 //! to get it.
 //!
@@ -14,8 +15,8 @@
 //! reads at queue depth 1 for 5 s, and 64 MiB over TCP each way to `nc` on the host. After one
 //! warm-up round (not counted), `VMHOST_BENCH_ROUNDS` rounds (default 11) run every VMM once,
 //! the order rotated by one each round; per figure the median of each VMM and the median of
-//! the per-round ratios vmhost / peer (higher is better for vmhost) with a 95 % bootstrap
-//! interval. The host kernel's `kvm_exit` counts ([`crate::kvm_exits`]) are read each time
+//! the per-round ratios vmhost / peer for each vmhost transport (higher is better for vmhost)
+//! with a 95 % bootstrap interval. The host kernel's `kvm_exit` counts ([`crate::kvm_exits`]) are read each time
 //! the guest prints a figure, so the exits of the sequential-read and random-read phases are
 //! reported per 1,000 of the guest's requests. Emulated timings mean something only as these
 //! ratios (docs/benchmarks.md).

@@ -165,6 +165,10 @@ const TWO_NODE: &[Test] = &[
         vsock_tests::vhost_linux_guest_echo_both_ways,
     ),
     ("virtio_pci_linux_guest", pci_tests::virtio_pci_linux_guest),
+    (
+        "virtio_pci_linux_migration",
+        pci_tests::virtio_pci_linux_migration,
+    ),
 ];
 
 /// The benchmarks of the 2-node host (`testbed/run.sh bench`, `make bench-testbed`): they

@@ -167,7 +167,7 @@ pub(crate) fn wait_tick_past(env: &Env, names: &[&str], after: u64) -> Result<Ti
 }
 
 /// Waits for a line containing `what` in `<name>.err`.
-fn wait_stderr(env: &Env, name: &str, what: &str, limit: Duration) -> Outcome {
+pub(crate) fn wait_stderr(env: &Env, name: &str, what: &str, limit: Duration) -> Outcome {
     let path = env.work.join(format!("{name}.err"));
     let deadline = Instant::now() + limit;
     loop {
@@ -354,7 +354,7 @@ pub(crate) fn key_file(env: &Env, name: &str, byte: u8) -> Result<String, String
 
 /// A copy in `/tmp` of the share's empty 32 MiB ext4 image (testbed/build-disks.sh: the
 /// emulated host has no mkfs), for the guest's log.
-fn make_disk(env: &Env) -> Result<PathBuf, String> {
+pub(crate) fn make_disk(env: &Env) -> Result<PathBuf, String> {
     make_disk_in(env, &env.work)
 }
 
@@ -370,17 +370,29 @@ pub(crate) fn make_disk_in(env: &Env, dir: &Path) -> Result<PathBuf, String> {
 
 /// The guest's spec: 2 cells passthrough, 128 MiB of 2 MiB pages, the log disk and a NIC.
 pub(crate) fn spec(env: &Env, disk: &Path) -> Result<PathBuf, String> {
+    spec_with(
+        env,
+        disk,
+        (2, 1),
+        "numa = { guest_mapping_passthrough = true }",
+        "",
+    )
+}
+
+/// [`spec`] with `sockets` × `cores` vCPUs, `extra_cpu` in `[cpu]` and `boot_extra` in
+/// `[boot]` (`pci_tests`: one cell, `virtio_announce = "pci"`).
+pub(crate) fn spec_with(
+    env: &Env,
+    disk: &Path,
+    shape: (u32, u32),
+    extra_cpu: &str,
+    boot_extra: &str,
+) -> Result<PathBuf, String> {
     let a = assets(env)?;
     let initrd = env.work.join("guest/initramfs-devices.cpio");
     let base = linux_spec(
-        VM,
-        (2, 1),
-        "numa = { guest_mapping_passthrough = true }",
-        "128Mi",
-        &a.vmlinux,
-        &initrd,
-        "migrate",
-    );
+        VM, shape, extra_cpu, "128Mi", &a.vmlinux, &initrd, "migrate",
+    ) + boot_extra;
     let devices = format!(
         "[[devices.disks]]\nname = \"log\"\n[[volumes]]\nname = \"log\"\n\
          host_disk = {{ path = \"{}\", type = \"Disk\" }}\n\
