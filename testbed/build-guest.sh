@@ -34,9 +34,10 @@ bash "$root/crates/boot/scripts/fetch-test-kernel.sh" >/dev/null
 kdir="${VMHOST_TEST_KERNEL_DIR:-$root/target/test-kernel}"
 kpkg="$(cat "$kdir/VERSION")"
 modules=(evdev button pvpanic-mmio)
-# vsock test: the virtio-mmio transport (found through the DSDT) and the vsock driver, plus the
-# static helper testbed/guest/vsock-test.c (busybox has no AF_VSOCK).
-modules+=(virtio_mmio vmw_vsock_virtio_transport)
+# vsock test: the virtio-mmio transport (found through the DSDT), virtio-pci (its variant on
+# `boot.virtio_announce = "pci"`) and the vsock driver, plus the static helper
+# testbed/guest/vsock-test.c (busybox has no AF_VSOCK).
+modules+=(virtio_mmio virtio_pci vmw_vsock_virtio_transport)
 # The virtio drivers and file systems of `vmhost.action=devices` (testbed/guest/devices.sh),
 # loaded by that script alone from lib/modules/devices/.
 # virtio_pci: the device benchmark's QEMU baseline gives the same guest PCI devices.

@@ -177,6 +177,15 @@ pub trait VirtioDevice: Send {
         mem: &GuestMemoryMmap,
     ) -> Result<bool, DeviceError>;
 
+    /// The queues whose used buffers the last [`VirtioDevice::process_queue`] of queue
+    /// `served` (which returned true) published, as a bit mask: the queues to interrupt. The
+    /// default: `served` alone. A device whose backend uses several rings at once (the
+    /// kernel's vhost) says which, so that each queue's MSI-X vector is raised.
+    fn used_queues(&self, served: usize) -> u64 {
+        1u64.checked_shl(u32::try_from(served).unwrap_or(u32::MAX))
+            .unwrap_or(0)
+    }
+
     /// The driver reset the device: forget negotiated state.
     fn reset(&mut self) {}
 

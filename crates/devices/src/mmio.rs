@@ -464,7 +464,8 @@ impl MmioTransport {
         match serve(self.device.as_mut(), index, queue, &self.mem, event_idx) {
             Ok(false) => {}
             Ok(true) => {
-                if let Err(e) = self.interrupt.signal_queue(index) {
+                let used = self.device.used_queues(index);
+                if let Err(e) = self.interrupt.signal_queues(used) {
                     warn!(error = %e, "virtio-mmio: cannot raise the queue interrupt");
                 }
             }

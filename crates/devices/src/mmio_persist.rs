@@ -182,8 +182,20 @@ impl MmioTransport {
             .restored(&mut self.queues, &self.mem)
             .map_err(|e| StateError::Activate(super::error_chain(&e)))?;
         if used {
-            self.interrupt
-                .restore_status(self.interrupt.status() | VIRTIO_MMIO_INT_VRING);
+            match self.interrupt.msix().filter(|m| m.enabled()) {
+                // A virtio-pci function (its MSI-X restored first): every queue's vector, held
+                // until the vCPUs are loaded; the device did not say which queue it used.
+                Some(msix) => {
+                    for queue in 0..self.queues.len() {
+                        if let Err(e) = msix.signal_queue(queue) {
+                            tracing::warn!(error = %e, "virtio-pci: cannot queue a restored message");
+                        }
+                    }
+                }
+                None => self
+                    .interrupt
+                    .restore_status(self.interrupt.status() | VIRTIO_MMIO_INT_VRING),
+            }
         }
         Ok(())
     }

@@ -496,8 +496,8 @@ fn attach_pci_slot(
     Ok((transport, sources, front))
 }
 
-/// Applies a saved slot to a virtio-pci function: the transport's state, then the
-/// function's (configuration space, MSI-X, selectors).
+/// Applies a saved slot to a virtio-pci function: the function's state (configuration space,
+/// MSI-X, selectors), then the transport's.
 fn restore_pci_slot(
     index: usize,
     base: u64,
@@ -512,10 +512,12 @@ fn restore_pci_slot(
             built: "virtio-pci",
         }));
     };
-    restore_slot(index, base, transport, saved).map_err(VirtioError::Restore)?;
+    // The function first: a device the transport's restore activates may use buffers, and
+    // their messages need the restored vectors (held until the vCPUs are loaded).
     front
         .restore(pci)
-        .map_err(|why| VirtioError::Restore(PersistError::Pci { base, why }))
+        .map_err(|why| VirtioError::Restore(PersistError::Pci { base, why }))?;
+    restore_slot(index, base, transport, saved).map_err(VirtioError::Restore)
 }
 
 /// The I/O thread's sources of one transport: an eventfd per queue, each registered by

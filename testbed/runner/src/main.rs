@@ -164,6 +164,10 @@ const TWO_NODE: &[Test] = &[
         "vsock_vhost_linux_guest_echo_both_ways",
         vsock_tests::vhost_linux_guest_echo_both_ways,
     ),
+    (
+        "vsock_vhost_pci_linux_guest_echo_both_ways",
+        vsock_tests::vhost_pci_linux_guest_echo_both_ways,
+    ),
     ("virtio_pci_linux_guest", pci_tests::virtio_pci_linux_guest),
     (
         "virtio_pci_linux_migration",

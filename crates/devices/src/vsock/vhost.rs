@@ -68,6 +68,8 @@ pub struct VhostVsock {
     file: File,
     kicks: [EventFd; 2],
     calls: [EventFd; 2],
+    /// The rings whose call eventfd fired in the last `process_queue` (bit per queue).
+    used: u64,
     epoll: Epoll,
     queue_sizes: [u16; 3],
     running: bool,
@@ -108,6 +110,7 @@ impl VhostVsock {
             file,
             kicks,
             calls,
+            used: 0,
             epoll,
             queue_sizes: [VSOCK_QUEUE_SIZE; 3],
             running: false,
@@ -268,12 +271,20 @@ impl VirtioDevice for VhostVsock {
                 let mut events = [EpollEvent::default(); 2];
                 // Tidy only: the call eventfds are read below either way.
                 let _ = self.epoll.wait(0, &mut events);
-                let used = self.calls.iter().filter(|c| c.read().is_ok()).count() > 0;
-                Ok(used)
+                // Which rings the kernel used: each one's vector is raised (virtio-pci).
+                self.used = [RX, TX]
+                    .into_iter()
+                    .filter(|&q| self.calls[q].read().is_ok())
+                    .fold(0, |mask, q| mask | (1 << q));
+                Ok(self.used != 0)
             }
             RX | TX | EVENT => Ok(false),
             _ => Err(DeviceError::NoSuchQueue { queue: index }),
         }
+    }
+
+    fn used_queues(&self, _served: usize) -> u64 {
+        self.used
     }
 
     fn reset(&mut self) {
