@@ -16,6 +16,10 @@ use crate::spec::{
 
 /// KubeVirt's annotation that gives the isolated emulator a second PU for even parity.
 pub const EVEN_PARITY_ANNOTATION: &str = "alpha.kubevirt.io/EmulatorThreadCompleteToEvenParity";
+/// vmhost's annotation that chooses the virtio transport of a manifest's devices: `pci`
+/// (virtio-pci with MSI-X, what KubeVirt's `bus: virtio` is) or `mmio` (the default);
+/// `boot.virtio_announce` `pci` or `acpi` in a TOML spec.
+pub const VIRTIO_TRANSPORT_ANNOTATION: &str = "vmhost.io/virtio-transport";
 use crate::{ConfigError, Quantity};
 
 /// A manifest mapped onto a raw spec, with the domain path and the ignored fields.
@@ -202,9 +206,11 @@ fn map_annotations(w: &mut Walker, top: &Mapping, spec: &mut RawSpec) -> Result<
             field: path.clone(),
             why: "must be a mapping".into(),
         })?;
-        for (k, _) in a {
+        for (k, v) in a {
             let key = k.as_str().unwrap_or("?");
-            if key == EVEN_PARITY_ANNOTATION {
+            if key == VIRTIO_TRANSPORT_ANNOTATION {
+                spec.boot.virtio_announce = Some(virtio_transport(v, &format!("{path}.{key}"))?);
+            } else if key == EVEN_PARITY_ANNOTATION {
                 // KubeVirt tests for presence only; the value does not matter.
                 let cpu = spec.cpu.get_or_insert_with(RawCpu::default);
                 cpu.emulator_thread_complete_to_even_parity = true;
@@ -214,6 +220,18 @@ fn map_annotations(w: &mut Walker, top: &Mapping, spec: &mut RawSpec) -> Result<
         }
     }
     Ok(())
+}
+
+/// The value of [`VIRTIO_TRANSPORT_ANNOTATION`] as `boot.virtio_announce`.
+fn virtio_transport(v: &Value, field: &str) -> Result<String, ConfigError> {
+    match v.as_str() {
+        Some("pci") => Ok("pci".into()),
+        Some("mmio") => Ok("acpi".into()),
+        _ => Err(ConfigError::Manifest {
+            field: field.to_string(),
+            why: format!("{v:?} is not a virtio transport: use \"pci\" or \"mmio\""),
+        }),
+    }
 }
 
 /// The parts of the VMI spec vmhost reads: the domain, `volumes` and `networks`, and the

@@ -352,6 +352,43 @@ fn kubevirt_wrong_kind_or_api() {
 }
 
 #[test]
+fn virtio_transport_annotation_chooses_pci_or_mmio_and_names_a_bad_value() {
+    let with = |annotation: &str| {
+        VMI.replace(
+            "  labels: {app: db}\n",
+            &format!("  labels: {{app: db}}\n{annotation}"),
+        )
+        .replace(
+            "    memory:\n      guest: 4Gi",
+            "    firmware:\n      kernelBoot:\n        container:\n          \
+             kernelPath: /boot/vmlinux\n    memory:\n      guest: 4Gi",
+        )
+    };
+    let announce = |annotation: &str| match from_yaml_str(&with(annotation), "vmi.yaml") {
+        Ok(l) => match l.spec.boot {
+            BootSpec::Kernel {
+                virtio_announce, ..
+            } => Ok(virtio_announce),
+            other => panic!("{other:?}"),
+        },
+        Err(e) => Err(e.to_string()),
+    };
+    let value = |v: &str| format!("  annotations:\n    vmhost.io/virtio-transport: {v}\n");
+    assert_eq!(announce(&value("pci")), Ok(crate::VirtioAnnounce::Pci));
+    assert_eq!(announce(&value("mmio")), Ok(crate::VirtioAnnounce::Acpi));
+    assert_eq!(
+        announce(""),
+        Ok(crate::VirtioAnnounce::Acpi),
+        "absent: the default"
+    );
+    let e = announce(&value("usb")).unwrap_err();
+    assert!(
+        e.contains("metadata.annotations.vmhost.io/virtio-transport") && e.contains("\"pci\""),
+        "{e}"
+    );
+}
+
+#[test]
 fn even_parity_annotation_is_honoured_and_others_are_listed() {
     let vmi = VMI.replace(
         "  labels: {app: db}\n",
