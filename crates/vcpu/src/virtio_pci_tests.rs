@@ -5,17 +5,9 @@
 #![allow(clippy::cast_possible_truncation)] // test addresses below 4 GiB
 use kvm_ioctls::{Kvm, VcpuExit};
 use vm_memory::{Bytes, GuestAddress};
-use vmhost_config::DeviceSpec;
 
+use super::tests::{AVAIL, BASE, BUF, CODE, DESC, USED};
 use super::*;
-use crate::setup::register_memslots;
-
-const BASE: u64 = 0xd000_0000;
-const CODE: u64 = 0x1000;
-const DESC: u64 = 0x2_0000;
-const AVAIL: u64 = 0x2_1000;
-const USED: u64 = 0x2_2000;
-const BUF: u64 = 0x10_0000;
 /// The vector the queue's MSI-X message carries (fixed delivery to APIC ID 0).
 const VECTOR: u32 = 0x31;
 
@@ -100,22 +92,42 @@ fn irr_has(lapic: &kvm_bindings::kvm_lapic_state, vector: u32) -> bool {
     word & (1 << (vector % 32)) != 0
 }
 
-#[test]
-fn a_pci_queue_interrupts_with_an_msix_message() {
-    if !vmhost_testsupport::need_kvm("a_pci_queue_interrupts_with_an_msix_message") {
-        return;
+/// A KVM VM with 2 MiB of RAM and virtio-rng attached as a virtio-pci function.
+struct Rig {
+    kvm: Kvm,
+    mem: GuestMemoryMmap,
+    vm: VmFd,
+    dir: tempfile::TempDir,
+    plan: DevicePlan,
+    att: VirtioAttachment,
+}
+
+/// The [`Rig`] of test `name`; `None` when the test may not use KVM here.
+fn rig(name: &str) -> Option<Rig> {
+    if !vmhost_testsupport::need_kvm(name) {
+        return None;
     }
     let kvm = Kvm::new().unwrap();
-    let vm = kvm.create_vm().unwrap();
-    vm.create_irq_chip().unwrap();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
-    register_memslots(&vm, &mem, None).unwrap();
+    let vm = super::tests::vm_with(&kvm, &mem);
     let dir = tempfile::tempdir().unwrap();
-    let plan = DevicePlan::new(DeviceSpec {
-        rng: true,
-        ..DeviceSpec::default()
-    });
+    let plan = super::tests::rng_plan();
     let att = attach(&vm, &plan, Transport::Pci, "t", &mem, dir.path()).unwrap();
+    Some(Rig {
+        kvm,
+        mem,
+        vm,
+        dir,
+        plan,
+        att,
+    })
+}
+
+#[test]
+fn a_pci_queue_interrupts_with_an_msix_message() {
+    let Some(Rig { mem, vm, att, .. }) = rig("a_pci_queue_interrupts_with_an_msix_message") else {
+        return;
+    };
     // The bus: a host bridge at 00:00.0, virtio-rng (type 4) at 00:01.0, nothing at 00:02.0.
     assert_eq!(config_read(&att, 0, 0x08) >> 8, 0x06_00_00);
     assert_eq!(config_read(&att, 1, 0x00), 0x1044_1af4);
@@ -175,18 +187,17 @@ fn a_pci_queue_interrupts_with_an_msix_message() {
 /// state is refused by a virtio-mmio attachment.
 #[test]
 fn a_pci_function_is_restored_with_its_vectors() {
-    if !vmhost_testsupport::need_kvm("a_pci_function_is_restored_with_its_vectors") {
+    let Some(Rig {
+        kvm,
+        mem,
+        dir,
+        plan,
+        att,
+        ..
+    }) = rig("a_pci_function_is_restored_with_its_vectors")
+    else {
         return;
-    }
-    let kvm = Kvm::new().unwrap();
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
-    let vm = super::tests::vm_with(&kvm, &mem);
-    let dir = tempfile::tempdir().unwrap();
-    let plan = DevicePlan::new(DeviceSpec {
-        rng: true,
-        ..DeviceSpec::default()
-    });
-    let att = attach(&vm, &plan, Transport::Pci, "t", &mem, dir.path()).unwrap();
+    };
     driver_setup(&att);
     super::tests::post_writable(&mem, 0, BUF, 64, 0);
     let saved = att.save().unwrap();

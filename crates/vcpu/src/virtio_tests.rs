@@ -7,12 +7,14 @@ use vmhost_config::DeviceSpec;
 use super::*;
 use crate::setup::register_memslots;
 
-const BASE: u64 = 0xd000_0000;
-const CODE: u64 = 0x1000;
-const DESC: u64 = 0x2_0000;
-const AVAIL: u64 = 0x2_1000;
-const USED: u64 = 0x2_2000;
-const BUF: u64 = 0x10_0000;
+/// The first slot's base, and the guest addresses of the code, the rings and a buffer
+/// (`virtio_pci_tests` uses them too).
+pub(super) const BASE: u64 = 0xd000_0000;
+pub(super) const CODE: u64 = 0x1000;
+pub(super) const DESC: u64 = 0x2_0000;
+pub(super) const AVAIL: u64 = 0x2_1000;
+pub(super) const USED: u64 = 0x2_2000;
+pub(super) const BUF: u64 = 0x10_0000;
 
 fn flat(type_: u8, selector: u16) -> kvm_segment {
     kvm_segment {
@@ -89,15 +91,10 @@ fn a_guest_queue_notify_reaches_the_device_through_the_ioeventfd() {
         return;
     }
     let kvm = Kvm::new().unwrap();
-    let vm = kvm.create_vm().unwrap();
-    vm.create_irq_chip().unwrap();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
-    register_memslots(&vm, &mem, None).unwrap();
+    let vm = vm_with(&kvm, &mem);
     let dir = tempfile::tempdir().unwrap();
-    let plan = DevicePlan::new(DeviceSpec {
-        rng: true,
-        ..DeviceSpec::default()
-    });
+    let plan = rng_plan();
     let att = attach(&vm, &plan, Transport::Mmio, "t", &mem, dir.path()).unwrap();
     let io = att.io_threads();
     assert_eq!(io.len(), 1, "a hand-made plan gets one I/O thread");
@@ -167,6 +164,14 @@ pub(super) fn post_writable(mem: &GuestMemoryMmap, index: u16, addr: u64, len: u
     mem.write_obj(index, GuestAddress(AVAIL + 4 + 2 * u64::from(slot)))
         .unwrap();
     mem.write_obj(slot + 1, GuestAddress(AVAIL + 2)).unwrap();
+}
+
+/// A plan with one device, virtio-rng.
+pub(super) fn rng_plan() -> DevicePlan {
+    DevicePlan::new(DeviceSpec {
+        rng: true,
+        ..DeviceSpec::default()
+    })
 }
 
 /// A VM with an in-kernel irqchip and `mem` as its RAM.
