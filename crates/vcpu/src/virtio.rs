@@ -61,6 +61,9 @@ pub enum VirtioError {
         #[source]
         source: std::io::Error,
     },
+    /// The VM's descriptor could not be duplicated for the MSI-X messages.
+    #[error("cannot duplicate the VM's descriptor for the virtio-pci functions' MSI-X messages")]
+    MsiFd(#[source] std::io::Error),
     /// KVM refused an irqfd or ioeventfd.
     #[error("{op} for the virtio device at {base:#x} failed")]
     Kvm {
@@ -353,7 +356,7 @@ fn attach_with(
     let sink: Option<Arc<dyn MsiSink>> = match transport {
         Transport::Mmio => None,
         Transport::Pci => Some(Arc::new(KvmMsi(
-            crate::sys::dup_vm_fd(fd).map_err(|source| VirtioError::EventFd { base: 0, source })?,
+            crate::sys::dup_vm_fd(fd).map_err(VirtioError::MsiFd)?,
         ))),
     };
     let mut functions = Vec::new();
@@ -433,11 +436,17 @@ fn attach_slot(
     }
     let transport = Arc::new(Mutex::new(transport));
     let notify = IoEventAddress::Mmio(base + QUEUE_NOTIFY_OFFSET);
-    let sources = queue_sources(&transport, queues, prepared.backend, |queue, event| {
-        let index = u32::try_from(queue).unwrap_or(u32::MAX);
-        fd.register_ioevent(event, &notify, index)
-            .map_err(kvm("KVM_IOEVENTFD"))
-    })?;
+    let sources = queue_sources(
+        &transport,
+        base,
+        queues,
+        prepared.backend,
+        |queue, event| {
+            let index = u32::try_from(queue).unwrap_or(u32::MAX);
+            fd.register_ioevent(event, &notify, index)
+                .map_err(kvm("KVM_IOEVENTFD"))
+        },
+    )?;
     Ok((transport, sources, ack))
 }
 
@@ -488,11 +497,17 @@ fn attach_pci_slot(
     }
     let transport = Arc::new(Mutex::new(transport));
     let notify = IoEventAddress::Mmio(base + virtio_pci::NOTIFY_OFFSET);
-    let sources = queue_sources(&transport, queues, prepared.backend, |queue, event| {
-        let index = u16::try_from(queue).unwrap_or(u16::MAX);
-        fd.register_ioevent(event, &notify, index)
-            .map_err(kvm("KVM_IOEVENTFD"))
-    })?;
+    let sources = queue_sources(
+        &transport,
+        base,
+        queues,
+        prepared.backend,
+        |queue, event| {
+            let index = u16::try_from(queue).unwrap_or(u16::MAX);
+            fd.register_ioevent(event, &notify, index)
+                .map_err(kvm("KVM_IOEVENTFD"))
+        },
+    )?;
     Ok((transport, sources, front))
 }
 
@@ -525,14 +540,15 @@ fn restore_pci_slot(
 /// backend descriptor if it has one.
 fn queue_sources(
     transport: &SharedTransport,
+    base: u64,
     queues: usize,
     backend: Option<(std::os::fd::RawFd, usize)>,
     mut register: impl FnMut(usize, &EventFd) -> Result<(), VirtioError>,
 ) -> Result<Vec<IoSource>, VirtioError> {
     let mut sources = Vec::new();
     for queue in 0..queues {
-        let event = EventFd::new(EFD_NONBLOCK)
-            .map_err(|source| VirtioError::EventFd { base: 0, source })?;
+        let event =
+            EventFd::new(EFD_NONBLOCK).map_err(|source| VirtioError::EventFd { base, source })?;
         register(queue, &event)?;
         sources.push(IoSource::QueueEvent {
             transport: transport.clone(),
