@@ -435,18 +435,8 @@ fn attach_slot(
         restore_slot(index, base, &mut transport, saved).map_err(VirtioError::Restore)?;
     }
     let transport = Arc::new(Mutex::new(transport));
-    let notify = IoEventAddress::Mmio(base + QUEUE_NOTIFY_OFFSET);
-    let sources = queue_sources(
-        &transport,
-        base,
-        queues,
-        prepared.backend,
-        |queue, event| {
-            let index = u32::try_from(queue).unwrap_or(u32::MAX);
-            fd.register_ioevent(event, &notify, index)
-                .map_err(kvm("KVM_IOEVENTFD"))
-        },
-    )?;
+    let notify = Notify::Word(base + QUEUE_NOTIFY_OFFSET);
+    let sources = queue_sources(fd, &transport, base, notify, queues, prepared.backend)?;
     Ok((transport, sources, ack))
 }
 
@@ -472,7 +462,6 @@ fn attach_pci_slot(
 ) -> Result<(SharedTransport, Vec<IoSource>, Arc<VirtioPciFront>), VirtioError> {
     let base = slot.base;
     let evt = || EventFd::new(EFD_NONBLOCK).map_err(|source| VirtioError::EventFd { base, source });
-    let kvm = |op| move |source| VirtioError::Kvm { op, base, source };
     let device = prepared.device;
     let queues = device.queue_max_sizes().len();
     let device_type = device.device_type();
@@ -496,18 +485,8 @@ fn attach_pci_slot(
         restore_pci_slot(index, base, &mut transport, &front, saved)?;
     }
     let transport = Arc::new(Mutex::new(transport));
-    let notify = IoEventAddress::Mmio(base + virtio_pci::NOTIFY_OFFSET);
-    let sources = queue_sources(
-        &transport,
-        base,
-        queues,
-        prepared.backend,
-        |queue, event| {
-            let index = u16::try_from(queue).unwrap_or(u16::MAX);
-            fd.register_ioevent(event, &notify, index)
-                .map_err(kvm("KVM_IOEVENTFD"))
-        },
-    )?;
+    let notify = Notify::HalfWord(base + virtio_pci::NOTIFY_OFFSET);
+    let sources = queue_sources(fd, &transport, base, notify, queues, prepared.backend)?;
     Ok((transport, sources, front))
 }
 
@@ -535,21 +514,47 @@ fn restore_pci_slot(
     restore_slot(index, base, transport, saved).map_err(VirtioError::Restore)
 }
 
-/// The I/O thread's sources of one transport: an eventfd per queue, each registered by
-/// `register` (an ioeventfd on the transport's notification address), and the device's
-/// backend descriptor if it has one.
+/// A transport's notification register: its address, and the width of the queue index the
+/// driver writes there (the ioeventfds' data match).
+#[derive(Debug, Clone, Copy)]
+enum Notify {
+    /// virtio-mmio's `QueueNotify`: 4 bytes.
+    Word(u64),
+    /// virtio-pci's notification structure: 2 bytes.
+    HalfWord(u64),
+}
+
+/// The I/O thread's sources of one transport at `base`: an eventfd per queue, each a KVM
+/// ioeventfd on `notify` matching the queue's index, and the device's backend descriptor if
+/// it has one.
 fn queue_sources(
+    fd: &VmFd,
     transport: &SharedTransport,
     base: u64,
+    notify: Notify,
     queues: usize,
     backend: Option<(std::os::fd::RawFd, usize)>,
-    mut register: impl FnMut(usize, &EventFd) -> Result<(), VirtioError>,
 ) -> Result<Vec<IoSource>, VirtioError> {
+    let kvm = |source| VirtioError::Kvm {
+        op: "KVM_IOEVENTFD",
+        base,
+        source,
+    };
     let mut sources = Vec::new();
     for queue in 0..queues {
         let event =
             EventFd::new(EFD_NONBLOCK).map_err(|source| VirtioError::EventFd { base, source })?;
-        register(queue, &event)?;
+        match notify {
+            Notify::Word(at) => {
+                let index = u32::try_from(queue).unwrap_or(u32::MAX);
+                fd.register_ioevent(&event, &IoEventAddress::Mmio(at), index)
+            }
+            Notify::HalfWord(at) => {
+                let index = u16::try_from(queue).unwrap_or(u16::MAX);
+                fd.register_ioevent(&event, &IoEventAddress::Mmio(at), index)
+            }
+        }
+        .map_err(kvm)?;
         sources.push(IoSource::QueueEvent {
             transport: transport.clone(),
             queue,
