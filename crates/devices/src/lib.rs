@@ -8,6 +8,7 @@
 //!   `readv`/`writev` without a bounce buffer.
 //! - [`interrupt`]: interrupt status plus the eventfd (irqfd) that raises the GSI, or the
 //!   MSI-X vectors ([`msix`]) of a virtio-pci function.
+//! - [`ioapic`]: the I/O APIC of a VM with a split irqchip (its entries become MSI routes).
 //! - [`pci`], [`virtio_pci`]: bus 0 behind configuration mechanism #1 and the virtio-pci
 //!   transport, a front on the virtio-mmio one (the same status machine and queues).
 //! - [`persist`]: the devices' state that moves with the VM (snapshot/restore, migration).
@@ -38,6 +39,7 @@ pub mod device;
 pub mod disk;
 pub mod host;
 pub mod interrupt;
+pub mod ioapic;
 pub mod iov;
 pub mod mmio;
 pub mod msix;

@@ -50,6 +50,10 @@ pub struct DevicesState {
     /// The legacy ports (CMOS index; the power button, reset and pvpanic ports hold none).
     #[serde(default)]
     pub legacy: Option<LegacyState>,
+    /// The user-space I/O APIC of a VM with a split irqchip (absent with KVM's in-kernel one,
+    /// whose state is the VM's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ioapic: Option<crate::ioapic::IoapicState>,
 }
 
 /// One virtio-mmio slot: where it is, its transport and its device.

@@ -54,6 +54,7 @@ fn through_json(transport: &TransportState, device: &DeviceState) -> (TransportS
         }],
         serial: None,
         legacy: None,
+        ioapic: None,
     };
     let json = serde_json::to_string(&state).unwrap();
     let back: DevicesState = serde_json::from_str(&json).unwrap();
@@ -418,6 +419,7 @@ fn disk_state(path: &Path, sectors: u64, run_scratch: bool) -> DevicesState {
         }],
         serial: None,
         legacy: None,
+        ioapic: None,
     }
 }
 
