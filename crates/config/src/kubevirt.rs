@@ -20,6 +20,9 @@ pub const EVEN_PARITY_ANNOTATION: &str = "alpha.kubevirt.io/EmulatorThreadComple
 /// (virtio-pci with MSI-X, what KubeVirt's `bus: virtio` is) or `mmio` (the default);
 /// `boot.virtio_announce` `pci` or `acpi` in a TOML spec.
 pub const VIRTIO_TRANSPORT_ANNOTATION: &str = "vmhost.io/virtio-transport";
+/// vmhost's annotation that chooses where the interrupt controllers are emulated: `kernel`
+/// (KVM's, the default) or `split` (`boot.irqchip` in a TOML spec).
+pub const IRQCHIP_ANNOTATION: &str = "vmhost.io/irqchip";
 use crate::{ConfigError, Quantity};
 
 /// A manifest mapped onto a raw spec, with the domain path and the ignored fields.
@@ -210,6 +213,8 @@ fn map_annotations(w: &mut Walker, top: &Mapping, spec: &mut RawSpec) -> Result<
             let key = k.as_str().unwrap_or("?");
             if key == VIRTIO_TRANSPORT_ANNOTATION {
                 spec.boot.virtio_announce = Some(virtio_transport(v, &format!("{path}.{key}"))?);
+            } else if key == IRQCHIP_ANNOTATION {
+                spec.boot.irqchip = Some(irqchip(v, &format!("{path}.{key}"))?);
             } else if key == EVEN_PARITY_ANNOTATION {
                 // KubeVirt tests for presence only; the value does not matter.
                 let cpu = spec.cpu.get_or_insert_with(RawCpu::default);
@@ -220,6 +225,17 @@ fn map_annotations(w: &mut Walker, top: &Mapping, spec: &mut RawSpec) -> Result<
         }
     }
     Ok(())
+}
+
+/// The value of [`IRQCHIP_ANNOTATION`] as `boot.irqchip`.
+fn irqchip(v: &Value, field: &str) -> Result<String, ConfigError> {
+    match v.as_str() {
+        Some(s @ ("kernel" | "split")) => Ok(s.into()),
+        _ => Err(ConfigError::Manifest {
+            field: field.to_string(),
+            why: format!("{v:?} is not an irqchip: use \"kernel\" or \"split\""),
+        }),
+    }
 }
 
 /// The value of [`VIRTIO_TRANSPORT_ANNOTATION`] as `boot.virtio_announce`.

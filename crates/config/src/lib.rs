@@ -26,7 +26,7 @@ pub mod vsock;
 use std::path::{Path, PathBuf};
 
 pub use devices::{
-    Binding, DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec, VirtioAnnounce,
+    Binding, DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec, Irqchip, VirtioAnnounce,
 };
 pub use iothreads::{IoThreadsPolicy, IoThreadsSpec};
 pub use mac::{MacAddress, MacError};

@@ -293,6 +293,8 @@ pub struct RawBoot {
     pub initrd: Option<PathBuf>,
     /// Kernel command line.
     pub cmdline: Option<String>,
-    /// How the kernel learns the virtio devices: `acpi` (default) or `cmdline`.
+    /// How the kernel learns the virtio devices: `acpi` (default), `cmdline` or `pci`.
     pub virtio_announce: Option<String>,
+    /// Interrupt controllers: `kernel` (default, KVM's) or `split` (I/O APIC in vmhost).
+    pub irqchip: Option<String>,
 }

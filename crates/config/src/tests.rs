@@ -389,6 +389,58 @@ fn virtio_transport_annotation_chooses_pci_or_mmio_and_names_a_bad_value() {
 }
 
 #[test]
+fn irqchip_defaults_to_kernel_and_split_is_chosen_by_field_or_annotation() {
+    let base = "[memory]\nguest = \"64Mi\"\n[boot]\nkernel = \"/k\"\n";
+    let irqchip = |extra: &str| match from_toml_str(&format!("{base}{extra}"), "t.toml")
+        .unwrap()
+        .spec
+        .boot
+    {
+        BootSpec::Kernel { irqchip, .. } => irqchip,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(irqchip(""), crate::Irqchip::Kernel);
+    assert_eq!(irqchip("irqchip = \"kernel\"\n"), crate::Irqchip::Kernel);
+    assert_eq!(irqchip("irqchip = \"split\"\n"), crate::Irqchip::Split);
+    let e = toml_err(&format!("{base}irqchip = \"userspace\"\n"));
+    assert_eq!(e[0].field, "boot.irqchip");
+    assert_eq!(e[0].value, "\"userspace\"");
+    assert!(e[0].fix.contains("kernel, split"), "{}", e[0]);
+    // A built-in payload has KVM's irqchip: the field needs a kernel.
+    let e = toml_err("[memory]\nguest = \"64Mi\"\n[boot]\nirqchip = \"split\"\n");
+    assert_eq!(e[0].field, "boot.irqchip");
+    assert!(e[0].to_string().contains("needs boot.kernel"), "{}", e[0]);
+
+    let with = |annotation: &str| {
+        VMI.replace(
+            "  labels: {app: db}\n",
+            &format!(
+                "  labels: {{app: db}}\n  annotations:\n    vmhost.io/irqchip: {annotation}\n"
+            ),
+        )
+        .replace(
+            "    memory:\n      guest: 4Gi",
+            "    firmware:\n      kernelBoot:\n        container:\n          \
+             kernelPath: /boot/vmlinux\n    memory:\n      guest: 4Gi",
+        )
+    };
+    let chip = |a: &str| match from_yaml_str(&with(a), "vmi.yaml") {
+        Ok(l) => match l.spec.boot {
+            BootSpec::Kernel { irqchip, .. } => Ok(irqchip),
+            other => panic!("{other:?}"),
+        },
+        Err(e) => Err(e.to_string()),
+    };
+    assert_eq!(chip("split"), Ok(crate::Irqchip::Split));
+    assert_eq!(chip("kernel"), Ok(crate::Irqchip::Kernel));
+    let e = chip("pic").unwrap_err();
+    assert!(
+        e.contains("metadata.annotations.vmhost.io/irqchip") && e.contains("\"split\""),
+        "{e}"
+    );
+}
+
+#[test]
 fn even_parity_annotation_is_honoured_and_others_are_listed() {
     let vmi = VMI.replace(
         "  labels: {app: db}\n",
@@ -516,6 +568,7 @@ fn kubevirt_kernel_boot_reads_the_container_paths_on_this_host() {
             initrd: Some("/boot/initrd.cpio".into()),
             cmdline: "console=ttyS0 quiet".into(),
             virtio_announce: crate::VirtioAnnounce::Acpi,
+            irqchip: crate::Irqchip::Kernel,
         }
     );
     let warned = l.warnings.join(" ");

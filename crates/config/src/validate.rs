@@ -9,7 +9,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::devices::{check_announce, check_devices, DeviceSpec, VirtioAnnounce};
+use crate::devices::{
+    check_announce, check_devices, check_irqchip, DeviceSpec, Irqchip, VirtioAnnounce,
+};
 use crate::iothreads::{check_io_threads, IoThreadsSpec};
 use crate::quantity::format_bytes;
 use crate::spec::RawSpec;
@@ -264,6 +266,8 @@ pub enum BootSpec {
         cmdline: String,
         /// How the kernel learns the virtio devices.
         virtio_announce: VirtioAnnounce,
+        /// Where the interrupt controllers are emulated.
+        irqchip: Irqchip,
     },
 }
 
@@ -811,19 +815,20 @@ fn check_boot(c: &mut Checker<'_>, raw: &RawSpec) -> Option<BootSpec> {
                 .clone()
                 .unwrap_or_else(|| "console=ttyS0".to_string()),
             virtio_announce: check_announce(c, b.virtio_announce.as_deref()),
+            irqchip: check_irqchip(c, b.irqchip.as_deref()),
         }),
         (None, p) => {
-            if b.initrd.is_some() || b.cmdline.is_some() || b.virtio_announce.is_some() {
+            let kernel_only = [
+                ("boot.initrd", b.initrd.is_some()),
+                ("boot.cmdline", b.cmdline.is_some()),
+                ("boot.virtio_announce", b.virtio_announce.is_some()),
+                ("boot.irqchip", b.irqchip.is_some()),
+            ];
+            if let Some((field, _)) = kernel_only.iter().find(|(_, set)| *set) {
                 c.fail(
-                    if b.initrd.is_some() {
-                        "boot.initrd"
-                    } else if b.cmdline.is_some() {
-                        "boot.cmdline"
-                    } else {
-                        "boot.virtio_announce"
-                    },
+                    field,
                     "(set)",
-                    "an initrd, command line or virtio_announce needs boot.kernel",
+                    "an initrd, command line, virtio_announce or irqchip needs boot.kernel",
                     "add boot.kernel or remove them",
                 );
             }

@@ -6,7 +6,7 @@
 //! [`crate::Plan::virtio_cmdline`] never both return something.
 
 use serde::Serialize;
-use vmhost_config::{BootSpec, DeviceSpec, VirtioAnnounce};
+use vmhost_config::{BootSpec, DeviceSpec, Irqchip, VirtioAnnounce};
 
 use crate::Plan;
 
@@ -121,6 +121,15 @@ impl Plan {
                 virtio_announce, ..
             } => Some(*virtio_announce),
             BootSpec::Payload { .. } => None,
+        }
+    }
+
+    /// Where a Linux guest's interrupt controllers are emulated (`boot.irqchip`); a built-in
+    /// payload has KVM's.
+    pub fn irqchip(&self) -> Irqchip {
+        match &self.boot {
+            BootSpec::Kernel { irqchip, .. } => *irqchip,
+            BootSpec::Payload { .. } => Irqchip::Kernel,
         }
     }
 

@@ -163,6 +163,12 @@ pub fn render_text(o: &Outcome) -> String {
             rt.priority
         );
     }
+    if p.irqchip() == vmhost_config::Irqchip::Split {
+        let _ = writeln!(
+            s,
+            "\n  irqchip: split (KVM's local APICs, vmhost's I/O APIC, no PIC and no PIT)"
+        );
+    }
     render_devices(&mut s, &p.devices, p.virtio_announce());
     crate::iothreads::render(&mut s, &p.devices);
     for n in &p.notes {

@@ -346,6 +346,7 @@ fn plan_with_devices(announce: vmhost_config::VirtioAnnounce) -> Plan {
         initrd: None,
         cmdline: "console=ttyS0".into(),
         virtio_announce: announce,
+        irqchip: vmhost_config::Irqchip::Kernel,
     };
     p.devices = vmhost_plan::devices::DevicePlan::new(DeviceSpec {
         disks: vec![],
