@@ -26,7 +26,7 @@ mod sys;
 mod testutil;
 
 pub use acpi::{
-    build_acpi, write_tables, AcpiError, AcpiTables, Table, COM1_GSI, GED_GSI,
+    build_acpi, write_tables, AcpiError, AcpiTables, Table, COM1_GSI, GED_GSI, IOAPIC_ADDR,
     PVPANIC_CRASH_LOADED, PVPANIC_PANICKED, PVPANIC_PORT, RESET_PORT, RESET_VALUE, S5_SLEEP_TYPE,
     SLEEP_CONTROL_PORT, SLEEP_STATUS_PORT, SLP_EN, SLP_TYP_MASK,
 };

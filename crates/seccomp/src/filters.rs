@@ -108,6 +108,9 @@ pub const KVM_VM_STATE_GETS: [u64; 3] = [
 /// sent by whichever thread completes the device's work (its I/O thread, a vCPU in a register
 /// access, the VMM resuming a restored VM).
 pub const KVM_SIGNAL_MSI: u64 = ioc(IOC_WRITE, KVMIO, 0xa5, 32);
+/// `KVM_SET_GSI_ROUTING` (`struct kvm_irq_routing`, 8 bytes): a split irqchip's I/O APIC
+/// routes, installed when the guest programs a redirection entry (a vCPU's MMIO access).
+pub const KVM_SET_GSI_ROUTING: u64 = ioc(IOC_WRITE, KVMIO, 0x6a, 8);
 /// `KVM_IRQ_LINE` (`struct kvm_irq_level`, 8 bytes): the ACPI power button (GED).
 pub const KVM_IRQ_LINE: u64 = ioc(IOC_WRITE, KVMIO, 0x61, 8);
 /// `KVM_GET_DIRTY_LOG` (`struct kvm_dirty_log`, 16 bytes): a memslot's dirty pages, read and
@@ -248,6 +251,8 @@ const VCPU: &[&[(i64, Rule)]] = &[
             VHOST_VSOCK_SET_RUNNING,
             // A virtio-pci queue served, or a pending MSI-X vector unmasked, in an access.
             KVM_SIGNAL_MSI,
+            // A split irqchip's I/O APIC entry written (docs/devices.md, "Split irqchip").
+            KVM_SET_GSI_ROUTING,
         ]),
         // The kick signal's handler returns.
         (SYS_rt_sigreturn, Rule::Any),

@@ -22,6 +22,7 @@ fn the_ioctl_numbers_are_linux_s() {
     assert_eq!(filters::KVM_GET_VCPU_EVENTS, 0x8040_ae9f);
     assert_eq!(filters::KVM_IRQ_LINE, 0x4008_ae61);
     assert_eq!(filters::KVM_SIGNAL_MSI, 0x4020_aea5);
+    assert_eq!(filters::KVM_SET_GSI_ROUTING, 0x4008_ae6a);
     assert_eq!(
         filters::KVM_VCPU_STATE_GETS,
         [

@@ -1,7 +1,8 @@
 //! Preparing a Linux guest (`[boot] kernel = ...`): ACPI tables built from the plan and
 //! written at [`vmhost_boot::ACPI_START`], the kernel, initramfs and command line loaded by
 //! [`vmhost_boot::load_linux`], all checked before KVM is opened; then the KVM VM with the
-//! in-kernel irqchip and PIT, RAM memslots, COM1 with its irqfd on GSI 4, the plan's virtio
+//! in-kernel irqchip and PIT (or a split irqchip: KVM's LAPICs and vmhost's I/O APIC), RAM
+//! memslots, COM1 with its irqfd on GSI 4, the plan's virtio
 //! devices ([`crate::virtio`]), and per-vCPU CPUID.
 //!
 //! The vCPU whose APIC ID is 0 (KVM's boot processor) starts at the kernel's entry with
@@ -17,12 +18,14 @@ use kvm_ioctls::{Kvm, VmFd};
 use vmhost_boot::{build_acpi, load_linux, LinuxBoot, ACPI_START};
 use vmhost_plan::Plan;
 
+use crate::devices::ioapic::UserIoapic;
 use crate::devices::serial::{SerialConsole, COM1_GSI};
 use crate::devices::LinuxDevices;
 use crate::persist::DevicesState;
 use crate::setup::{create_irqchip, open_vm, register_memslots, vcpu_cpuids, vcpu_cpus, vcpu_fifo};
 use crate::vcpu::{VcpuConfig, VcpuStart};
 use crate::vm::{kvm_err, Guest, GuestRam, Prepared, VmError, VmOptions};
+use vmhost_config::Irqchip;
 
 /// What `[boot]` names for a Linux guest.
 pub(crate) struct KernelSpec<'a> {
@@ -72,11 +75,15 @@ pub(crate) fn prepare_linux(
 
     let (kvm, fd) = open_vm(plan)?;
     register_memslots(&fd, ram.guest_memory(), None)?;
-    create_irqchip(&fd)?;
+    create_irqchip(&fd, plan.irqchip())?;
     let serial = SerialConsole::new(options.serial_out.clone()).map_err(VmError::Serial)?;
     fd.register_irqfd(serial.irq_fd(), COM1_GSI)
         .map_err(kvm_err("KVM_IRQFD"))?;
     let mut devices = LinuxDevices::new(serial);
+    if plan.irqchip() == Irqchip::Split {
+        let ioapic = UserIoapic::new(&fd).map_err(|source| VmError::Ioapic { vm: vm(), source })?;
+        devices = devices.with_ioapic(ioapic);
+    }
     if !plan.devices.is_empty() {
         let dir = options
             .device_dir
@@ -143,7 +150,7 @@ impl LinuxShell {
     pub(crate) fn build(plan: &Plan, ram: &dyn GuestRam, nested: bool) -> Result<Self, VmError> {
         let (kvm, fd) = open_vm(plan)?;
         register_memslots(&fd, ram.guest_memory(), None)?;
-        create_irqchip(&fd)?;
+        create_irqchip(&fd, plan.irqchip())?;
         let cpuids = vcpu_cpuids(&kvm, plan, nested)?;
         Ok(LinuxShell { kvm, fd, cpuids })
     }

@@ -85,6 +85,18 @@ pub enum PersistError {
         /// The chip id found.
         found: u32,
     },
+    /// The saved VM state was taken with the other irqchip than the VM is built with.
+    #[error(
+        "the saved VM state {} KVM's in-kernel PIC, IOAPIC and PIT but the VM has boot.irqchip \
+         {irqchip:?}: restore with the spec the VM ran with",
+        if *saved_in_kernel { "holds" } else { "holds no" }
+    )]
+    Irqchip {
+        /// Whether the saved state holds the in-kernel chips.
+        saved_in_kernel: bool,
+        /// The VM's.
+        irqchip: vmhost_config::Irqchip,
+    },
     /// A list for KVM (MSRs, CPUID, XSAVE) is larger than KVM takes.
     #[error("the saved {piece} has {len} entries, more than KVM takes")]
     TooLong {

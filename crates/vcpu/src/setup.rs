@@ -6,11 +6,13 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use kvm_bindings::{
-    kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
-    KVM_PIT_SPEAKER_DUMMY,
+    kvm_enable_cap, kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_CAP_SPLIT_IRQCHIP,
+    KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vmhost_config::Irqchip;
+use vmhost_devices::ioapic::IOAPIC_PINS;
 use vmhost_memory::GuestLayout;
 use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::{Plan, VcpuPlacement};
@@ -60,11 +62,23 @@ pub(crate) fn open_vm(plan: &Plan) -> Result<(Kvm, VmFd), VmError> {
     Ok((kvm, fd))
 }
 
-/// The in-kernel irqchip (PIC, IOAPIC, LAPICs) and PIT, before any vCPU. Created after the
-/// memslots, as Firecracker does: registering 64 MiB with the irqchip already there took
-/// 4.2 ms in vmhost (6.75 ms in a bare-ioctl probe), 0.16 ms before it (docs/benchmarks.md,
-/// "Start -> exit on the CI host").
-pub(crate) fn create_irqchip(fd: &VmFd) -> Result<(), VmError> {
+/// The interrupt controllers, before any vCPU. `Kernel`: KVM's in-kernel irqchip (PIC,
+/// IOAPIC, LAPICs) and PIT. `Split`: only the LAPICs are KVM's (`KVM_CAP_SPLIT_IRQCHIP` with
+/// the I/O APIC's 24 pins as routable GSIs; the I/O APIC is vmhost's, and there is no PIC and
+/// no PIT). Created after the memslots, as Firecracker does: registering 64 MiB with the
+/// in-kernel irqchip already there took 4.2 ms in vmhost (6.75 ms in a bare-ioctl probe),
+/// 0.16 ms before it (docs/benchmarks.md, "Start -> exit on the CI host").
+pub(crate) fn create_irqchip(fd: &VmFd, irqchip: Irqchip) -> Result<(), VmError> {
+    if irqchip == Irqchip::Split {
+        let mut cap = kvm_enable_cap {
+            cap: KVM_CAP_SPLIT_IRQCHIP,
+            ..Default::default()
+        };
+        cap.args[0] = IOAPIC_PINS as u64;
+        return fd
+            .enable_cap(&cap)
+            .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_SPLIT_IRQCHIP)"));
+    }
     fd.create_irq_chip()
         .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
     let pit = kvm_pit_config {
@@ -176,7 +190,7 @@ pub(crate) fn prepare_payload(
     let (boot, boot_mem, entry_points) = build_boot_area(layout, plan.vcpus.len(), kind)?;
     register_memslots(&fd, ram.guest_memory(), Some(&boot_mem))?;
     if kind.needs_irqchip() {
-        create_irqchip(&fd)?;
+        create_irqchip(&fd, Irqchip::Kernel)?;
     }
     let (chains, bench_cells) = if kind == PayloadKind::NumaBench {
         let chains = bench::prepare(

@@ -203,7 +203,11 @@ impl VmHandle {
         let fd = source.vm.upgrade().ok_or(CaptureError::NotPaused {
             state: RunState::Stopped,
         })?;
-        let vm = VmState::save(&fd).map_err(CaptureError::Vm)?;
+        let irqchip = match devices.as_ref().and_then(|d| d.ioapic.as_ref()) {
+            Some(_) => vmhost_config::Irqchip::Split,
+            None => vmhost_config::Irqchip::Kernel,
+        };
+        let vm = VmState::save(&fd, irqchip).map_err(CaptureError::Vm)?;
         let payload = source
             .payload
             .as_ref()
@@ -312,7 +316,7 @@ impl Vm {
         let load_vm = |prepared: &Prepared| {
             saved
                 .vm
-                .restore(&prepared.fd)
+                .restore(&prepared.fd, plan.irqchip())
                 .map_err(|source| VmError::State { vcpu: None, source })
         };
         let mut prepared = match check_guest(plan, &options, &saved)? {

@@ -192,6 +192,15 @@ pub enum VmError {
     /// The serial port's interrupt eventfd could not be created.
     #[error("cannot create the serial port's interrupt eventfd")]
     Serial(#[source] std::io::Error),
+    /// The user-space I/O APIC of a split irqchip could not be set up.
+    #[error("VM {vm}: the I/O APIC (boot.irqchip = \"split\")")]
+    Ioapic {
+        /// VM name.
+        vm: String,
+        /// The cause.
+        #[source]
+        source: crate::devices::ioapic::IoapicError,
+    },
     /// The console input thread could not be started.
     #[error("cannot start the console input thread")]
     ConsoleInput(#[source] std::io::Error),

@@ -11,6 +11,7 @@ use kvm_bindings::{
 };
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vmhost_config::Irqchip;
 use vmhost_memory::GuestMemoryMmap;
 use vmhost_vcpu::arch::{BootLayout, USER_CS, USER_RFLAGS};
 use vmhost_vcpu::persist::{
@@ -278,7 +279,7 @@ fn a_saved_guest_continues_in_a_fresh_vm_exactly_where_it_stopped() {
     complete_pending_io(&mut src);
 
     let vcpu_state = VcpuState::save(&src.vcpu, &layout, &supported(&kvm)).expect("save vCPU");
-    let vm_state = VmState::save(&src.vm).expect("save VM");
+    let vm_state = VmState::save(&src.vm, Irqchip::Kernel).expect("save VM");
     let saved_regs = src.vcpu.get_regs().expect("regs");
     let copy = copy_of(&src.mems);
     assert_eq!(counter(&src.mems[0]), 50);
@@ -302,7 +303,9 @@ fn a_saved_guest_continues_in_a_fresh_vm_exactly_where_it_stopped() {
     let expected = run_outs(&mut src, 20);
 
     let mut dst = guest(&kvm, copy);
-    vm_state.restore(&dst.vm).expect("restore VM");
+    vm_state
+        .restore(&dst.vm, Irqchip::Kernel)
+        .expect("restore VM");
     vcpu_state
         .restore(&dst.vcpu, &layout)
         .expect("restore vCPU");
@@ -351,7 +354,7 @@ fn a_ring3_long_mode_guest_continues_in_a_fresh_vm() {
         "ring 3, long mode"
     );
     let state = VcpuState::save(&src.vcpu, &layout, &supported(&kvm)).expect("save vCPU");
-    let vm_state = VmState::save(&src.vm).expect("save VM");
+    let vm_state = VmState::save(&src.vm, Irqchip::Kernel).expect("save VM");
     let saved_regs = src.vcpu.get_regs().expect("regs");
     let copy = copy_of(&src.mems);
     let expected = run_outs(&mut src, 300);
@@ -359,7 +362,9 @@ fn a_ring3_long_mode_guest_continues_in_a_fresh_vm() {
     let json = serde_json::to_vec(&state).expect("serialize");
     let state: VcpuState = serde_json::from_slice(&json).expect("deserialize");
     let mut dst = guest(&kvm, copy);
-    vm_state.restore(&dst.vm).expect("restore VM");
+    vm_state
+        .restore(&dst.vm, Irqchip::Kernel)
+        .expect("restore VM");
     state.restore(&dst.vcpu, &layout).expect("restore vCPU");
     assert_eq!(dst.vcpu.get_regs().expect("regs"), saved_regs);
     assert_eq!(dst.vcpu.get_sregs().expect("sregs"), sregs);
@@ -376,9 +381,9 @@ fn vm_state_round_trips_and_the_clock_neither_jumps_back_nor_forward() {
     let _cpus = lock_cpus();
     let kvm = Kvm::new().expect("/dev/kvm");
     let src = source(&kvm);
-    let saved = VmState::save(&src.vm).expect("save");
+    let saved = VmState::save(&src.vm, Irqchip::Kernel).expect("save");
     let dst = guest(&kvm, blank());
-    let fresh = VmState::save(&dst.vm).expect("fresh");
+    let fresh = VmState::save(&dst.vm, Irqchip::Kernel).expect("fresh");
     assert_ne!(
         fresh.ioapic, saved.ioapic,
         "the source's IOAPIC was programmed"
@@ -392,8 +397,8 @@ fn vm_state_round_trips_and_the_clock_neither_jumps_back_nor_forward() {
         kvm_bindings::KVM_CLOCK_REALTIME
     );
     let before_set = std::time::Instant::now();
-    saved.restore(&dst.vm).expect("restore");
-    let got = VmState::save(&dst.vm).expect("save again");
+    saved.restore(&dst.vm, Irqchip::Kernel).expect("restore");
+    let got = VmState::save(&dst.vm, Irqchip::Kernel).expect("save again");
     let bound = u64::try_from(before_set.elapsed().as_nanos()).expect("ns");
 
     assert_eq!(got.pic_master, saved.pic_master);
@@ -590,4 +595,42 @@ fn xsave_past_the_legacy_region_round_trips_and_a_torn_one_is_refused() {
     short.restore(&dst.vcpu, &layout).expect("padded restore");
     let back = dst.vcpu.get_xsave().expect("KVM_GET_XSAVE");
     assert!(back.as_bytes() == &state.xsave[..legacy], "XSAVE differs");
+}
+
+/// With a split irqchip the VM state is kvmclock alone (the I/O APIC is a device's): it
+/// restores into a split VM, and a state of the other irqchip is refused either way.
+#[test]
+fn a_split_irqchip_vm_state_is_the_clock_and_refuses_the_other_irqchip() {
+    if !kvm_available("a_split_irqchip_vm_state_is_the_clock_and_refuses_the_other_irqchip") {
+        return;
+    }
+    let kvm = Kvm::new().expect("/dev/kvm");
+    let split = || {
+        let vm = kvm.create_vm().expect("VM");
+        let mut cap = kvm_bindings::kvm_enable_cap {
+            cap: kvm_bindings::KVM_CAP_SPLIT_IRQCHIP,
+            ..Default::default()
+        };
+        cap.args[0] = 24;
+        vm.enable_cap(&cap).expect("split irqchip");
+        vm
+    };
+    let (a, b) = (split(), split());
+    let saved = VmState::save(&a, Irqchip::Split).expect("save");
+    assert!(saved.pic_master.is_empty() && saved.ioapic.is_empty() && saved.pit.is_empty());
+    saved.restore(&b, Irqchip::Split).expect("restore");
+    let got = VmState::save(&b, Irqchip::Split).expect("save again");
+    assert!(
+        got.clock_ns >= saved.clock_ns,
+        "the clock goes on from the saved value"
+    );
+    let err = saved.restore(&b, Irqchip::Kernel).unwrap_err();
+    assert!(err.to_string().contains("boot.irqchip"), "{err}");
+    let kernel = kvm.create_vm().expect("VM");
+    kernel.create_irq_chip().expect("irqchip");
+    kernel
+        .create_pit2(kvm_bindings::kvm_pit_config::default())
+        .expect("PIT");
+    let full = VmState::save(&kernel, Irqchip::Kernel).expect("save");
+    assert!(full.restore(&b, Irqchip::Split).is_err());
 }

@@ -14,6 +14,16 @@
 //! | [`RESET_PORT`] | ACPI reset register | 0 | [`RESET_VALUE`]: reboot |
 //! | [`PVPANIC_PORT`] | pvpanic | the events supported (panicked, crash loaded) | panicked: the guest failed |
 //!
+//! With a split irqchip (`boot.irqchip = "split"`) KVM has no PIC and no PIT, and their ports
+//! come here as absent devices ([`Legacy::without_pic_and_pit`]):
+//!
+//! | ports | what | reads | writes |
+//! |---|---|---|---|
+//! | 0x20, 0x21, 0xa0, 0xa1 | 8259 PICs, absent | all ones (Linux's probe then finds none) | ignored |
+//! | 0x40-0x43 | 8254 PIT, absent | all ones | ignored |
+//! | 0x61 | system control port B | 0 | ignored |
+//! | 0x4d0, 0x4d1 | ELCR | 0 (every ISA IRQ edge) | ignored |
+//!
 //! The sleep and reset registers are the ones the FADT built by `vmhost_boot::build_acpi` names.
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -116,6 +126,13 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 #[derive(Debug, Default)]
 pub struct Legacy {
     cmos: Cmos,
+    /// The PIC, PIT, port B and ELCR ports are ours (a split irqchip).
+    no_pic_pit: bool,
+}
+
+/// The ports of the PICs, the PIT, port B and the ELCR (KVM's with its in-kernel irqchip).
+fn pic_pit_port(port: u16) -> bool {
+    matches!(port, 0x20 | 0x21 | 0xa0 | 0xa1 | 0x61 | 0x4d0 | 0x4d1) || in_range(port, 0x40, 4)
 }
 
 fn in_range(port: u16, base: u16, len: u16) -> bool {
@@ -123,7 +140,19 @@ fn in_range(port: u16, base: u16, len: u16) -> bool {
 }
 
 impl Legacy {
-    /// True when `port` is one of this module's ports.
+    /// The ports of a VM with a split irqchip: these, and the absent PIC and PIT.
+    pub fn without_pic_and_pit() -> Self {
+        Legacy {
+            no_pic_pit: true,
+            ..Legacy::default()
+        }
+    }
+
+    fn serves(&self, port: u16) -> bool {
+        Self::claims(port) || (self.no_pic_pit && pic_pit_port(port))
+    }
+
+    /// True when `port` is one of this module's ports (with KVM's PIC and PIT).
     pub fn claims(port: u16) -> bool {
         matches!(
             port,
@@ -154,7 +183,7 @@ impl Legacy {
 
     /// A read of `data.len()` bytes from `port`; false when the port is not ours.
     pub fn read(&mut self, port: u16, data: &mut [u8]) -> bool {
-        if !Self::claims(port) {
+        if !self.serves(port) {
             return false;
         }
         let value = match port {
@@ -165,6 +194,7 @@ impl Legacy {
                 self.cmos.read(now)
             }
             0x60 | 0x64 | SLEEP_CONTROL_PORT | SLEEP_STATUS_PORT | RESET_PORT => 0,
+            0x61 | 0x4d0 | 0x4d1 => 0,
             PVPANIC_PORT => PVPANIC_PANICKED | PVPANIC_CRASH_LOADED,
             _ => 0xff,
         };
@@ -174,7 +204,7 @@ impl Legacy {
 
     /// A write of `data` to `port`.
     pub fn write(&mut self, port: u16, data: &[u8]) -> PortAction {
-        if !Self::claims(port) {
+        if !self.serves(port) {
             return PortAction::Unknown;
         }
         let first = data.first().copied().unwrap_or(0);
@@ -207,6 +237,28 @@ impl Legacy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pic_and_pit_ports_are_absent_devices_only_with_a_split_irqchip() {
+        let mut kernel = Legacy::default();
+        let mut split = Legacy::without_pic_and_pit();
+        for port in [0x20, 0x21, 0xa0, 0xa1, 0x40, 0x43, 0x61, 0x4d0, 0x4d1] {
+            let mut b = [0x5a];
+            assert!(!kernel.read(port, &mut b), "{port:#x} is KVM's");
+            assert_eq!(kernel.write(port, &[0]), PortAction::Unknown);
+            assert!(split.read(port, &mut b), "{port:#x}");
+            assert_eq!(split.write(port, &[0xfb]), PortAction::Handled);
+        }
+        // Linux's 8259 probe writes 0xfb to the master's mask and reads it back: all ones
+        // mean no PIC.
+        let mut imr = [0];
+        split.read(0x21, &mut imr);
+        assert_eq!(imr, [0xff]);
+        let mut b = [0xff];
+        split.read(0x61, &mut b);
+        assert_eq!(b, [0]);
+        assert!(!split.read(0x44, &mut b), "not a PIT port");
+    }
 
     #[test]
     fn reboot_and_power_off_writes_are_recognised() {

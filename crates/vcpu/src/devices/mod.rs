@@ -3,12 +3,14 @@
 //! virtio-pci devices, PCI configuration mechanism #1 is the virtio attachment's. The
 //! console input thread is in [`console`].
 //!
-//! The in-kernel irqchip and PIT (created for every Linux guest) handle the PIC, I/O APIC,
-//! local APICs, PIT and speaker port without exits. Ports nothing here claims go to the VM's
-//! unknown-access policy.
+//! KVM's in-kernel irqchip and PIT (`boot.irqchip = "kernel"`, the default) handle the PIC,
+//! I/O APIC, local APICs, PIT and speaker port without exits. With a split irqchip the I/O
+//! APIC is [`ioapic`]'s (an MMIO window) and the PIC and PIT ports are absent devices in
+//! [`legacy`]. Ports nothing here claims go to the VM's unknown-access policy.
 
 pub mod console;
 pub mod debugport;
+pub mod ioapic;
 pub mod legacy;
 pub mod output;
 mod persist;
@@ -20,6 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::control::lock;
 use debugport::{BootMarks, DEBUG_PORT};
+use ioapic::UserIoapic;
 use legacy::{Legacy, PortAction};
 use serial::SerialConsole;
 use vmhost_devices::bus::Access;
@@ -31,6 +34,8 @@ pub struct LinuxDevices {
     serial: Arc<SerialConsole>,
     legacy: Mutex<Legacy>,
     marks: Arc<BootMarks>,
+    /// The I/O APIC of a split irqchip.
+    ioapic: Option<UserIoapic>,
 }
 
 impl LinuxDevices {
@@ -41,7 +46,21 @@ impl LinuxDevices {
             serial: Arc::new(serial),
             legacy: Mutex::new(Legacy::default()),
             marks: Arc::default(),
+            ioapic: None,
         }
+    }
+
+    /// The same devices for a VM with a split irqchip: `ioapic`, and the PIC and PIT ports as
+    /// absent devices (the legacy ports' state starts afresh).
+    pub fn with_ioapic(mut self, ioapic: UserIoapic) -> Self {
+        self.ioapic = Some(ioapic);
+        self.legacy = Mutex::new(Legacy::without_pic_and_pit());
+        self
+    }
+
+    /// The user-space I/O APIC (a split irqchip only).
+    pub fn ioapic(&self) -> Option<&UserIoapic> {
+        self.ioapic.as_ref()
     }
 
     /// The boot markers the guest wrote to the debug port.
@@ -100,6 +119,10 @@ impl LinuxDevices {
     /// A guest MMIO read (`data` untouched unless [`Access::Done`]); a device busy in a
     /// request is waited for only while `give_up` (the VM's stop flag) is false.
     pub fn mmio_read(&self, gpa: u64, data: &mut [u8], give_up: &dyn Fn() -> bool) -> Access {
+        if let Some(ioapic) = self.ioapic.as_ref().filter(|_| UserIoapic::claims(gpa)) {
+            ioapic.read(gpa, data);
+            return Access::Done;
+        }
         self.virtio.as_ref().map_or(Access::NotMine, |v| {
             v.mmio_read_or_give_up(gpa, data, give_up)
         })
@@ -107,6 +130,10 @@ impl LinuxDevices {
 
     /// A guest MMIO write; as [`LinuxDevices::mmio_read`].
     pub fn mmio_write(&self, gpa: u64, data: &[u8], give_up: &dyn Fn() -> bool) -> Access {
+        if let Some(ioapic) = self.ioapic.as_ref().filter(|_| UserIoapic::claims(gpa)) {
+            ioapic.write(gpa, data);
+            return Access::Done;
+        }
         self.virtio.as_ref().map_or(Access::NotMine, |v| {
             v.mmio_write_or_give_up(gpa, data, give_up)
         })

@@ -23,10 +23,12 @@ use vmhost_devices::PersistError;
 use vmhost_memory::GuestMemoryMmap;
 use vmhost_plan::Plan;
 
+use super::ioapic::UserIoapic;
 use super::serial::{SerialConsole, SerialOut, COM1_GSI};
 use super::LinuxDevices;
 use crate::control::lock;
 use crate::virtio::VirtioError;
+use vmhost_config::Irqchip;
 
 /// Why the devices of a restored VM could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +47,23 @@ pub enum RestoreError {
         /// The cause.
         #[source]
         source: Box<VirtioError>,
+    },
+    /// The saved I/O APIC could not be restored.
+    #[error("the user-space I/O APIC")]
+    Ioapic(#[source] super::ioapic::IoapicError),
+    /// The saved state and the plan disagree on the irqchip.
+    #[error(
+        "VM {vm}: the spec's boot.irqchip is {irqchip:?} but the saved devices {} a user-space \
+         I/O APIC; restore with the spec the VM ran with",
+        if *saved_ioapic { "hold" } else { "hold no" }
+    )]
+    Irqchip {
+        /// VM name.
+        vm: String,
+        /// The plan's.
+        irqchip: Irqchip,
+        /// Whether the saved state has an I/O APIC.
+        saved_ioapic: bool,
     },
     /// The saved state of COM1 or the legacy ports does not apply.
     #[error("VM {vm}: device state")]
@@ -69,6 +88,7 @@ impl LinuxDevices {
             virtio,
             serial: Some(self.serial.save()),
             legacy: Some(lock(&self.legacy).save()),
+            ioapic: self.ioapic.as_ref().map(UserIoapic::save),
         })
     }
 
@@ -101,7 +121,21 @@ impl LinuxDevices {
         if let Some(uart) = &saved.serial {
             serial.restore(uart).map_err(state)?;
         }
-        let devices = LinuxDevices::new(serial);
+        let mut devices = LinuxDevices::new(serial);
+        match (plan.irqchip(), &saved.ioapic) {
+            (Irqchip::Kernel, None) => {}
+            (Irqchip::Split, Some(chip)) => {
+                let ioapic = UserIoapic::restore(fd, chip).map_err(RestoreError::Ioapic)?;
+                devices = devices.with_ioapic(ioapic);
+            }
+            (irqchip, chip) => {
+                return Err(RestoreError::Irqchip {
+                    vm: plan.name.clone(),
+                    irqchip,
+                    saved_ioapic: chip.is_some(),
+                })
+            }
+        }
         if let Some(legacy) = &saved.legacy {
             lock(&devices.legacy).restore(legacy);
         }

@@ -1,4 +1,6 @@
 //! The VM's state: the in-kernel irqchip (both PICs and the IOAPIC), the PIT and kvmclock.
+//! With a split irqchip there is no PIC, in-kernel IOAPIC or PIT: their fields are empty, and
+//! the user-space I/O APIC's state is a device's (`DevicesState::ioapic`).
 
 use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, kvm_pit_state2, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
@@ -6,6 +8,7 @@ use kvm_bindings::{
 };
 use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
+use vmhost_config::Irqchip;
 
 use super::raw::{from_bytes, to_bytes};
 use super::{ioctl, PersistError};
@@ -13,7 +16,8 @@ use super::{ioctl, PersistError};
 /// A VM's device state in KVM. Raw KVM structs are held as their bytes (see `persist`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VmState {
-    /// `kvm_irqchip` of the master PIC.
+    /// `kvm_irqchip` of the master PIC (empty with a split irqchip, as are the slave PIC, the
+    /// IOAPIC and the PIT).
     pub pic_master: Vec<u8>,
     /// `kvm_irqchip` of the slave PIC.
     pub pic_slave: Vec<u8>,
@@ -45,9 +49,20 @@ fn get_chip(vm: &VmFd, (piece, chip_id): (&'static str, u32)) -> Result<Vec<u8>,
 }
 
 impl VmState {
-    /// Captures the state of `vm`, which has an in-kernel irqchip and PIT, with every vCPU out
-    /// of `KVM_RUN`. The clock is read last, as close to the pause as possible.
-    pub fn save(vm: &VmFd) -> Result<Self, PersistError> {
+    /// Captures the state of `vm`, which has `irqchip`, with every vCPU out of `KVM_RUN`. The
+    /// clock is read last, as close to the pause as possible.
+    pub fn save(vm: &VmFd, irqchip: Irqchip) -> Result<Self, PersistError> {
+        if irqchip == Irqchip::Split {
+            let clock = vm.get_clock().map_err(ioctl("kvmclock", "KVM_GET_CLOCK"))?;
+            return Ok(Self {
+                pic_master: Vec::new(),
+                pic_slave: Vec::new(),
+                ioapic: Vec::new(),
+                pit: Vec::new(),
+                clock_ns: clock.clock,
+                clock_flags: clock.flags,
+            });
+        }
         let [master, slave, ioapic] = CHIPS;
         let pic_master = get_chip(vm, master)?;
         let pic_slave = get_chip(vm, slave)?;
@@ -64,15 +79,35 @@ impl VmState {
         })
     }
 
-    /// Loads the state into `vm`, which has its in-kernel irqchip and PIT created, before any
-    /// vCPU state is restored.
+    /// Loads the state into `vm`, which has its `irqchip` created (the in-kernel one with its
+    /// PIT, or a split one), before any vCPU state is restored.
     ///
     /// kvmclock is set to the saved value with no flags: the guest's clock continues from
     /// where it stopped and neither jumps back nor forward by the time the VM was paused
     /// (`KVM_CLOCK_REALTIME` would advance it by the host's realtime elapsed since the save;
     /// `KVM_CLOCK_TSC_STABLE` is only reported by KVM and not an input). The saved TSC MSR does
     /// the same for the TSC.
-    pub fn restore(&self, vm: &VmFd) -> Result<(), PersistError> {
+    pub fn restore(&self, vm: &VmFd, irqchip: Irqchip) -> Result<(), PersistError> {
+        let saved_in_kernel = !self.pic_master.is_empty();
+        if saved_in_kernel != (irqchip == Irqchip::Kernel) {
+            return Err(PersistError::Irqchip {
+                saved_in_kernel,
+                irqchip,
+            });
+        }
+        if saved_in_kernel {
+            self.restore_in_kernel(vm)?;
+        }
+        let clock = kvm_clock_data {
+            clock: self.clock_ns,
+            flags: 0,
+            ..Default::default()
+        };
+        vm.set_clock(&clock)
+            .map_err(ioctl("kvmclock", "KVM_SET_CLOCK"))
+    }
+
+    fn restore_in_kernel(&self, vm: &VmFd) -> Result<(), PersistError> {
         for ((piece, chip_id), bytes) in
             CHIPS
                 .into_iter()
@@ -89,13 +124,6 @@ impl VmState {
                 .map_err(ioctl(piece, "KVM_SET_IRQCHIP"))?;
         }
         vm.set_pit2(&from_bytes::<kvm_pit_state2>("PIT", &self.pit)?)
-            .map_err(ioctl("PIT", "KVM_SET_PIT2"))?;
-        let clock = kvm_clock_data {
-            clock: self.clock_ns,
-            flags: 0,
-            ..Default::default()
-        };
-        vm.set_clock(&clock)
-            .map_err(ioctl("kvmclock", "KVM_SET_CLOCK"))
+            .map_err(ioctl("PIT", "KVM_SET_PIT2"))
     }
 }

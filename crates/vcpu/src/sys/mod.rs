@@ -493,3 +493,38 @@ pub fn signal_msi(vm: &std::os::fd::OwnedFd, address: u64, data: u32) -> io::Res
     }
     Ok(())
 }
+
+vmm_sys_util::ioctl_iow_nr!(
+    KVM_SET_GSI_ROUTING,
+    kvm_bindings::KVMIO,
+    0x6a,
+    kvm_bindings::kvm_irq_routing
+);
+
+/// `KVM_SET_GSI_ROUTING` on the VM descriptor `vm`: the whole routing table becomes one MSI
+/// route per `(gsi, address, data)` (a split irqchip's I/O APIC pins; GSIs with no route
+/// deliver nothing).
+pub fn set_msi_routes(vm: &std::os::fd::OwnedFd, routes: &[(u32, u64, u32)]) -> io::Result<()> {
+    let mut table = kvm_bindings::KvmIrqRouting::new(routes.len())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{e:?}")))?;
+    for (entry, &(gsi, address, data)) in table.as_mut_slice().iter_mut().zip(routes) {
+        entry.gsi = gsi;
+        entry.type_ = kvm_bindings::KVM_IRQ_ROUTING_MSI;
+        entry.u.msi = kvm_bindings::kvm_irq_routing_msi {
+            address_lo: (address & 0xffff_ffff) as u32,
+            address_hi: (address >> 32) as u32,
+            data,
+            ..Default::default()
+        };
+    }
+    // SAFETY: `vm` is an open KVM VM descriptor; the wrapper holds a kvm_irq_routing header
+    // whose `nr` is the number of entries allocated right after it, which the kernel reads
+    // (and only reads) during the call.
+    let r = unsafe {
+        vmm_sys_util::ioctl::ioctl_with_ref(vm, KVM_SET_GSI_ROUTING(), table.as_fam_struct_ref())
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
