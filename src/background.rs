@@ -111,6 +111,10 @@ impl Background {
     /// The VM to stop if the prefault fails (set once the VM exists).
     pub fn attach(&self, stop: StopHandle) {
         let _ = self.stop.set(stop.clone());
+        // The guest's end (or any stop) cancels the workers at once: the exit need not wait
+        // for RAM nobody will use to be faulted in.
+        let gate = self.gate.clone();
+        stop.on_stop(move || gate.cancel());
         if self.outcome().error.is_some() {
             stop.stop();
         }

@@ -30,6 +30,10 @@ use crate::policy::PolicyOverride;
 use crate::prefault::{self, CellTarget, PrefaultOptions, PrefaultStats};
 use crate::MemoryError;
 
+/// The workers' chunk in the background: what a cancel waits for at most (one 2 MiB
+/// hugepage's or 512 small pages' zeroing per worker, well under a millisecond).
+pub(crate) const CHUNK_BYTES: u64 = 2 << 20;
+
 /// When guest RAM is faulted in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -63,9 +67,11 @@ pub type OnDone = Box<dyn FnOnce(Result<BackgroundDone, MemoryError>) + Send>;
 /// guest runs, so that building the VM and loading the kernel (which fault their own pages
 /// in) do not compete with the workers for the node's CPUs; the guest's boot then shares
 /// them instead, as it would share them with its own first touches. Dropping the guest
-/// memory cancels the prefault and opens the gate, so a VM that never started ends at once.
+/// memory cancels the prefault and opens the gate, so a VM that never started ends at once;
+/// [`StartGate::cancel`] does the same from the VMM's side as soon as the guest has ended,
+/// before the guest memory goes (its workers stop after their chunk in progress).
 #[derive(Debug, Clone, Default)]
-pub struct StartGate(Arc<(Mutex<bool>, Condvar)>);
+pub struct StartGate(Arc<(Mutex<bool>, Condvar)>, Arc<AtomicBool>);
 
 impl StartGate {
     /// A closed gate.
@@ -80,6 +86,19 @@ impl StartGate {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
         cv.notify_all();
+    }
+
+    /// Stops the prefault behind the gate (its outcome is then
+    /// [`PrefaultError::Cancelled`](crate::PrefaultError::Cancelled)) and opens the gate: for
+    /// a guest that has ended, whose RAM nobody will use.
+    pub fn cancel(&self) {
+        self.1.store(true, Ordering::SeqCst);
+        self.open();
+    }
+
+    /// The flag [`StartGate::cancel`] sets.
+    fn cancel_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.1)
     }
 
     /// Blocks until the gate is open.
@@ -142,7 +161,7 @@ pub(crate) struct BackgroundPrefault {
 impl BackgroundPrefault {
     /// Starts the `vmhost-prefault` thread for `job`; `on_done` runs on it at the end.
     pub(crate) fn start(mut job: Job, on_done: OnDone) -> Result<Self, std::io::Error> {
-        let cancel = Arc::new(AtomicBool::new(false));
+        let cancel = job.gate.cancel_flag();
         job.options.cancel = Some(Arc::clone(&cancel));
         let gate = job.gate.clone();
         let thread = std::thread::Builder::new()

@@ -579,6 +579,43 @@ fn a_closed_gate_holds_the_background_workers_back_until_it_opens() {
 }
 
 #[test]
+fn a_cancelled_gate_ends_its_prefault_without_dropping_the_memory() {
+    let _lock = lock_pool();
+    if !need_pages("background_prefault_gate_cancel", PAGE_2M, 16) {
+        return;
+    }
+    let before = pool(PAGE_2M);
+    let mut mem = background_memory("bggatecancel");
+    let gate = StartGate::new();
+    let (tx, rx) = std::sync::mpsc::channel();
+    assert!(mem
+        .start_background_prefault_at(Box::new(move |done| drop(tx.send(done))), gate.clone())
+        .expect("start"));
+    // What the VMM does when its guest ends: the workers stop before the memory goes.
+    gate.cancel();
+    match rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the cancelled prefault reports its end while the memory is held")
+    {
+        Err(MemoryError::Prefault {
+            source: PrefaultError::Cancelled { done, total },
+            ..
+        }) => assert_eq!((done, total), (0, 32 * MIB), "stopped before any chunk"),
+        other => panic!("expected a cancel, got {other:?}"),
+    }
+    let not_present: u64 = mem
+        .audit()
+        .expect("audit")
+        .regions
+        .iter()
+        .map(|r| r.pages_not_present)
+        .sum();
+    assert_eq!(not_present, 16, "no page faulted in after the cancel");
+    drop(mem);
+    assert_eq!(pool(PAGE_2M), before, "every page back in the pool");
+}
+
+#[test]
 fn dropping_memory_whose_gate_never_opened_ends_its_prefault_before_any_page() {
     let _lock = lock_pool();
     if !need_pages("background_prefault_gate_drop", PAGE_2M, 16) {

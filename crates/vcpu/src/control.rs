@@ -135,6 +135,8 @@ pub(crate) struct Control {
     dirty: OnceLock<Weak<DirtyLog>>,
     /// The guest's TSC rate in kHz (`KVM_GET_TSC_KHZ` of its vCPUs once set up; 0 before).
     tsc_khz: AtomicU32,
+    /// Called once, by the first stop request ([`StopHandle::on_stop`]).
+    on_stop: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
 }
 
 /// Locks `m`; a panicking holder leaves plain data behind, so keep going with it.
@@ -164,6 +166,7 @@ impl Control {
             save_ids: AtomicUsize::new(0),
             dirty: OnceLock::new(),
             tsc_khz: AtomicU32::new(0),
+            on_stop: Mutex::new(Vec::new()),
         }
     }
 
@@ -230,6 +233,23 @@ impl Control {
             self.changed.notify_all();
         }
         self.kick_all();
+        let hooks = std::mem::take(&mut *lock(&self.on_stop));
+        for hook in hooks {
+            hook();
+        }
+    }
+
+    /// Runs `hook` at the first stop request, or now if one was made.
+    fn on_stop(&self, hook: Box<dyn FnOnce() + Send>) {
+        {
+            let mut hooks = lock(&self.on_stop);
+            // Under the lock: `request_stop` sets the flag before it takes the hooks.
+            if !self.stop.load(Ordering::SeqCst) {
+                hooks.push(hook);
+                return;
+            }
+        }
+        hook();
     }
 
     /// Signals every registered vCPU thread (its handler sets its own `immediate_exit`).
@@ -505,6 +525,14 @@ impl StopHandle {
         self.0.stop_requested()
     }
 
+    /// Runs `hook` once, on the thread that makes the first stop request (a vCPU's or the
+    /// emulator's at the guest's end, a signal's, the API's), right after the vCPUs are kicked;
+    /// at once when a stop was already requested. For work the VM's end makes pointless, such
+    /// as a background prefault: it must not block.
+    pub fn on_stop(&self, hook: impl FnOnce() + Send + 'static) {
+        self.0.on_stop(Box::new(hook));
+    }
+
     /// vCPUs whose payload has reported in (the `Ready` doorbell of `halt` and `idle`).
     pub fn ready_vcpus(&self) -> usize {
         self.0.ready()
@@ -705,6 +733,29 @@ impl Drop for Pinned<'_> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU8;
+
+    /// A hook registered before the stop runs once, at the first request, on the requesting
+    /// thread; one registered after it runs at once; later requests run none again.
+    #[test]
+    fn stop_hooks_run_once_at_the_first_stop_or_at_once_after_it() {
+        let c = Arc::new(Control::new(1));
+        let handle = StopHandle(Arc::clone(&c));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&ran);
+        handle.on_stop(move || {
+            r.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "not before a stop");
+        std::thread::spawn(move || handle.stop()).join().unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        c.request_stop(StopReason::GuestEnded);
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "once");
+        let r = Arc::clone(&ran);
+        StopHandle(Arc::clone(&c)).on_stop(move || {
+            r.fetch_add(10, Ordering::SeqCst);
+        });
+        assert_eq!(ran.load(Ordering::SeqCst), 11, "after the stop: at once");
+    }
 
     /// `wait_pinned` returns once every thread counted itself: pinned, failed before its
     /// pinning (the guard dropped), or panicked (the guard dropped in the unwinding), each
