@@ -12,6 +12,8 @@
 #   in a shell variable; `mem_ok` is 1 when the blob still has the checksum of the last write
 #   (a page the migration missed or sent stale would break it);
 # - `numa_same`: the guest's NUMA view (each node's CPUs, distances, MemTotal) equals the first;
+# - `nopic`: 1 when the guest finds no 8259 PIC (a split irqchip) with Linux's own probe,
+#   `serial_irqs`: the interrupts counted on ttyS0 (the console's writes wait on them);
 # - `reads`: passes of a background reader that keeps a disk read in flight nearly all the
 #   time (`dd iflag=direct`, 1 MiB in 64 KiB requests from the raw disk). A request in flight
 #   at the source's pause completes while the source quiesces its devices; its data and used
@@ -46,6 +48,18 @@ numa() {
     done
 }
 view=$(numa)
+# Linux's own 8259 probe, through /dev/port: 0xfb written to the master's mask register
+# (0x21) reads back from a PIC; an absent one reads all ones. The mask is set back to 0xff
+# (every PIC line masked, as Linux leaves it with an I/O APIC).
+pic_probe() {
+    printf '\373' | dd of=/dev/port bs=1 seek=33 count=1 conv=notrunc 2>/dev/null
+    v=$(dd if=/dev/port bs=1 skip=33 count=1 2>/dev/null | od -An -tu1 | tr -d ' ')
+    printf '\377' | dd of=/dev/port bs=1 seek=33 count=1 conv=notrunc 2>/dev/null
+    if [ "$v" = 255 ]; then echo 1; else echo 0; fi
+}
+serial_irqs() {
+    awk '/ttyS0/ {s = 0; for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) s += $i; print s}' /proc/interrupts
+}
 boot=$(cat /proc/sys/kernel/random/boot_id)
 echo "GUEST-MIGREADY boot_id=$boot numa=$view mac=$(cat /sys/class/net/eth0/address)"
 i=0
@@ -62,7 +76,8 @@ while :; do
     same=0
     [ "$(numa)" = "$view" ] && same=1
     reads=$(cat /tmp/reads 2>/dev/null)
-    echo "GUEST-MIGTICK n=$i boot_id=$boot uptime=$(up) lines=$lines whole=$whole mem_ok=$mem_ok numa_same=$same reads=${reads:-0}"
+    nopic=$(pic_probe)
+    echo "GUEST-MIGTICK n=$i boot_id=$boot uptime=$(up) lines=$lines whole=$whole mem_ok=$mem_ok numa_same=$same reads=${reads:-0} nopic=$nopic serial_irqs=$(serial_irqs)"
     i=$((i + 1))
     sleep 0.5
 done

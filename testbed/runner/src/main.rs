@@ -18,6 +18,7 @@ mod dm_log;
 mod first_exit;
 mod flight;
 mod host;
+mod irqchip_tests;
 mod kvm_exits;
 mod ledger_tests;
 mod linux_bench;
@@ -172,6 +173,14 @@ const TWO_NODE: &[Test] = &[
     (
         "virtio_pci_linux_migration",
         pci_tests::virtio_pci_linux_migration,
+    ),
+    (
+        "split_irqchip_linux_migration",
+        irqchip_tests::split_irqchip_linux_migration,
+    ),
+    (
+        "split_irqchip_mmio_linux_guest",
+        irqchip_tests::split_irqchip_mmio_linux_guest,
     ),
 ];
 

@@ -71,6 +71,10 @@ pub(crate) struct Tick {
     numa_same: bool,
     /// Passes of the guest's background disk reader so far.
     pub(crate) reads: u64,
+    /// The guest kernel found no 8259 PIC (a split irqchip), when the line says.
+    pub(crate) nopic: Option<bool>,
+    /// Interrupts the guest counted on ttyS0.
+    pub(crate) serial_irqs: u64,
 }
 
 /// Every whole `GUEST-MIGTICK` line of `text`, in order.
@@ -93,6 +97,11 @@ pub(crate) fn ticks(text: &str) -> Vec<Tick> {
                 numa_same: *f.get("numa_same")? == "1",
                 // Absent from older lines (the unit tests' shapes): none counted.
                 reads: f.get("reads").and_then(|r| r.parse().ok()).unwrap_or(0),
+                nopic: f.get("nopic").map(|v| *v == "1"),
+                serial_irqs: f
+                    .get("serial_irqs")
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or(0),
             })
         })
         .collect()

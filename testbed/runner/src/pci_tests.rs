@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 
 use crate::device_bench::{nc_endpoints, run_guest, setup, Vmm, RANDREAD_SECONDS};
+use crate::irqchip_tests::{check_pit, Irqchip};
 use crate::kvm_exits::ExitCounter;
 use crate::vm::Env;
 use crate::{ensure, Outcome};
@@ -142,13 +143,23 @@ const MIGRATION_PAGES: u64 = 64;
 /// target, where the function's state (configuration space, vector table, queue vectors) was
 /// restored.
 pub fn virtio_pci_linux_migration(env: &Env) -> Outcome {
+    pci_migration(env, Irqchip::Kernel)
+}
+
+/// The pci migration with `irqchip` (see [`crate::irqchip_tests`]).
+pub(crate) fn pci_migration(env: &Env, irqchip: Irqchip) -> Outcome {
     use crate::migration_tests as mig;
     crate::host::set_2m_pools(&[MIGRATION_PAGES, 0])?;
     let disk = mig::make_disk(env)?;
-    let spec = mig::spec_with(env, &disk, (1, 1), "", "virtio_announce = \"pci\"\n")?;
+    let boot = match irqchip {
+        Irqchip::Kernel => "virtio_announce = \"pci\"\n",
+        Irqchip::Split => "virtio_announce = \"pci\"\nirqchip = \"split\"\n",
+    };
+    let spec = mig::spec_with(env, &disk, (1, 1), "", boot)?;
     let spec = spec.to_string_lossy().into_owned();
     let src = env.start("pcimigsrc", env.command(&["--config", &spec]), 1)?;
     let first = mig::wait_tick_past(env, &["pcimigsrc"], 0)?;
+    check_pit("the source", src.pid, irqchip)?;
     // Only node 1 has room for the target.
     crate::host::set_2m_pools(&[MIGRATION_PAGES, MIGRATION_PAGES])?;
     let key = mig::key_file(env, "pcimig.key", 5)?;
@@ -174,6 +185,7 @@ pub fn virtio_pci_linux_migration(env: &Env) -> Outcome {
         out.code,
         out.stderr
     );
+    check_pit("the target", dst.pid, irqchip)?;
     let code = env.wait(src.pid)?;
     ensure!(code == 0, "the source exited {code} after the move, want 0");
     let names = ["pcimigsrc", "pcimigdst"];
@@ -183,6 +195,22 @@ pub fn virtio_pci_linux_migration(env: &Env) -> Outcome {
         .unwrap_or(first.clone());
     let later = mig::wait_tick_past(env, &names, at_switch.n + 4)?;
     mig::check_tick_sequence(env, &names, &first.boot_id)?;
+    let want_nopic = Some(irqchip == Irqchip::Split);
+    ensure!(
+        first.nopic == want_nopic && later.nopic == want_nopic,
+        "with irqchip {irqchip:?} the guest's 8259 probe found no PIC: {:?} at boot, {:?} on \
+         the target, want {want_nopic:?}",
+        first.nopic,
+        later.nopic
+    );
+    ensure!(
+        later.serial_irqs > at_switch.serial_irqs && at_switch.serial_irqs > 0,
+        "the guest's ttyS0 interrupts: {} at the switch, {} at tick {}: COM1's interrupt does \
+         not reach the guest (through the I/O APIC's route)",
+        at_switch.serial_irqs,
+        later.serial_irqs,
+        later.n
+    );
     ensure!(
         later.reads > at_switch.reads,
         "the guest's disk reader made no pass on the target ({} at the switch, {} at tick {})",
@@ -191,8 +219,15 @@ pub fn virtio_pci_linux_migration(env: &Env) -> Outcome {
         later.n
     );
     println!(
-        "  pci migration: ticks {} -> {}, reader passes {} -> {}",
-        at_switch.n, later.n, at_switch.reads, later.reads
+        "  pci migration ({irqchip:?} irqchip): ticks {} -> {}, reader passes {} -> {}, \
+         ttyS0 interrupts {} -> {}, no PIC {:?}",
+        at_switch.n,
+        later.n,
+        at_switch.reads,
+        later.reads,
+        at_switch.serial_irqs,
+        later.serial_irqs,
+        later.nopic
     );
     env.signal(dst.pid, libc::SIGTERM)?;
     let code = env.wait(dst.pid)?;
