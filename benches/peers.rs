@@ -12,7 +12,9 @@
 //!   the i8042 reset (`out 0x64, 0xfe`: Firecracker ends on it; Cloud Hypervisor would reboot
 //!   the guest). vmhost acts on both and is run with each: vmhost (S5) is compared with Cloud
 //!   Hypervisor, vmhost (i8042) with Firecracker. vmhost (S5) also runs with `--prefault
-//!   background` (guest RAM faulted in while the guest starts; the peers fault it in lazily).
+//!   background` (guest RAM faulted in while the guest starts; the peers fault it in lazily),
+//!   and with `boot.irqchip = "split"` (KVM's LAPICs only, no in-kernel PIC, IOAPIC or PIT,
+//!   as Cloud Hypervisor runs), with and without `--prefault background`.
 //! - **Time**: `CLOCK_MONOTONIC` just before the spawn -> `wait` returned (the process exited).
 //! - **Method**: every round runs every VMM once, the order rotated by one each round; per VMM
 //!   the median; per pair the median of the per-round ratios with a 95 % bootstrap interval
@@ -83,8 +85,22 @@ enum Vmm {
     /// vmhost with `--prefault background` (the S5 guest): guest RAM faulted in while the guest
     /// runs.
     VmhostBackground,
+    /// vmhost with `boot.irqchip = "split"` (the S5 guest): KVM's LAPICs only, no in-kernel
+    /// PIC, IOAPIC or PIT, as Cloud Hypervisor runs; with `--prefault background` or not.
+    VmhostSplit {
+        background: bool,
+    },
     CloudHypervisor,
     Firecracker,
+}
+
+impl Vmm {
+    fn is_vmhost(self) -> bool {
+        matches!(
+            self,
+            Vmm::Vmhost(_) | Vmm::VmhostBackground | Vmm::VmhostSplit { .. }
+        )
+    }
 }
 
 struct Setup {
@@ -104,6 +120,8 @@ impl Setup {
         match v {
             Vmm::Vmhost(g) => format!("vmhost ({})", g.name()),
             Vmm::VmhostBackground => "vmhost (s5, --prefault background)".into(),
+            Vmm::VmhostSplit { background: false } => "vmhost (s5, split irqchip)".into(),
+            Vmm::VmhostSplit { background: true } => "vmhost (s5, split, --prefault bg)".into(),
             Vmm::CloudHypervisor => "cloud-hypervisor (s5)".into(),
             Vmm::Firecracker => "firecracker (i8042)".into(),
         }
@@ -113,14 +131,20 @@ impl Setup {
     /// directory.
     fn command(&self, v: Vmm, g: Guest) -> Command {
         let mut c = match v {
-            Vmm::Vmhost(_) | Vmm::VmhostBackground => {
+            Vmm::Vmhost(_) | Vmm::VmhostBackground | Vmm::VmhostSplit { .. } => {
                 let mut c = Command::new(&self.vmhost);
-                if v == Vmm::VmhostBackground {
+                if matches!(
+                    v,
+                    Vmm::VmhostBackground | Vmm::VmhostSplit { background: true }
+                ) {
                     c.args(["--prefault", "background"]);
                 }
                 c.arg("--json").arg("--run-dir").arg(&self.run_dir);
-                c.arg("--config")
-                    .arg(self.dir.join(format!("{}.toml", g.name())));
+                let spec = match v {
+                    Vmm::VmhostSplit { .. } => format!("{}-split.toml", g.name()),
+                    _ => format!("{}.toml", g.name()),
+                };
+                c.arg("--config").arg(self.dir.join(spec));
                 c
             }
             Vmm::CloudHypervisor => {
@@ -168,6 +192,17 @@ fn write_inputs(s: &Setup) {
             ),
         )
         .unwrap();
+        std::fs::write(
+            s.dir.join(format!("{}-split.toml", g.name())),
+            format!(
+                "name = \"bench-peers-{}\"\n[cpu]\ncores = 1\n[memory]\nguest = \"64Mi\"\n\
+                 hugepages = {{ page_size = \"2Mi\" }}\n[boot]\nkernel = \"{}\"\n\
+                 irqchip = \"split\"\n",
+                g.name(),
+                kernel.display()
+            ),
+        )
+        .unwrap();
         let fc = serde_json::json!({
             "boot-source": { "kernel_image_path": kernel },
             "drives": [],
@@ -184,28 +219,29 @@ fn write_inputs(s: &Setup) {
 }
 
 /// Waits for `child`; a watchdog kills it after [`RUN_LIMIT`]. Returns its status when the
-/// child ended by itself.
-fn wait_guarded(child: &mut Child) -> Option<ExitStatus> {
+/// child ended by itself, and `CLOCK_MONOTONIC` in ns right after `wait` returned: taken before
+/// the watchdog is woken and joined, so that no poll period lands in the figure (until 5
+/// December 2026 the watchdog slept in 5 ms steps and the time was read after joining it,
+/// which rounded every run up to the next step: docs/benchmarks.md).
+fn wait_guarded(child: &mut Child) -> (Option<ExitStatus>, u64) {
     let pid = child.id() as libc::pid_t;
-    let done = Arc::new(AtomicBool::new(false));
     let killed = Arc::new(AtomicBool::new(false));
-    let (d, k) = (Arc::clone(&done), Arc::clone(&killed));
+    let k = Arc::clone(&killed);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
-        let start = Instant::now();
-        while !d.load(Ordering::Acquire) {
-            if start.elapsed() > RUN_LIMIT {
-                k.store(true, Ordering::Release);
-                // SAFETY: kill only sends a signal; the child is not reaped before `done`.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(5));
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(RUN_LIMIT) {
+            k.store(true, Ordering::Release);
+            // SAFETY: kill only sends a signal. No message within RUN_LIMIT: the child has not
+            // been reaped unless it ended in this very instant (then the signal finds no
+            // process, or, with a pid reused that fast, a stray one: a bench-only risk).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     });
     let status = child.wait().unwrap();
-    done.store(true, Ordering::Release);
+    let end = now_ns();
+    let _ = tx.send(());
     watchdog.join().unwrap();
-    (!killed.load(Ordering::Acquire)).then_some(status)
+    ((!killed.load(Ordering::Acquire)).then_some(status), end)
 }
 
 /// One start -> exit of `v`: wall milliseconds, and for vmhost its `--json` timeline
@@ -213,14 +249,14 @@ fn wait_guarded(child: &mut Child) -> Option<ExitStatus> {
 fn start_exit(s: &Setup, v: Vmm) -> (f64, Vec<f64>) {
     let g = match v {
         Vmm::Vmhost(g) => g,
-        Vmm::VmhostBackground | Vmm::CloudHypervisor => Guest::S5,
+        Vmm::VmhostBackground | Vmm::VmhostSplit { .. } | Vmm::CloudHypervisor => Guest::S5,
         Vmm::Firecracker => Guest::I8042,
     };
     let mut cmd = s.command(v, g);
     let spawn = now_ns();
     let mut child = cmd.spawn().unwrap();
-    let ended = wait_guarded(&mut child);
-    let ms = (now_ns() - spawn) as f64 / 1e6;
+    let (ended, end) = wait_guarded(&mut child);
+    let ms = (end - spawn) as f64 / 1e6;
     let Some(status) = ended else {
         panic!("{} did not end the VM: {}", s.label(v), s.stderr());
     };
@@ -231,7 +267,7 @@ fn start_exit(s: &Setup, v: Vmm) -> (f64, Vec<f64>) {
         s.stderr()
     );
     let mut marks = vec![];
-    if matches!(v, Vmm::Vmhost(_) | Vmm::VmhostBackground) {
+    if v.is_vmhost() {
         let out = std::fs::read(s.dir.join("stdout")).unwrap();
         let j: serde_json::Value = serde_json::from_slice(&out)
             .unwrap_or_else(|e| panic!("vmhost --json: {e}: {}", s.stderr()));
@@ -271,23 +307,33 @@ struct Rounds {
     times: Vec<Vec<f64>>,
     /// vmhost (S5)'s timeline of each round.
     marks: Vec<Vec<f64>>,
+    /// vmhost (S5, split irqchip)'s.
+    split_marks: Vec<Vec<f64>>,
 }
 
 fn run_rounds(s: &Setup, vmms: Vec<Vmm>, rounds: usize) -> Rounds {
     let n = vmms.len();
     let mut times = vec![vec![]; n];
     let mut marks = vec![];
+    let mut split_marks = vec![];
     for r in 0..rounds {
         for k in 0..n {
             let i = (r + k) % n;
             let (ms, m) = start_exit(s, vmms[i]);
             times[i].push(ms);
-            if vmms[i] == Vmm::Vmhost(Guest::S5) {
-                marks.push(m);
+            match vmms[i] {
+                Vmm::Vmhost(Guest::S5) => marks.push(m),
+                Vmm::VmhostSplit { background: false } => split_marks.push(m),
+                _ => {}
             }
         }
     }
-    Rounds { vmms, times, marks }
+    Rounds {
+        vmms,
+        times,
+        marks,
+        split_marks,
+    }
 }
 
 fn report_rounds(s: &Setup, r: &Rounds) {
@@ -307,6 +353,21 @@ fn report_rounds(s: &Setup, r: &Rounds) {
     let pairs = [
         (Vmm::Vmhost(Guest::S5), Vmm::CloudHypervisor, Some(0.5)),
         (Vmm::VmhostBackground, Vmm::CloudHypervisor, Some(0.5)),
+        (
+            Vmm::VmhostSplit { background: false },
+            Vmm::CloudHypervisor,
+            Some(0.5),
+        ),
+        (
+            Vmm::VmhostSplit { background: true },
+            Vmm::CloudHypervisor,
+            Some(0.5),
+        ),
+        (
+            Vmm::VmhostSplit { background: false },
+            Vmm::Vmhost(Guest::S5),
+            None,
+        ),
         (Vmm::Vmhost(Guest::I8042), Vmm::Firecracker, None),
     ];
     println!("\nratio (median of per-round ratios, 95 % bootstrap CI, {RESAMPLES} resamples)");
@@ -327,10 +388,21 @@ fn report_rounds(s: &Setup, r: &Rounds) {
             ci.1
         );
     }
-    println!("\nvmhost (s5) timeline, ms after spawn (medians)");
+    println!("\nvmhost timeline, ms after spawn (medians): s5, s5 with a split irqchip");
     for (k, name) in TIMELINE.iter().enumerate() {
-        let v: Vec<f64> = r.marks.iter().map(|m| m[k]).collect();
-        println!("  {name:<22} {:>7.2}", median(&v));
+        let at = |marks: &[Vec<f64>]| {
+            let v: Vec<f64> = marks.iter().map(|m| m[k]).collect();
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                median(&v)
+            }
+        };
+        println!(
+            "  {name:<22} {:>7.2} {:>7.2}",
+            at(&r.marks),
+            at(&r.split_marks)
+        );
     }
 }
 
@@ -386,9 +458,7 @@ fn report_rss(s: &Setup, vmms: &[Vmm]) {
             "halts.toml",
         ),
     ];
-    let peers = vmms
-        .iter()
-        .filter(|v| !matches!(v, Vmm::Vmhost(_) | Vmm::VmhostBackground));
+    let peers = vmms.iter().filter(|v| !v.is_vmhost());
     for v in peers {
         let name = s.label(*v);
         let name = name.split(' ').next().unwrap();
@@ -449,6 +519,8 @@ fn main() {
     let mut vmms = vec![
         Vmm::Vmhost(Guest::S5),
         Vmm::VmhostBackground,
+        Vmm::VmhostSplit { background: false },
+        Vmm::VmhostSplit { background: true },
         Vmm::Vmhost(Guest::I8042),
     ];
     if s.ch.is_some() {
