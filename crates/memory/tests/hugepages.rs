@@ -578,6 +578,35 @@ fn a_closed_gate_holds_the_background_workers_back_until_it_opens() {
     assert_eq!(pool(PAGE_2M), (free0, resv0));
 }
 
+/// A 32 MiB background prefault `name` started behind a closed gate, and where its outcome
+/// arrives.
+fn start_gated(
+    name: &str,
+) -> (
+    GuestMemory,
+    StartGate,
+    std::sync::mpsc::Receiver<Result<vmhost_memory::BackgroundDone, MemoryError>>,
+) {
+    let mut mem = background_memory(name);
+    let gate = StartGate::new();
+    let (tx, rx) = std::sync::mpsc::channel();
+    assert!(mem
+        .start_background_prefault_at(Box::new(move |done| drop(tx.send(done))), gate.clone())
+        .expect("start"));
+    (mem, gate, rx)
+}
+
+/// A 32 MiB background prefault's outcome: cancelled before its first chunk.
+fn assert_cancelled_before_any_page(outcome: Result<vmhost_memory::BackgroundDone, MemoryError>) {
+    match outcome {
+        Err(MemoryError::Prefault {
+            source: PrefaultError::Cancelled { done, total },
+            ..
+        }) => assert_eq!((done, total), (0, 32 * MIB), "stopped before any chunk"),
+        other => panic!("expected a cancel before any page, got {other:?}"),
+    }
+}
+
 #[test]
 fn a_cancelled_gate_ends_its_prefault_without_dropping_the_memory() {
     let _lock = lock_pool();
@@ -585,24 +614,13 @@ fn a_cancelled_gate_ends_its_prefault_without_dropping_the_memory() {
         return;
     }
     let before = pool(PAGE_2M);
-    let mut mem = background_memory("bggatecancel");
-    let gate = StartGate::new();
-    let (tx, rx) = std::sync::mpsc::channel();
-    assert!(mem
-        .start_background_prefault_at(Box::new(move |done| drop(tx.send(done))), gate.clone())
-        .expect("start"));
+    let (mem, gate, rx) = start_gated("bggatecancel");
     // What the VMM does when its guest ends: the workers stop before the memory goes.
     gate.cancel();
-    match rx
-        .recv_timeout(std::time::Duration::from_secs(60))
-        .expect("the cancelled prefault reports its end while the memory is held")
-    {
-        Err(MemoryError::Prefault {
-            source: PrefaultError::Cancelled { done, total },
-            ..
-        }) => assert_eq!((done, total), (0, 32 * MIB), "stopped before any chunk"),
-        other => panic!("expected a cancel, got {other:?}"),
-    }
+    assert_cancelled_before_any_page(
+        rx.recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the cancelled prefault reports its end while the memory is held"),
+    );
     let not_present: u64 = mem
         .audit()
         .expect("audit")
@@ -622,22 +640,12 @@ fn dropping_memory_whose_gate_never_opened_ends_its_prefault_before_any_page() {
         return;
     }
     let before = pool(PAGE_2M);
-    let mut mem = background_memory("bggatedrop");
-    let (tx, rx) = std::sync::mpsc::channel();
-    assert!(mem
-        .start_background_prefault_at(Box::new(move |done| drop(tx.send(done))), StartGate::new())
-        .expect("start"));
+    let (mem, _gate, rx) = start_gated("bggatedrop");
     drop(mem);
-    match rx
-        .try_recv()
-        .expect("the callback ran before the drop returned")
-    {
-        Err(MemoryError::Prefault {
-            source: PrefaultError::Cancelled { done, total },
-            ..
-        }) => assert_eq!((done, total), (0, 32 * MIB)),
-        other => panic!("expected a cancel before any page, got {other:?}"),
-    }
+    assert_cancelled_before_any_page(
+        rx.try_recv()
+            .expect("the callback ran before the drop returned"),
+    );
     assert_eq!(pool(PAGE_2M), before, "every page back in the pool");
 }
 

@@ -64,17 +64,7 @@ pub fn split_irqchip_mmio_linux_guest(env: &Env) -> Outcome {
     let first = mig::wait_tick_past(env, &["splitmmio"], 0)?;
     check_pit("the VMM", vm.pid, Irqchip::Split)?;
     let later = mig::wait_tick_past(env, &["splitmmio"], first.n + 4)?;
-    println!(
-        "  split irqchip, virtio-mmio: ticks {} -> {}, reader passes {} -> {}, ttyS0 \
-         interrupts {} -> {}, no PIC {:?}",
-        first.n,
-        later.n,
-        first.reads,
-        later.reads,
-        first.serial_irqs,
-        later.serial_irqs,
-        later.nopic
-    );
+    println!("  split irqchip, virtio-mmio: {}", progress(&first, &later));
     env.signal(vm.pid, libc::SIGTERM)?;
     let code = env.wait(vm.pid)?;
     ensure!(
@@ -93,4 +83,13 @@ pub fn split_irqchip_mmio_linux_guest(env: &Env) -> Outcome {
     );
     ensure!(code == 130, "the VMM after SIGTERM: exit {code}, want 130");
     Ok(())
+}
+
+/// What went on between two ticks: the ticks, the disk reader's passes, the ttyS0 interrupts
+/// and the guest's PIC probe.
+pub(crate) fn progress(from: &mig::Tick, to: &mig::Tick) -> String {
+    format!(
+        "ticks {} -> {}, reader passes {} -> {}, ttyS0 interrupts {} -> {}, no PIC {:?}",
+        from.n, to.n, from.reads, to.reads, from.serial_irqs, to.serial_irqs, to.nopic
+    )
 }

@@ -219,15 +219,8 @@ pub(crate) fn pci_migration(env: &Env, irqchip: Irqchip) -> Outcome {
         later.n
     );
     println!(
-        "  pci migration ({irqchip:?} irqchip): ticks {} -> {}, reader passes {} -> {}, \
-         ttyS0 interrupts {} -> {}, no PIC {:?}",
-        at_switch.n,
-        later.n,
-        at_switch.reads,
-        later.reads,
-        at_switch.serial_irqs,
-        later.serial_irqs,
-        later.nopic
+        "  pci migration ({irqchip:?} irqchip): {}",
+        crate::irqchip_tests::progress(&at_switch, &later)
     );
     env.signal(dst.pid, libc::SIGTERM)?;
     let code = env.wait(dst.pid)?;
