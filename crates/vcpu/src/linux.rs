@@ -76,37 +76,7 @@ pub(crate) fn prepare_linux(
     let (kvm, fd) = open_vm(plan)?;
     register_memslots(&fd, ram.guest_memory(), None)?;
     create_irqchip(&fd, plan.irqchip())?;
-    let serial = SerialConsole::new(options.serial_out.clone()).map_err(VmError::Serial)?;
-    fd.register_irqfd(serial.irq_fd(), COM1_GSI)
-        .map_err(kvm_err("KVM_IRQFD"))?;
-    let mut devices = LinuxDevices::new(serial);
-    if plan.irqchip() == Irqchip::Split {
-        let ioapic = UserIoapic::new(&fd).map_err(|source| VmError::Ioapic { vm: vm(), source })?;
-        devices = devices.with_ioapic(ioapic);
-    }
-    if !plan.devices.is_empty() {
-        let dir = options
-            .device_dir
-            .clone()
-            .unwrap_or_else(std::env::temp_dir);
-        let transport = crate::virtio::Transport::of(plan);
-        let virtio = crate::virtio::attach(
-            &fd,
-            &plan.devices,
-            transport,
-            &plan.name,
-            ram.guest_memory(),
-            &dir,
-        )
-        .map_err(|source| VmError::Virtio {
-            vm: vm(),
-            source: Box::new(source),
-        })?;
-        for line in virtio.describe() {
-            tracing::info!("{line}");
-        }
-        devices = devices.with_virtio(virtio);
-    }
+    let devices = linux_devices(&fd, plan, ram, options)?;
     let cpuids = vcpu_cpuids(&kvm, plan, options.mask_for_nested_emulation)?;
     let configs = plan
         .vcpus
@@ -135,6 +105,49 @@ pub(crate) fn prepare_linux(
         },
         configs,
     })
+}
+
+/// A fresh Linux guest's devices on `fd`: COM1 with its irqfd on GSI 4, the user-space I/O
+/// APIC of a split irqchip, and the plan's virtio devices.
+fn linux_devices(
+    fd: &VmFd,
+    plan: &Plan,
+    ram: &dyn GuestRam,
+    options: &VmOptions,
+) -> Result<LinuxDevices, VmError> {
+    let vm = || plan.name.clone();
+    let serial = SerialConsole::new(options.serial_out.clone()).map_err(VmError::Serial)?;
+    fd.register_irqfd(serial.irq_fd(), COM1_GSI)
+        .map_err(kvm_err("KVM_IRQFD"))?;
+    let mut devices = LinuxDevices::new(serial);
+    if plan.irqchip() == Irqchip::Split {
+        let ioapic = UserIoapic::new(fd).map_err(|source| VmError::Ioapic { vm: vm(), source })?;
+        devices = devices.with_ioapic(ioapic);
+    }
+    if !plan.devices.is_empty() {
+        let dir = options
+            .device_dir
+            .clone()
+            .unwrap_or_else(std::env::temp_dir);
+        let transport = crate::virtio::Transport::of(plan);
+        let virtio = crate::virtio::attach(
+            fd,
+            &plan.devices,
+            transport,
+            &plan.name,
+            ram.guest_memory(),
+            &dir,
+        )
+        .map_err(|source| VmError::Virtio {
+            vm: vm(),
+            source: Box::new(source),
+        })?;
+        for line in virtio.describe() {
+            tracing::info!("{line}");
+        }
+        devices = devices.with_virtio(virtio);
+    }
+    Ok(devices)
 }
 
 /// The part of a restored Linux guest's VM that its saved state does not change: the KVM VM,
