@@ -376,12 +376,9 @@ impl GuestMemory {
         on_done: OnDone,
         gate: StartGate,
     ) -> Result<bool, MemoryError> {
-        let Some(mut options) = self.deferred.take() else {
+        let Some(options) = self.deferred.take() else {
             return Ok(false);
         };
-        // Small chunks: a VM that ends while its RAM is still being faulted in waits for the
-        // workers' chunk in progress only (a 64 MiB chunk is ~7 ms of zeroing here).
-        options.chunk_bytes = options.chunk_bytes.min(background::CHUNK_BYTES);
         let job = background::Job {
             vm: self.name.clone(),
             regions: self.regions.clone(),
