@@ -55,10 +55,8 @@ impl UserIoapic {
         state: &IoapicState,
     ) -> Result<Self, IoapicError> {
         let chip = Ioapic::restore(state).map_err(IoapicError::State)?;
-        let ioapic = UserIoapic {
-            chip: Mutex::new(chip),
-            vm: crate::sys::dup_vm_fd(vm).map_err(IoapicError::Dup)?,
-        };
+        let ioapic = Self::new(vm)?;
+        *lock(&ioapic.chip) = chip;
         ioapic.install(&lock(&ioapic.chip))?;
         Ok(ioapic)
     }
