@@ -20,7 +20,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use vmhost_testsupport::pvh::{out8, pvh_elf, LOAD};
-use vmhost_testsupport::{lock_cpus, need_kvm};
+use vmhost_testsupport::{has_kvm_pit, lock_cpus, need_kvm};
 
 const IDT: u32 = 0x30_0000;
 const IDTR: u32 = 0x2f_fff0;
@@ -100,15 +100,6 @@ fn guest() -> Vec<u8> {
     let h35_at = base + len;
     let h34_at = h35_at + u32::try_from(h35.len()).unwrap();
     [setup(h35_at, h34_at), h35, h34].concat()
-}
-
-/// Whether the host kernel runs KVM's PIT thread for a VM of process `pid`.
-fn has_kvm_pit(pid: u32) -> bool {
-    let want = format!("kvm-pit/{pid}");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .any(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == want))
 }
 
 fn run(d: &Path, irqchip: &str) {

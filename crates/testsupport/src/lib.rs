@@ -119,6 +119,17 @@ pub fn need_pages(test: &str, page: u64, count: u64) -> bool {
     true
 }
 
+/// Whether the host kernel runs KVM's PIT thread (`kvm-pit/<pid>`) for a VM that process
+/// `pid` created: the kernel's own account of an in-kernel PIT.
+pub fn has_kvm_pit(pid: u32) -> bool {
+    let want = format!("kvm-pit/{pid}");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == want))
+}
+
 /// Returns false (after printing a skip line) when KVM tests are opted out; panics when
 /// `/dev/kvm` cannot be opened.
 pub fn need_kvm(test: &str) -> bool {

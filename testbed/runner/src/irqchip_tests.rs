@@ -28,19 +28,9 @@ pub fn split_irqchip_linux_migration(env: &Env) -> Outcome {
     crate::pci_tests::pci_migration(env, Irqchip::Split)
 }
 
-/// Whether the host kernel runs a `kvm-pit/<pid>` thread (KVM's in-kernel PIT of a VM that
-/// process `pid` created).
-fn has_kvm_pit(pid: u32) -> bool {
-    let want = format!("kvm-pit/{pid}");
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == want))
-}
-
+/// Fails unless the host kernel has a `kvm-pit/<pid>` thread exactly with KVM's irqchip.
 pub(crate) fn check_pit(who: &str, pid: u32, irqchip: Irqchip) -> Outcome {
-    let pit = has_kvm_pit(pid);
+    let pit = vmhost_testsupport::has_kvm_pit(pid);
     println!("  {who} (pid {pid}): kvm-pit thread {pit}");
     ensure!(
         pit == (irqchip == Irqchip::Kernel),
