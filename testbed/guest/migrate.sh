@@ -60,11 +60,37 @@ pic_probe() {
 serial_irqs() {
     awk '/ttyS0/ {s = 0; for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) s += $i; print s}' /proc/interrupts
 }
+# A stall report, should the ticks stop (a failed test's evidence; never seen in a healthy
+# run, whose ticks are at most a few seconds apart even while the emulated host migrates it):
+# once per stall of 20 s of guest uptime, through /dev/kmsg (the kernel's console writes poll
+# the UART, so they get out even when the tty's own output waits for an interrupt), the
+# ttyS0 and virtio interrupt counts, the disk's requests in flight, the UART's counters, and
+# every task in D state (sysrq w).
+stall() {
+    echo "<3>GUEST-MIGSTALL $*" > /dev/kmsg
+}
+(seen=""; while :; do
+    sleep 2
+    t=$(cat /tmp/tick_at 2>/dev/null)
+    [ -n "$t" ] && [ "$t" != "$seen" ] || continue
+    now=$(up)
+    [ $(( ${now%.*} - ${t%.*} )) -ge 20 ] || continue
+    seen=$t
+    stall "no tick since uptime $t, now $now; vda in flight (reads writes): $(cat /sys/block/vda/inflight)"
+    grep -E 'ttyS0|virtio|LOC' /proc/interrupts | while read -r l; do stall "irq $l"; done
+    grep '^0:' /proc/tty/driver/serial | while read -r l; do stall "uart $l"; done
+    # The task lines are KERN_INFO: the console prints them only at a higher log level.
+    lvl=$(cut -f1 /proc/sys/kernel/printk)
+    echo 7 > /proc/sys/kernel/printk
+    echo w > /proc/sysrq-trigger
+    echo "$lvl" > /proc/sys/kernel/printk
+done) &
 boot=$(cat /proc/sys/kernel/random/boot_id)
 echo "GUEST-MIGREADY boot_id=$boot numa=$view mac=$(cat /sys/class/net/eth0/address)"
 i=0
 sum=""
 while :; do
+    up > /tmp/tick_at
     mem_ok=1
     [ -n "$sum" ] && [ "$(sha256sum < /tmp/blob | cut -c1-64)" != "$sum" ] && mem_ok=0
     dd if=/dev/urandom of=/tmp/blob bs=65536 count=16 2>/dev/null

@@ -166,12 +166,30 @@ pub(crate) fn wait_tick_past(env: &Env, names: &[&str], after: u64) -> Result<Ti
         ensure!(
             Instant::now() < deadline,
             "no GUEST-MIGTICK past n={after} within {GUEST_LIMIT:?} on {names:?}: {}\n--- \
-             every vmhost's threads (a vCPU halted in KVM is a guest waiting; one in user space \
-             or on a futex is the VMM): {}",
+             the guest's own stall report: {}\n--- every vmhost's threads (a vCPU halted in \
+             KVM is a guest waiting; one in user space or on a futex is the VMM): {}",
             tail(&text),
+            stall_report(&text),
             crate::diagnose::vmhost_threads()
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// What the guest printed from its first `GUEST-MIGSTALL` line on (testbed/guest/migrate.sh:
+/// interrupt counts, the disk's requests in flight, the UART's counters and the blocked
+/// tasks), at most 120 lines and without its ticks; "none" when it printed no such line.
+pub(crate) fn stall_report(text: &str) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.contains("GUEST-MIGSTALL"))
+        .filter(|l| !l.contains("GUEST-MIGTICK"))
+        .take(120)
+        .collect();
+    if lines.is_empty() {
+        "none".to_string()
+    } else {
+        lines.join(" | ")
     }
 }
 
