@@ -1,8 +1,8 @@
 #!/bin/busybox sh
 # The live-migration workload (`vmhost.action=migrate`, run by /init; the initramfs with the
 # device modules). It loads the virtio modules, gives eth0 10.0.2.15/24, mounts the ext4 disk
-# /dev/vda, echoes every TCP connection on port 7000 (busybox `nc -e cat`), runs `dirty 32 16`
-# (writing 16 MiB/s over a 32 MiB buffer, its beat lines sent back; testbed/guest/dirty.c) for
+# /dev/vda, echoes every TCP connection on port 7000 (busybox `nc -e cat`), runs `dirty 32 128`
+# (writing 128 MiB/s over a 32 MiB buffer, faster than the emulated host's stream, its beat lines sent back; testbed/guest/dirty.c) for
 # as long as a TCP connection on port 7001 stays open, prints its NUMA view
 # once (`GUEST-MIGREADY`), then ticks every half second until the VM is stopped:
 # - `n`: a counter kept in the shell's memory, one more per tick;
@@ -33,7 +33,7 @@ ip addr add 10.0.2.15/24 dev eth0
 mkdir -p /mnt/log
 mount -t ext4 /dev/vda /mnt/log || echo "GUEST-MIGFAIL mount=failed"
 (while :; do nc -l -p 7000 -e cat; done) &
-printf '#!/bin/busybox sh\nexec dirty 32 16\n' > /tmp/dirtier
+printf '#!/bin/busybox sh\nexec dirty 32 128\n' > /tmp/dirtier
 chmod +x /tmp/dirtier
 (while :; do nc -l -p 7001 -e /tmp/dirtier; done) &
 (r=0; while :; do

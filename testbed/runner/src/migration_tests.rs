@@ -12,7 +12,7 @@
 //! In order, on one guest:
 //! 1. a target killed by the test hook when round 1 begins: `ctl migrate` fails, the source's
 //!    guest goes on (its counter, its RAM check and its disk);
-//! 2. a guest writing 16 MiB/s (`dirty 32 16`, started over TCP): pre-copy does not converge
+//! 2. a guest writing 128 MiB/s (`dirty 32 128`, started over TCP): pre-copy does not converge
 //!    at `--max-downtime 1` and gives up after `--timeout 5`: `ctl migrate`
 //!    fails naming it, the target exits non-zero with every page back in the pools and no
 //!    ledger entry, and the guest goes on at the source (its writer's beats and its ticks);
@@ -613,10 +613,13 @@ fn target_killed(env: &Env, src: &Running, pod_b: &Path, key: &str) -> Outcome {
     Ok(())
 }
 
-/// Step 2: a guest writing 16 MiB/s never fits a 1 ms pause (it dirties more than a
-/// millisecond's worth of the stream in every round); `--timeout 5` gives up, the target ends
-/// with nothing held, and the guest (writer and ticks) goes on. (At the default 300 ms it
-/// converged once the stream got faster: format 3 in a CI run.)
+/// Step 2: a guest writing 128 MiB/s never fits a 1 ms pause: it writes faster than the
+/// emulated host's stream sends (13-42 MB/s), so every round leaves about its whole 32 MiB
+/// buffer dirty; `--timeout 5` gives up, the target ends with nothing held, and the guest
+/// (writer and ticks) goes on. (At the default 300 ms a 16 MiB/s writer converged once the
+/// stream got faster, format 3 in a CI run; and at 1 ms it converged too on 6 December: its
+/// rounds shrank below the writer's 10 ms period, until one round found no page dirty and
+/// an estimate of 0 ms.)
 fn gives_up(env: &Env, src: &Running, pod_b: &Path, key: &str) -> Outcome {
     let dirtier = Dirtier::start()?;
     let listen = format!("unix:{}", env.work.join("mig-g.sock").display());
@@ -633,7 +636,7 @@ fn gives_up(env: &Env, src: &Running, pod_b: &Path, key: &str) -> Outcome {
     let error = job["error"].as_str().unwrap_or("");
     ensure!(
         out.code == 1 && job["state"] == "failed" && error.contains("did not converge"),
-        "ctl migrate of a guest writing 16 MiB/s at --max-downtime 1 with --timeout 5: exit {}, {job}",
+        "ctl migrate of a guest writing 128 MiB/s at --max-downtime 1 with --timeout 5: exit {}, {job}",
         out.code
     );
     let rounds = job["rounds"].as_array().map_or(0, Vec::len);
