@@ -325,7 +325,7 @@ impl Dirtier {
             .read_line(&mut first)
             .map_err(|e| format!("the guest's writer: {e}"))?;
         ensure!(
-            first.starts_with("GUEST-DIRTY buf_mib=32 rate_mib_s=16"),
+            first.starts_with("GUEST-DIRTY buf_mib=32 rate_mib_s=128 "),
             "the guest's writer said {first:?}"
         );
         let beats = Arc::new(AtomicU64::new(0));
