@@ -83,6 +83,7 @@ fn main() -> ExitCode {
     // Before any thread exists (they set environment variables).
     vmhost_topology::skip_unneeded_hwloc_plugins();
     default_thread_stack();
+    sys::single_malloc_arena();
     logging::init();
     let cli = Cli::parse();
     if cli.command.is_some() {

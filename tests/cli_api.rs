@@ -414,3 +414,82 @@ fn a_stop_during_a_long_prefault_stops_at_once() {
         common::vmhost_json(&["ps", "--json", "--run-dir", d.join("run").to_str().unwrap()]);
     assert!(ps["entries"].as_array().unwrap().is_empty(), "{ps}");
 }
+
+/// glibc's per-thread arenas in `pid`'s address space, from the kernel's account
+/// (`/proc/<pid>/maps`): an anonymous read-write mapping at a 64 MiB-aligned address followed
+/// at once by the rest of its 64 MiB reserved with no access, the shape of every heap glibc
+/// makes for an arena other than the main one (`HEAP_MAX_SIZE` on 64-bit).
+fn thread_arenas(pid: u32) -> usize {
+    const HEAP: u64 = 64 << 20;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let rows: Vec<(u64, u64, String, bool)> = maps
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (lo, hi) = f[0].split_once('-').unwrap();
+            let parse = |v| u64::from_str_radix(v, 16).unwrap();
+            (parse(lo), parse(hi), f[1].to_string(), f.len() < 6)
+        })
+        .collect();
+    rows.windows(2)
+        .filter(|w| {
+            let (a, b) = (&w[0], &w[1]);
+            a.3 && b.3
+                && a.0 % HEAP == 0
+                && a.2 == "rw-p"
+                && b.2 == "---p"
+                && a.1 == b.0
+                && b.1 == a.0 + HEAP
+        })
+        .count()
+}
+
+/// vmhost serves every thread from glibc's main arena (`sys::single_malloc_arena`): with the
+/// VM running and its API thread answering, the process has no per-thread arena. The same VM
+/// started with the user's own `MALLOC_ARENA_MAX` has glibc's per-thread arenas again (the
+/// count sees them, and a chosen count is kept).
+#[test]
+fn every_thread_allocates_from_the_main_arena_unless_the_user_chose_otherwise() {
+    if !need_kvm("arenas") {
+        return;
+    }
+    let _cpus = lock_cpus();
+    let _pool = lock_pool();
+    if !need_pages("arenas", PAGE_2M, 16) {
+        return;
+    }
+    for (chosen, want_some) in [(None, false), (Some("8"), true)] {
+        let d = dir(&format!("arenas-{}", chosen.unwrap_or("default")));
+        let spec = d.join("vm.toml");
+        std::fs::write(&spec, IDLE).unwrap();
+        let sock = d.join("api.sock");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vmhost"));
+        cmd.args(["--run-dir", d.join("run").to_str().unwrap()])
+            .args(["--api-socket", sock.to_str().unwrap()])
+            .args(["--config", spec.to_str().unwrap()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(n) = chosen {
+            cmd.env("MALLOC_ARENA_MAX", n);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // Every answer is built on the API thread: it allocates as much as any thread does.
+        for _ in 0..5 {
+            while common::ctl(&sock, "info").1["state"] != "running" {
+                assert!(Instant::now() < deadline, "the VM never reported running");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let arenas = thread_arenas(child.id());
+        assert_eq!(
+            arenas > 0,
+            want_some,
+            "MALLOC_ARENA_MAX {chosen:?}: {arenas} per-thread arenas in /proc/{}/maps",
+            child.id()
+        );
+        assert_eq!(common::ctl(&sock, "shutdown").0, 0);
+        assert_eq!(child.wait().unwrap().code(), Some(0));
+    }
+}
