@@ -20,6 +20,10 @@
 //! `VMHOST_BENCH_MIB` (default 256) and `VMHOST_BENCH_REPS` (default 11) change the size and
 //! the rounds.
 
+mod common;
+
+use common::{env_u64, plan, PAGE};
+
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::PathBuf;
@@ -28,35 +32,9 @@ use std::time::Instant;
 use vm_memory::{Bytes, MemoryRegionAddress};
 use vmhost_memory::{cells, GuestMemory, MemoryOptions, PrefaultOptions, PrefaultTiming, Progress};
 use vmhost_persist::container::Writer;
-use vmhost_plan::Backing;
 use vmhost_testsupport::stats::{bootstrap_ci, median};
 
-const PAGE: u64 = 2 << 20;
 const PAGE_BYTES: usize = 2 << 20;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn plan(bytes: u64, cpus: &[u32]) -> vmhost_plan::Plan {
-    let cell = vmhost_plan::GuestCell {
-        cell: 0,
-        host_node: Some(0),
-        vcpus: vec![0],
-        memory_bytes: bytes,
-        prefault_cpus: cpus.to_vec(),
-        distances: vec![10],
-        spans: vec![],
-    };
-    let backing = Backing::Hugetlb {
-        page_size_bytes: PAGE,
-        hugetlbfs: None,
-    };
-    vmhost_plan::Plan::memory_only("bench-load", vec![cell], backing)
-}
 
 fn memory(plan: &vmhost_plan::Plan, timing: PrefaultTiming) -> GuestMemory {
     let opts = MemoryOptions {
@@ -178,7 +156,7 @@ fn main() {
     let mib = env_u64("VMHOST_BENCH_MIB", 256);
     let reps = env_u64("VMHOST_BENCH_REPS", 11);
     let cpus = vmhost_memory::sys::current_affinity().expect("CPU affinity");
-    let plan = plan(mib << 20, &cpus);
+    let plan = plan("bench-load", mib << 20, &cpus);
     let path = std::env::temp_dir().join(format!("vmhost-bench-load-{}", std::process::id()));
     let bytes = write_file(&plan, &path);
     println!(

@@ -17,6 +17,10 @@
 //! `VMHOST_BENCH_MIB` (default 1024) and `VMHOST_BENCH_REPS` (default 7) change the size and
 //! the repetitions.
 
+mod common;
+
+use common::{env_u64, plan, PAGE};
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,16 +29,6 @@ use std::time::Instant;
 use vmhost_memory::{
     sys, GuestMemory, MemoryOptions, PrefaultMethod, PrefaultOptions, Progress, Step,
 };
-use vmhost_plan::Backing;
-
-const PAGE: u64 = 2 << 20;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn read_u64(path: &str) -> u64 {
     std::fs::read_to_string(path)
@@ -65,23 +59,6 @@ impl Row {
     }
 }
 
-fn plan(bytes: u64, cpus: &[u32]) -> vmhost_plan::Plan {
-    let cell = vmhost_plan::GuestCell {
-        cell: 0,
-        host_node: Some(0),
-        vcpus: vec![0],
-        memory_bytes: bytes,
-        prefault_cpus: cpus.to_vec(),
-        distances: vec![10],
-        spans: vec![],
-    };
-    let backing = Backing::Hugetlb {
-        page_size_bytes: PAGE,
-        hugetlbfs: None,
-    };
-    vmhost_plan::Plan::memory_only("bench", vec![cell], backing)
-}
-
 /// vmhost: `(prefault step, whole start)` seconds.
 fn vmhost_once(bytes: u64, cpus: &[u32], threads: usize) -> (f64, f64) {
     let opts = MemoryOptions {
@@ -94,7 +71,7 @@ fn vmhost_once(bytes: u64, cpus: &[u32], threads: usize) -> (f64, f64) {
         ..MemoryOptions::default()
     };
     let start = Instant::now();
-    let mem = GuestMemory::new(&plan(bytes, cpus), &opts).expect("vmhost guest memory");
+    let mem = GuestMemory::new(&plan("bench", bytes, cpus), &opts).expect("vmhost guest memory");
     let total = start.elapsed().as_secs_f64();
     let prefault = mem
         .timings()
