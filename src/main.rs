@@ -337,57 +337,13 @@ fn resolve_vsock_socket(spec: &mut vmhost_config::VmSpec, run_dir: &std::path::P
 /// The main job: admit the VM through the host ledger, then run it.
 fn cmd_run(cli: &Cli) -> Result<u8> {
     let timeline = timeline::Timeline::start();
-    // The host's tree is discovered (hwloc) on another thread while the spec is read and its
-    // boot inputs checked; a spec refused is the error even when the discovery failed too.
-    let host = match std::thread::Builder::new()
-        .name("vmhost-host".into())
-        .spawn(host::this_host)
-    {
-        Ok(h) => Host::Pending(h),
-        Err(_) => Host::Discover,
-    };
     // Read once (a FIFO gives its text once), kept for snapshots.
     let source = spec_source(cli)?;
     let spec = source.load()?;
     for w in &spec.warnings {
         eprintln!("{w}");
     }
-    start_vm_on(
-        cli,
-        &cli.run,
-        (spec, source),
-        host,
-        run::Start::Boot,
-        timeline,
-    )
-}
-
-/// Where [`start_vm_on`] gets the host's tree.
-enum Host {
-    /// Discovered there.
-    Discover,
-    /// Discovered ahead, before a wait (a restore's check, a migration's hello): its pools are
-    /// read again.
-    Ahead(Box<vmhost_topology::HostTopology>),
-    /// Being discovered on another thread since the process started.
-    Pending(std::thread::JoinHandle<Result<vmhost_topology::HostTopology>>),
-}
-
-impl Host {
-    /// The host's tree, its pools as they are now.
-    fn get(self) -> Result<vmhost_topology::HostTopology> {
-        match self {
-            Host::Discover => host::this_host(),
-            Host::Ahead(mut h) => {
-                vmhost_topology::refresh_live(&mut h)
-                    .context("reading this host's hugepage pools again")?;
-                Ok(*h)
-            }
-            Host::Pending(h) => h
-                .join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("discovering this host panicked"))),
-        }
-    }
+    start_vm(cli, &cli.run, spec, source, run::Start::Boot, timeline)
 }
 
 /// `vmhost restore DIR`: the snapshot checked whole, then the normal start path.
@@ -425,14 +381,7 @@ fn cmd_restore(cli: &Cli, args: &cli::RestoreArgs) -> Result<u8> {
         same_distances: args.same_distances,
         steps: timeline::StepClock::start(),
     };
-    start_vm_on(
-        cli,
-        &args.run,
-        (spec, source),
-        Host::Ahead(Box::new(host)),
-        start,
-        timeline,
-    )
+    start_vm_on(cli, &args.run, (spec, source), Some(host), start, timeline)
 }
 
 /// `vmhost receive`: an authenticated source's hello checked, then the normal start path.
@@ -449,21 +398,14 @@ fn cmd_receive(cli: &Cli, args: &cli::ReceiveArgs) -> Result<u8> {
     // threads that start before the guest runs again only install theirs.
     vmhost_seccomp::precompile().context("compiling the seccomp filters")?;
     // The host's tree discovered now too, while no source is connected; its pools are read
-    // again when the source says hello (`start_vm_on`).
+    // again when the source says hello (`start_vm`).
     let host = host::this_host()?;
     let (spec, source, incoming) = migrate::target::accept(args)?;
     for w in &spec.warnings {
         eprintln!("{w}");
     }
     let start = run::Start::Incoming(Box::new(incoming));
-    start_vm_on(
-        cli,
-        &args.run,
-        (spec, source),
-        Host::Ahead(Box::new(host)),
-        start,
-        timeline,
-    )
+    start_vm_on(cli, &args.run, (spec, source), Some(host), start, timeline)
 }
 
 /// The spec's text, kept for snapshots.
@@ -476,12 +418,24 @@ fn spec_source(cli: &Cli) -> Result<SpecSource> {
 
 /// Admits the VM of `spec` through the host ledger, then runs it (booted or restored) with
 /// the run options `args`: the one path of `vmhost --config F`, `restore` and `receive`.
-/// The host's tree comes as [`Host`] says.
+fn start_vm(
+    cli: &Cli,
+    args: &RunArgs,
+    spec: LoadedSpec,
+    source: SpecSource,
+    start: run::Start,
+    timeline: timeline::Timeline,
+) -> Result<u8> {
+    start_vm_on(cli, args, (spec, source), None, start, timeline)
+}
+
+/// [`start_vm`] on a host discovered ahead (`Some`: its pools are read again), or on this
+/// host discovered now.
 fn start_vm_on(
     cli: &Cli,
     args: &RunArgs,
     (mut spec, source): (LoadedSpec, SpecSource),
-    host: Host,
+    host: Option<vmhost_topology::HostTopology>,
     mut start: run::Start,
     mut timeline: timeline::Timeline,
 ) -> Result<u8> {
@@ -489,7 +443,14 @@ fn start_vm_on(
     signals::stop_if_requested("while the spec was read")?;
     timeline.spec_loaded_ns = timeline::now_ns();
     start.mark_step("boot inputs");
-    let host = host.get()?;
+    let host = match host {
+        Some(mut h) => {
+            vmhost_topology::refresh_live(&mut h)
+                .context("reading this host's hugepage pools again")?;
+            h
+        }
+        None => host::this_host()?,
+    };
     signals::stop_if_requested("while the host's topology was read")?;
     timeline.host_discovered_ns = timeline::now_ns();
     start.mark_step("pools");

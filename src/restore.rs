@@ -7,7 +7,7 @@
 //! is refused with exit status 2 before `/dev/kvm` is opened or anything is allocated; so is a
 //! spec that contradicts the guest's saved identity (record kind 17) and a Linux guest whose
 //! disk images are missing or resized (`vmhost_devices::persist::check_restorable`). Then the
-//! normal start path runs (`main::start_vm_on`, [`crate::run::run`]): the spec is planned on this
+//! normal start path runs (`main::start_vm`, [`crate::run::run`]): the spec is planned on this
 //! host as it is now through admission and the ledger, keeping the guest's identity
 //! (`vmhost_plan::plan_for_guest`: same cells, vCPUs and memory per cell, page size, APIC IDs,
 //! on whichever nodes have room; [`placement_report`] says where each cell went), the guest

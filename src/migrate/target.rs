@@ -5,7 +5,7 @@
 //! listening), reads the source's `Hello` and checks it before anything is allocated or
 //! `/dev/kvm` is opened for the VM: protocol version, spec, CPU vendor, the guest's TSC rate
 //! (a throwaway probe VM). Then the normal start path runs
-//! (`main::start_vm_on`) with [`crate::run::Start::Incoming`]: admission as an incoming ledger
+//! (`main::start_vm`) with [`crate::run::Start::Incoming`]: admission as an incoming ledger
 //! entry planned with `plan_for_guest` (same guest topology), the `Answer`, guest memory
 //! allocated and bound per the target's plan and filled by the rounds ([`Incoming::receive`]),
 //! the state checked (CPUID, TSC) and restored, then the `Commit` — the commit point — and
