@@ -64,8 +64,8 @@ serial_irqs() {
 # run, whose ticks are at most a few seconds apart even while the emulated host migrates it):
 # once per stall of 20 s of guest uptime, through /dev/kmsg (the kernel's console writes poll
 # the UART, so they get out even when the tty's own output waits for an interrupt), the
-# ttyS0 and virtio interrupt counts, the disk's requests in flight, the UART's counters, and
-# every task in D state (sysrq w).
+# ttyS0 and virtio interrupt counts, the disk's requests in flight, the UART's counters, the
+# processes, the kernel's last messages, and every task in D state (sysrq w).
 stall() {
     echo "<3>GUEST-MIGSTALL $*" > /dev/kmsg
 }
@@ -79,6 +79,13 @@ stall() {
     stall "no tick since uptime $t, now $now; vda in flight (reads writes): $(cat /sys/block/vda/inflight)"
     grep -E 'ttyS0|virtio|LOC' /proc/interrupts | while read -r l; do stall "irq $l"; done
     grep '^0:' /proc/tty/driver/serial | while read -r l; do stall "uart $l"; done
+    # Every user process with its state (a tick loop that died shows by its absence), and the
+    # kernel's last lines below the console's level (a segfault is KERN_INFO).
+    for p in /proc/[0-9]*; do
+        c=$(tr '\0' ' ' 2>/dev/null < "$p/cmdline")
+        [ -n "$c" ] && stall "task ${p#/proc/} $(cut -d' ' -f3 "$p/stat" 2>/dev/null) $c"
+    done
+    dmesg | grep -v GUEST-MIGSTALL | tail -n 15 | while read -r l; do stall "dmesg $l"; done
     # The task lines are KERN_INFO: the console prints them only at a higher log level.
     lvl=$(cut -f1 /proc/sys/kernel/printk)
     echo 7 > /proc/sys/kernel/printk
