@@ -478,18 +478,57 @@ fn emulated_cpu_fault(why: &str) -> Option<&str> {
     Some(&why[start..end])
 }
 
-/// Says that the runner stops on a guest's triple fault (the line `emulator_fault` in
-/// testbed/harness.sh reads), with the test's reason and what KVM saw last on the vCPUs.
+/// The emulated host's own kernel's double fault, if its log has one (`traps: PANIC: double
+/// fault`): no program can cause one on a correct CPU, and on this emulated one it came with a
+/// vmhost vCPU thread in `KVM_RUN` and its nested guest oopsing at the same moment with the
+/// same faulting address (docs/testing.md). A test that failed after it failed with it. The
+/// kernel's log is read whole from `/dev/kmsg`, without blocking.
+fn host_double_fault() -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut kmsg = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open("/dev/kmsg")
+        .ok()?;
+    let mut record = vec![0u8; 8192];
+    loop {
+        // One record per read; EAGAIN at the end; EPIPE when a record was overwritten.
+        match kmsg.read(&mut record) {
+            Ok(0) => return None,
+            Ok(n) => {
+                if let Some(fault) = double_fault_in(&String::from_utf8_lossy(&record[..n])) {
+                    return Some(fault);
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+/// The fault a `/dev/kmsg` record (`prio,seq,usec,flags;message`) says, if it is the kernel's
+/// double fault.
+fn double_fault_in(record: &str) -> Option<String> {
+    let message = record.split_once(';').map_or(record, |(_, m)| m);
+    message
+        .contains("traps: PANIC: double fault")
+        .then(|| format!("the host kernel double-faulted ({})", message.trim()))
+}
+
+/// Says that the runner stops on the emulated CPU's fault (a guest's triple fault, or the
+/// host kernel's double fault: the line `emulator_fault` in testbed/harness.sh reads), with
+/// the test's reason and what KVM saw last on the vCPUs.
 fn stop_on_emulated_cpu_fault(
     name: &str,
     secs: f64,
     why: &str,
-    line: &str,
+    fault: &str,
     flight: &Option<flight::Flight>,
 ) {
     println!(
-        "testbed: emulated CPU fault: a Linux guest triple-faulted in {name} after {secs:.1} s \
-         ({line}); stopping the runner so that the host is booted again"
+        "testbed: emulated CPU fault: {fault} in {name} after {secs:.1} s; stopping the runner \
+         so that the host is booted again"
     );
     println!("     {}", why.trim_end().replace('\n', "\n     "));
     match flight.as_ref().map(|f| f.last_of_vcpus(80)) {
@@ -568,8 +607,17 @@ fn main() {
         let start = Instant::now();
         let outcome = run_one(&env, *test);
         if let Err(why) = &outcome {
-            if let Some(line) = emulated_cpu_fault(why) {
-                stop_on_emulated_cpu_fault(name, start.elapsed().as_secs_f64(), why, line, &flight);
+            let fault = emulated_cpu_fault(why)
+                .map(|line| format!("a Linux guest triple-faulted ({line})"))
+                .or_else(host_double_fault);
+            if let Some(fault) = fault {
+                stop_on_emulated_cpu_fault(
+                    name,
+                    start.elapsed().as_secs_f64(),
+                    why,
+                    &fault,
+                    &flight,
+                );
                 drop(keys);
                 drop(flight);
                 std::process::exit(3);
@@ -598,7 +646,20 @@ fn main() {
 
 #[cfg(test)]
 mod tests {
-    use super::emulated_cpu_fault;
+    use super::{double_fault_in, emulated_cpu_fault};
+
+    #[test]
+    fn a_kmsg_record_of_a_double_fault_is_the_emulated_cpus_fault() {
+        assert_eq!(
+            double_fault_in("0,1234,127041967,-;traps: PANIC: double fault, error_code: 0x0\n")
+                .as_deref(),
+            Some("the host kernel double-faulted (traps: PANIC: double fault, error_code: 0x0)")
+        );
+        assert_eq!(
+            double_fault_in("4,1235,127063033,-;WARNING: CPU: 0 PID: 422 at kernel/softirq.c:400"),
+            None
+        );
+    }
 
     #[test]
     fn a_guest_triple_fault_in_a_failure_is_found_and_quoted() {
