@@ -15,7 +15,9 @@
 //! - **Peak RSS beyond guest RAM**: `VmHWM` of the process that runs the vCPUs (vmhost's VMM,
 //!   the child of its cgroup supervisor; the peers' only process), polled every 20 ms while it
 //!   runs. Guest RAM is on hugetlb pages, which `VmHWM` does not count, so it is the VMM's
-//!   own peak: heap, stacks, and the mapped pages of its binary and shared libraries.
+//!   own peak: heap, stacks, and the mapped pages of its binary and shared libraries. Beside
+//!   it, the largest `Rss` of its `smaps_rollup` seen at those polls (the pages its page
+//!   tables map, [`rollup_rss_mib`]): the emulated host's kernel keeps `VmHWM` behind.
 //! - **Where the time goes**: spawn → the guest's first VM exit ([`crate::first_exit`]: the
 //!   VMM's own start), from there to the guest kernel's clock (the `GUEST-INIT` time minus
 //!   the uptime it prints: the guest's earliest boot), and the uptime. After the rounds, one
@@ -159,6 +161,10 @@ struct Run {
     hwm_mib: f64,
     /// `VmHWM` of the process spawned, when the VMM is its child (vmhost's supervisor), MiB.
     parent_hwm_mib: Option<f64>,
+    /// The VMM's `RssAnon` and `RssFile` when its `VmRSS` was the largest seen, MiB.
+    parts_mib: (f64, f64),
+    /// The largest `smaps_rollup` `Rss` of the VMM process seen ([`rollup_rss_mib`]), MiB.
+    mapped_mib: f64,
     exits: BTreeMap<String, u64>,
 }
 
@@ -258,11 +264,33 @@ fn first_child(pid: u32) -> Option<u32> {
         .ok()
 }
 
-/// The peaks seen so far: (the VMM process's, the spawned process's when they differ).
+/// The `Rss:` of `/proc/<pid>/smaps_rollup`, MiB: the pages mapped in the process's page
+/// tables when it is read. Unlike `VmRSS`/`VmHWM` it does not depend on the kernel's
+/// resident-page counters, which the emulated host's 6.1 kernel keeps per thread and adds to
+/// the process's only every 64 faults (`SPLIT_RSS_COUNTING`, gone in 6.2): there `VmHWM`
+/// fell short of the pages mapped at `/init` by up to 1 MiB (docs/benchmarks.md).
+fn rollup_rss_mib(pid: u32) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kb: f64 = text
+        .lines()
+        .find(|l| l.starts_with("Rss:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+/// The peaks seen so far: (the VMM process's, the spawned process's when they differ), and
+/// the VMM's anonymous and file-backed resident memory when its `VmRSS` was largest.
 #[derive(Default)]
 struct Peaks {
     vmm: f64,
     parent: Option<f64>,
+    rss: f64,
+    parts: (f64, f64),
+    /// The largest `Rss` of the VMM's `smaps_rollup` seen (a walk of its page tables).
+    mapped: f64,
 }
 
 impl Peaks {
@@ -272,12 +300,55 @@ impl Peaks {
         if let Some(m) = status_mib(vmm, "VmHWM:") {
             self.vmm = self.vmm.max(m);
         }
+        if let Some(m) = rollup_rss_mib(vmm) {
+            self.mapped = self.mapped.max(m);
+        }
+        if let Some(rss) = status_mib(vmm, "VmRSS:").filter(|r| *r > self.rss) {
+            let part = |key| status_mib(vmm, key).unwrap_or(f64::NAN);
+            (self.rss, self.parts) = (rss, (part("RssAnon:"), part("RssFile:")));
+        }
         if child.is_some() {
             if let Some(m) = status_mib(pid, "VmHWM:") {
                 self.parent = Some(self.parent.unwrap_or(0.0).max(m));
             }
         }
     }
+}
+
+/// Where the VMM process under `pid` (its child when it has one) is resident, from
+/// `/proc/<pid>/smaps`: KiB per mapping name (anonymous ones as `[anon]`), the largest first,
+/// with each one's shared-memory share (`RssShmem` is counted per mapping as `Shmem` pages).
+/// For `VMHOST_BENCH_SMAPS=1`.
+fn resident_by_mapping(pid: u32) -> String {
+    let vmm = first_child(pid).unwrap_or(pid);
+    let Ok(smaps) = std::fs::read_to_string(format!("/proc/{vmm}/smaps")) else {
+        return "no smaps".to_string();
+    };
+    let mut by: BTreeMap<String, u64> = BTreeMap::new();
+    let mut name = String::new();
+    for line in smaps.lines() {
+        let mut f = line.split_whitespace();
+        match (f.next(), f.next()) {
+            (Some("Rss:"), Some(kb)) => {
+                *by.entry(name.clone()).or_default() += kb.parse::<u64>().unwrap_or(0);
+            }
+            (Some(first), _) if first.contains('-') && !first.ends_with(':') => {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                name = fields
+                    .get(5)
+                    .map_or("[anon]".to_string(), |n| (*n).to_string());
+                name = format!("{name} {}", fields.get(1).unwrap_or(&""));
+            }
+            _ => {}
+        }
+    }
+    let mut v: Vec<(String, u64)> = by.into_iter().filter(|(_, kb)| *kb > 0).collect();
+    v.sort_by_key(|e| std::cmp::Reverse(e.1));
+    v.iter()
+        .take(10)
+        .map(|(n, kb)| format!("{n} {kb} KiB"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Kills and reaps `child`, logging what its threads were doing.
@@ -355,6 +426,9 @@ fn boot(
         peaks.poll(pid);
         if to_init.is_none() {
             to_init = rx.try_recv().ok();
+            if to_init.is_some() && std::env::var_os("VMHOST_BENCH_SMAPS").is_some() {
+                println!("     {what} at /init: {}", resident_by_mapping(pid));
+            }
         }
         let limit = to_init.map_or(TO_INIT_LIMIT, |(t, _)| {
             Duration::from_secs_f64(t) + EXIT_LIMIT
@@ -394,6 +468,8 @@ fn boot(
         uptime,
         hwm_mib: peaks.vmm,
         parent_hwm_mib: peaks.parent,
+        parts_mib: peaks.parts,
+        mapped_mib: peaks.mapped,
         exits: counts,
     })
 }
@@ -519,13 +595,21 @@ fn report(vmms: &[Vmm], runs: &[Vec<Run>], rounds: usize) {
         } else {
             format!(" (its supervisor process: {:.2} MiB)", median(&parent))
         };
+        let anon: Vec<f64> = r.iter().map(|x| x.parts_mib.0).collect();
+        let file: Vec<f64> = r.iter().map(|x| x.parts_mib.1).collect();
+        let mapped: Vec<f64> = r.iter().map(|x| x.mapped_mib).collect();
         println!(
             "     {:<28} to /init {:>6.2} s {t:.2?}; guest uptime at /init {:.2} s; peak RSS \
-             beyond guest RAM (VmHWM) {:.2} MiB {m:.2?}{sup}",
+             beyond guest RAM (VmHWM) {:.2} MiB {m:.2?}{sup}; at its largest VmRSS: anon \
+             {:.2} MiB {anon:.2?}, file {:.2} MiB {file:.2?}; peak mapped (smaps_rollup Rss) \
+             {:.2} MiB {mapped:.2?}",
             v.label(),
             median(&t),
             median(&up),
             median(&m),
+            median(&anon),
+            median(&file),
+            median(&mapped),
         );
     }
     let at = |v: Vmm| vmms.iter().position(|x| *x == v);
@@ -615,30 +699,37 @@ fn ratio_line(what: &str, ours: &[Run], peer: &[Run], f: impl Fn(&Run) -> f64, t
     );
 }
 
-/// vmhost's peak RSS against 3.5 MiB and against each peer's (per-round ratios).
+/// One figure of a run.
+type RunFigure = fn(&Run) -> f64;
+
+/// vmhost's peak RSS against 3.5 MiB and against each peer's (per-round ratios): by the
+/// kernel's counters (`VmHWM`) and by its page tables (the largest `smaps_rollup` `Rss`).
 fn rss_lines(vmms: &[Vmm], runs: &[Vec<Run>]) {
     let Some(ours) = vmms.iter().position(|v| *v == Vmm::Vmhost) else {
         return;
     };
-    let m: Vec<f64> = runs[ours].iter().map(|r| r.hwm_mib).collect();
-    let ci = bootstrap_ci(&m);
-    println!(
-        "     {:<52} {:.2} MiB [{:.2}, {:.2}]  target <= {RSS_TARGET_MIB} MiB: {}",
-        "peak RSS beyond guest RAM, vmhost",
-        median(&m),
-        ci.0,
-        ci.1,
-        verdict(ci, RSS_TARGET_MIB)
-    );
-    for (i, peer) in vmms.iter().enumerate() {
-        if matches!(peer, Vmm::CloudHypervisor | Vmm::Firecracker | Vmm::Qemu) {
-            ratio_line(
-                &format!("peak RSS vmhost / {}", peer.label()),
-                &runs[ours],
-                &runs[i],
-                |r| r.hwm_mib,
-                1.0,
-            );
+    let measures: [(&str, &str, RunFigure); 2] = [
+        ("peak RSS beyond guest RAM", "peak RSS", |r| r.hwm_mib),
+        ("peak mapped beyond guest RAM", "peak mapped", |r| {
+            r.mapped_mib
+        }),
+    ];
+    for (what, short, of) in measures {
+        let m: Vec<f64> = runs[ours].iter().map(of).collect();
+        let ci = bootstrap_ci(&m);
+        println!(
+            "     {:<52} {:.2} MiB [{:.2}, {:.2}]  target <= {RSS_TARGET_MIB} MiB: {}",
+            format!("{what}, vmhost"),
+            median(&m),
+            ci.0,
+            ci.1,
+            verdict(ci, RSS_TARGET_MIB)
+        );
+        for (i, peer) in vmms.iter().enumerate() {
+            if matches!(peer, Vmm::CloudHypervisor | Vmm::Firecracker | Vmm::Qemu) {
+                let name = format!("{short} vmhost / {}", peer.label());
+                ratio_line(&name, &runs[ours], &runs[i], of, 1.0);
+            }
         }
     }
 }
