@@ -174,6 +174,17 @@ impl Proc {
         )
     }
 
+    /// Whether the process still runs (or how it ended), and its last lines: for a failure
+    /// that may be its doing (a source VM gone before the migrate command, 6 December).
+    fn state(&mut self) -> String {
+        let status = match self.child.try_wait() {
+            Ok(Some(s)) => format!("ended ({s})"),
+            Ok(None) => "still running".to_string(),
+            Err(e) => format!("unknown ({e})"),
+        };
+        format!("{} {status}; {}", self.what, self.tail())
+    }
+
     /// Waits until at least `n` beats arrived, failing with the process's output otherwise.
     fn wait_beats(&mut self, n: usize, limit: Duration) -> Outcome {
         let deadline = Instant::now() + limit;
@@ -620,7 +631,8 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
         src.child.id(),
         MAX_DOWNTIME_MS,
         FIRST_TIMEOUT_S,
-    )?;
+    )
+    .map_err(|e| format!("{e}; {}", src.state()))?;
     let mut gave_up = None;
     if !at.ok {
         let why = rounds_summary(&at.report);
