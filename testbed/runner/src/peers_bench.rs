@@ -161,7 +161,8 @@ struct Run {
     hwm_mib: f64,
     /// `VmHWM` of the process spawned, when the VMM is its child (vmhost's supervisor), MiB.
     parent_hwm_mib: Option<f64>,
-    /// The VMM's `RssAnon` and `RssFile` when its `VmRSS` was the largest seen, MiB.
+    /// The VMM's `RssAnon`, and `RssFile` plus `RssShmem` (its binary and libraries, on a tmpfs
+    /// in the emulated host), when its `VmRSS` was the largest seen, MiB.
     parts_mib: (f64, f64),
     /// The largest `smaps_rollup` `Rss` of the VMM process seen ([`rollup_rss_mib`]), MiB.
     mapped_mib: f64,
@@ -282,7 +283,8 @@ fn rollup_rss_mib(pid: u32) -> Option<f64> {
 }
 
 /// The peaks seen so far: (the VMM process's, the spawned process's when they differ), and
-/// the VMM's anonymous and file-backed resident memory when its `VmRSS` was largest.
+/// the VMM's anonymous and file-backed (shmem included) resident memory when its `VmRSS` was
+/// largest.
 #[derive(Default)]
 struct Peaks {
     vmm: f64,
@@ -305,7 +307,8 @@ impl Peaks {
         }
         if let Some(rss) = status_mib(vmm, "VmRSS:").filter(|r| *r > self.rss) {
             let part = |key| status_mib(vmm, key).unwrap_or(f64::NAN);
-            (self.rss, self.parts) = (rss, (part("RssAnon:"), part("RssFile:")));
+            let mapped_files = part("RssFile:") + part("RssShmem:");
+            (self.rss, self.parts) = (rss, (part("RssAnon:"), mapped_files));
         }
         if child.is_some() {
             if let Some(m) = status_mib(pid, "VmHWM:") {
@@ -316,9 +319,8 @@ impl Peaks {
 }
 
 /// Where the VMM process under `pid` (its child when it has one) is resident, from
-/// `/proc/<pid>/smaps`: KiB per mapping name (anonymous ones as `[anon]`), the largest first,
-/// with each one's shared-memory share (`RssShmem` is counted per mapping as `Shmem` pages).
-/// For `VMHOST_BENCH_SMAPS=1`.
+/// `/proc/<pid>/smaps`: KiB per mapping name and permissions (anonymous ones as `[anon]`),
+/// the ten largest first. For `VMHOST_BENCH_SMAPS=1`.
 fn resident_by_mapping(pid: u32) -> String {
     let vmm = first_child(pid).unwrap_or(pid);
     let Ok(smaps) = std::fs::read_to_string(format!("/proc/{vmm}/smaps")) else {
@@ -601,8 +603,8 @@ fn report(vmms: &[Vmm], runs: &[Vec<Run>], rounds: usize) {
         println!(
             "     {:<28} to /init {:>6.2} s {t:.2?}; guest uptime at /init {:.2} s; peak RSS \
              beyond guest RAM (VmHWM) {:.2} MiB {m:.2?}{sup}; at its largest VmRSS: anon \
-             {:.2} MiB {anon:.2?}, file {:.2} MiB {file:.2?}; peak mapped (smaps_rollup Rss) \
-             {:.2} MiB {mapped:.2?}",
+             {:.2} MiB {anon:.2?}, files and shmem {:.2} MiB {file:.2?}; peak mapped \
+             (smaps_rollup Rss) {:.2} MiB {mapped:.2?}",
             v.label(),
             median(&t),
             median(&up),
