@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 fn last_err(what: &str) -> String {
@@ -93,10 +94,14 @@ pub fn listen(port: u32) -> Result<OwnedFd, String> {
     Ok(fd)
 }
 
-/// Accepts one connection within `limit`; reads on it time out after `limit`.
-pub fn accept(listener: &OwnedFd, limit: Duration) -> Result<File, String> {
+/// Accepts one connection within `limit`, unless `stop` is set first (checked every 200 ms);
+/// reads on it time out after `limit`.
+pub fn accept(listener: &OwnedFd, limit: Duration, stop: &AtomicBool) -> Result<File, String> {
     let deadline = Instant::now() + limit;
     loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err("stopped before a vsock connection came".into());
+        }
         let mut p = libc::pollfd {
             fd: listener.as_raw_fd(),
             events: libc::POLLIN,

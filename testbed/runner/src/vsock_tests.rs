@@ -15,6 +15,8 @@
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::host;
@@ -304,22 +306,39 @@ fn vhost_echo_both_ways(env: &Env, name: &str, boot_extra: &str) -> Outcome {
     let a = assets(env)?;
     host::set_2m_pools(&[128, 0])?;
     let listener = crate::vsock_af::listen(6000)?;
-    let g2h = std::thread::spawn(move || {
-        let mut s = crate::vsock_af::accept(&listener, LIMIT * 2)?;
-        echo_until_eof(&mut s)
-    });
-    let (vm, out) = start_listening_guest(
-        env,
-        &a,
-        name,
-        &format!("{boot_extra}[devices.vsock]\ncid = 3\nbackend = \"vhost\"\n"),
-    )?;
-    cid_taken_is_refused(env, &a.vmlinux)?;
-    let s = crate::vsock_af::connect(3, 5000, LIMIT)?;
-    let writer = s
-        .try_clone()
-        .map_err(|e| format!("clone the vsock stream: {e}"))?;
-    let back = send_and_read_back(s, writer, crate::vsock_af::shutdown_write)?;
+    // A failure below stops the listener's thread and waits for it, so that port 6000 is free
+    // again for the next test (a failed guest once left it bound and failed the next test too).
+    let stop = Arc::new(AtomicBool::new(false));
+    let g2h = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut s = crate::vsock_af::accept(&listener, LIMIT * 2, &stop)?;
+            echo_until_eof(&mut s)
+        })
+    };
+    let echoed = (|| {
+        let (vm, out) = start_listening_guest(
+            env,
+            &a,
+            name,
+            &format!("{boot_extra}[devices.vsock]\ncid = 3\nbackend = \"vhost\"\n"),
+        )?;
+        cid_taken_is_refused(env, &a.vmlinux)?;
+        let s = crate::vsock_af::connect(3, 5000, LIMIT)?;
+        let writer = s
+            .try_clone()
+            .map_err(|e| format!("clone the vsock stream: {e}"))?;
+        let back = send_and_read_back(s, writer, crate::vsock_af::shutdown_write)?;
+        Ok::<_, String>((vm, out, back))
+    })();
+    let (vm, out, back) = match echoed {
+        Ok(done) => done,
+        Err(e) => {
+            stop.store(true, Ordering::Relaxed);
+            let _ = g2h.join();
+            return Err(e);
+        }
+    };
     let received = g2h.join().map_err(|_| "the listener thread panicked")??;
     check_both_ways(env, &vm, &out, &back, &received)
 }
