@@ -462,25 +462,14 @@ fn every_thread_allocates_from_the_main_arena_unless_the_user_chose_otherwise() 
         let d = dir(&format!("arenas-{}", chosen.unwrap_or("default")));
         let spec = d.join("vm.toml");
         std::fs::write(&spec, IDLE).unwrap();
-        let sock = d.join("api.sock");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vmhost"));
-        cmd.args(["--run-dir", d.join("run").to_str().unwrap()])
-            .args(["--api-socket", sock.to_str().unwrap()])
-            .args(["--config", spec.to_str().unwrap()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(n) = chosen {
-            cmd.env("MALLOC_ARENA_MAX", n);
-        }
-        let mut child = cmd.spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let env: Vec<(&str, &str)> = chosen
+            .map(|n| ("MALLOC_ARENA_MAX", n))
+            .into_iter()
+            .collect();
+        let (mut child, sock) = common::start_with_api_env(&d, &spec, &[], Stdio::null(), &env);
         // Every answer is built on the API thread: it allocates as much as any thread does.
-        for _ in 0..5 {
-            while common::ctl(&sock, "info").1["state"] != "running" {
-                assert!(Instant::now() < deadline, "the VM never reported running");
-                std::thread::sleep(Duration::from_millis(20));
-            }
+        for _ in 0..4 {
+            assert_eq!(common::ctl(&sock, "info").1["state"], "running");
         }
         let arenas = thread_arenas(child.id());
         assert_eq!(

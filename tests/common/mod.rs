@@ -86,6 +86,17 @@ pub fn start_with_api(
     extra: &[&str],
     stdout: std::process::Stdio,
 ) -> (std::process::Child, PathBuf) {
+    start_with_api_env(d, spec, extra, stdout, &[])
+}
+
+/// [`start_with_api`] with the environment variables `env` set for vmhost.
+pub fn start_with_api_env(
+    d: &std::path::Path,
+    spec: &std::path::Path,
+    extra: &[&str],
+    stdout: std::process::Stdio,
+    env: &[(&str, &str)],
+) -> (std::process::Child, PathBuf) {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
     let sock = d.join("api.sock");
@@ -94,6 +105,7 @@ pub fn start_with_api(
         .args(["--api-socket", sock.to_str().unwrap()])
         .args(extra)
         .args(["--config", spec.to_str().unwrap()])
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(Stdio::piped())
