@@ -35,9 +35,9 @@ mod topology_tests;
 mod vm;
 mod vsock_af;
 mod vsock_tests;
+mod watchdog;
 mod xhost_tests;
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 /// The prefix of every line of a guest's console the runner copies to its output (the
@@ -246,85 +246,6 @@ const FOUR_NODE: &[Test] = &[
 /// by side with a network and a common share between them (`xhost_tests`).
 const XHOST_SOURCE: &[Test] = &[("xhost_source_migrates", xhost_tests::source_migrates)];
 const XHOST_TARGET: &[Test] = &[("xhost_target_receives", xhost_tests::target_receives)];
-
-/// Every 60 s, one line on the serial console: the host's uptime and load, every task in
-/// uninterruptible sleep (`D`) with its kernel wait channel, and every task that used more
-/// than 10 s of CPU since the last line, with the CPU it is on. A run that hangs then shows
-/// whether the emulated host was still alive, what was stuck and what was spinning.
-fn watchdog() {
-    let spawned = std::thread::Builder::new()
-        .name("watchdog".into())
-        .spawn(|| {
-            let mut last: HashMap<String, u64> = HashMap::new();
-            loop {
-                std::thread::sleep(std::time::Duration::from_secs(60));
-                let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-                let (stuck, busy) = task_states(&mut last);
-                println!(
-                    "testbed watchdog: uptime {} load {} D-state: {:?} busy: {:?}",
-                    read("/proc/uptime")
-                        .split_whitespace()
-                        .next()
-                        .unwrap_or("?"),
-                    read("/proc/loadavg").trim(),
-                    stuck,
-                    busy
-                );
-            }
-        });
-    if let Err(e) = spawned {
-        println!("testbed: no watchdog thread: {e}");
-    }
-}
-
-/// The tasks in `D` (`tid:comm@wchan`) and those that used more than 10 s of CPU since the
-/// last call (`tid:comm@cpuN +S s`), from `/proc/*/task/*/stat`; `last` keeps each task's
-/// CPU ticks between calls.
-fn task_states(last: &mut HashMap<String, u64>) -> (Vec<String>, Vec<String>) {
-    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
-    let (mut stuck, mut busy) = (Vec::new(), Vec::new());
-    let mut now = HashMap::new();
-    for pid in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        for task in std::fs::read_dir(pid.path().join("task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let stat = read(&task.path().join("stat"));
-            let Some(after) = stat.rsplit_once(") ").map(|(_, a)| a) else {
-                continue;
-            };
-            // Fields from the state on: utime and stime are the 12th and 13th, the CPU the 37th.
-            let f: Vec<&str> = after.split_whitespace().collect();
-            let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-            let id = format!(
-                "{}/{}",
-                pid.file_name().to_string_lossy(),
-                task.file_name().to_string_lossy()
-            );
-            let ticks = num(11) + num(12);
-            let used = ticks.saturating_sub(last.get(&id).copied().unwrap_or(ticks));
-            now.insert(id, ticks);
-            let comm = read(&task.path().join("comm"));
-            let tid = task.file_name().to_string_lossy().into_owned();
-            if after.starts_with('D') {
-                let wchan = read(&task.path().join("wchan"));
-                stuck.push(format!("{tid}:{}@{}", comm.trim(), wchan.trim()));
-            }
-            // USER_HZ is 100.
-            if used > 1000 {
-                busy.push(format!(
-                    "{tid}:{}@cpu{} +{} s",
-                    comm.trim(),
-                    num(36),
-                    used / 100
-                ));
-            }
-        }
-    }
-    *last = now;
-    (stuck, busy)
-}
 
 /// What the command line asks for.
 struct Args {
@@ -567,7 +488,7 @@ fn main() {
         }
         return;
     }
-    watchdog();
+    watchdog::start();
     // The KVM flight recorder only when asked for (`VMHOST_TESTBED_FLIGHT=1`, passed in by
     // testbed/run.sh; never in the benchmarks, whose VM exits it would slow). Off by default
     // as a precaution: a tracepoint in KVM's exit path is the code the emulated CPU gets wrong
@@ -604,6 +525,7 @@ fn main() {
             std::process::abort();
         }
         println!("RUN  {name}");
+        vm::set_step(&format!("test {name}"));
         let start = Instant::now();
         let outcome = run_one(&env, *test);
         if let Err(why) = &outcome {

@@ -11,6 +11,21 @@ use serde_json::Value;
 /// How long any one vmhost command may take inside the emulated host.
 const COMMAND_LIMIT: Duration = Duration::from_secs(120);
 
+/// What the runner does now (the last step any thread began), for the watchdog's report.
+static STEP: Mutex<String> = Mutex::new(String::new());
+
+/// Records the step the runner begins, with the host's uptime.
+pub fn set_step(step: &str) {
+    let uptime = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+    let since = uptime.split_whitespace().next().unwrap_or("?");
+    *STEP.lock().unwrap_or_else(|p| p.into_inner()) = format!("{step} (since uptime {since} s)");
+}
+
+/// The step [`set_step`] recorded last.
+pub fn step() -> String {
+    STEP.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
 /// The finished run of a vmhost command.
 #[derive(Debug)]
 pub struct Output {
@@ -140,8 +155,10 @@ impl Env {
         vcpus: usize,
         watch: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Running, String> {
+        set_step(&format!("starting VM {name}"));
         let (mut child, mut vm) = self.spawn_child(name, cmd)?;
         let pid = vm.pid;
+        set_step(&format!("waiting for VM {name} (pid {pid}) to run"));
         let deadline = Instant::now() + COMMAND_LIMIT;
         let mut polls = 0u32;
         loop {
@@ -245,6 +262,7 @@ impl Env {
 
     /// Waits for a background VM to end and returns its exit status.
     pub fn wait(&self, pid: u32) -> Result<i32, String> {
+        set_step(&format!("waiting for pid {pid} to end"));
         let deadline = Instant::now() + COMMAND_LIMIT;
         loop {
             {
@@ -282,6 +300,7 @@ impl Env {
     /// the cgroups it created. `Err` names each leftover that had to be killed or removed:
     /// the test that left it fails.
     pub fn cleanup(&self) -> Result<(), String> {
+        set_step("cleaning up after the test");
         let mut leaked = Vec::new();
         for (name, mut c) in std::mem::take(&mut *self.lock_children()) {
             if let Ok(None) = c.try_wait() {
@@ -357,7 +376,9 @@ pub fn run_command_for(mut cmd: Command, what: &str, limit: Duration) -> Result<
     cmd.stdin(Stdio::null())
         .stdout(file(&out_path)?)
         .stderr(file(&err_path)?);
+    set_step(&format!("spawning {what}"));
     let mut child = cmd.spawn().map_err(|e| format!("{what}: spawn: {e}"))?;
+    set_step(&format!("running {what} (pid {})", child.id()));
     let deadline = Instant::now() + limit;
     let status = loop {
         match child.try_wait() {
