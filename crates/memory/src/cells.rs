@@ -5,17 +5,19 @@
 //! the guest never touched is left out without being faulted in; all-zero pages are left out
 //! too. Loading writes each cell's pages with one worker per cell, pinned to the PUs the plan
 //! gives that cell's node(s), after the memory was allocated and bound by
-//! [`GuestMemory::new`](crate::GuestMemory::new): the pages land on the cell's node.
+//! [`GuestMemory::new`](crate::GuestMemory::new): the pages land on the cell's node. A
+//! snapshot's file is read straight into guest RAM ([`crate::load`]); a migration's runs
+//! arrive in authenticated records and are copied in ([`load_run`]).
 //!
 //! Both go through vm-memory's `Bytes` (volatile copies), never through a `&[u8]` of guest
 //! RAM, so a guest that runs meanwhile cannot break Rust's aliasing rules here.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::Instant;
 
 use serde::Serialize;
 use vm_memory::{Bytes, MemoryRegionAddress};
-use vmhost_persist::container::{ContainerError, Reader, RecordKind, Writer};
+use vmhost_persist::container::{ContainerError, Writer};
 use vmhost_persist::pages::{
     decode_run, is_zero_page, max_run_pages, write_pages, CellGeometry, PageError, MAX_PAGE_SIZE,
 };
@@ -23,6 +25,7 @@ use vmhost_plan::Plan;
 
 use crate::backing::MappedRegion;
 use crate::dirty::DIRTY_PAGE_BYTES;
+use crate::load::{load_cell, CellSource};
 use crate::sys;
 
 /// Why a cell could not be saved or loaded.
@@ -148,7 +151,7 @@ pub struct CellLoaded {
 }
 
 /// The regions of `cell` in the order of their offset in the cell, and the cell's geometry.
-fn cell_regions(
+pub(crate) fn cell_regions(
     regions: &[MappedRegion],
     cell: u32,
 ) -> Result<(Vec<&MappedRegion>, CellGeometry), CellIoError> {
@@ -305,33 +308,6 @@ fn resident(
     })
 }
 
-/// Reads the page runs of cell `cell` from `input` (a container of pages records) into the
-/// cell's `regions`. Returns the bytes and records.
-pub fn load_cell<R: Read>(
-    regions: &[MappedRegion],
-    cell: u32,
-    input: R,
-) -> Result<(u64, u64), CellIoError> {
-    let (mine, geometry) = cell_regions(regions, cell)?;
-    let rec_err = |source| CellIoError::Record { cell, source };
-    let mut reader = Reader::new(input, &[RecordKind::PAGES]).map_err(rec_err)?;
-    let (mut bytes, mut records) = (0u64, 0u64);
-    while let Some(rec) = reader.next_record().map_err(rec_err)? {
-        if rec.kind != RecordKind::PAGES {
-            continue;
-        }
-        let g = run_geometry(cell, &geometry, &rec.payload)?;
-        let run =
-            decode_run(&rec.payload, &g).map_err(|source| CellIoError::Pages { cell, source })?;
-        write_run(&mine, cell, run.offset, run.bytes)?;
-        bytes += run.bytes.len() as u64;
-        records += 1;
-        reader.recycle(rec.payload);
-    }
-    reader.expect_eof().map_err(rec_err)?;
-    Ok((bytes, records))
-}
-
 /// Writes one page run (the payload of a [`RecordKind::PAGES`] record, as a migration stream
 /// carries it) into cell `cell` of `regions`. Returns the bytes written. The run's pages may
 /// be smaller than the cell's (a dirty round sends 4 KiB pages of a hugepage-backed cell); a
@@ -348,7 +324,7 @@ pub fn load_run(regions: &[MappedRegion], cell: u32, payload: &[u8]) -> Result<u
 /// The geometry a run's payload is decoded with: the cell's, or the run's smaller page size
 /// when the cell's is a multiple of it (4 KiB runs of a hugepage-backed cell). Any other page
 /// size keeps the cell's geometry, which then refuses the run naming both sizes.
-fn run_geometry(
+pub(crate) fn run_geometry(
     cell: u32,
     geometry: &CellGeometry,
     payload: &[u8],
@@ -366,7 +342,7 @@ fn run_geometry(
 
 /// The parts of the cell's bytes `offset..offset + len` each region holds: the region, the
 /// range within the bytes and the address in the region.
-fn pieces<'a>(
+pub(crate) fn pieces<'a>(
     regions: &'a [&'a MappedRegion],
     offset: u64,
     len: usize,
@@ -450,7 +426,7 @@ pub fn loader_cpus(plan: &Plan, cell: u32) -> Vec<u32> {
 /// Loads every cell of `plan` from its file in `files` (`(cell, reader)`, one per cell), each
 /// by a worker (`load-c<cell>`) pinned to the PUs of the cell's node(s); cells load
 /// concurrently. The first failure is returned after every worker has ended.
-pub fn load_cells<R: Read + Send>(
+pub fn load_cells<R: CellSource>(
     regions: &[MappedRegion],
     plan: &Plan,
     files: Vec<(u32, R)>,
@@ -488,7 +464,7 @@ pub fn load_cells<R: Read + Send>(
     })
 }
 
-fn load_worker<R: Read>(
+fn load_worker<R: CellSource>(
     regions: &[MappedRegion],
     cell: u32,
     cpus: Vec<u32>,
@@ -532,6 +508,7 @@ mod tests {
     use crate::testutil::plan;
     use crate::{GuestMemory, MemoryOptions, PrefaultTiming};
     use vm_memory::GuestAddress;
+    use vmhost_persist::container::{Reader, RecordKind};
     use vmhost_plan::Backing;
 
     const MIB: u64 = 1 << 20;
@@ -681,5 +658,81 @@ mod tests {
         assert_eq!(d.read_obj::<u32>(GuestAddress(0x1000)).unwrap(), 0);
         assert_eq!(d.read_obj::<u32>(GuestAddress(0x2000)).unwrap(), 0xbbbb);
         assert_eq!(d.read_obj::<u32>(GuestAddress(0x5000)).unwrap(), 0xcccc);
+    }
+
+    /// A file read through a buffer smaller than a record's head (so a run starts in the
+    /// buffer and goes on straight from the file) puts back every byte of a 3 MiB run; a
+    /// byte damaged in the middle of the run is refused by the record's checksum.
+    #[test]
+    fn a_file_loaded_straight_into_guest_ram_matches_and_a_damaged_byte_is_refused() {
+        use std::io::{BufReader, Seek, SeekFrom};
+        let (p, mem) = memory("cells-direct-src");
+        let pattern: Vec<u8> = (0..3u32 << 20)
+            .map(|i| (i % 251).to_le_bytes()[0] | 1)
+            .collect();
+        mem.memory()
+            .write_slice(&pattern, GuestAddress(0x10000))
+            .unwrap();
+        let dir = std::env::temp_dir().join(format!("cells-direct-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut files = Vec::new();
+        for cell in 0..2 {
+            let mut w = Writer::new(Vec::new(), "test").unwrap();
+            mem.save_cell(cell, &mut w, |_, _| false).unwrap();
+            let path = dir.join(format!("cell{cell}"));
+            std::fs::write(&path, w.finish().unwrap()).unwrap();
+            files.push(path);
+        }
+        let open = |path: &std::path::Path| {
+            BufReader::with_capacity(23, std::fs::File::open(path).unwrap())
+        };
+        let (_, fresh) = memory("cells-direct-dst");
+        let loaded = fresh
+            .load_cells(
+                &p,
+                files
+                    .iter()
+                    .zip(0u32..)
+                    .map(|(f, c)| (c, open(f)))
+                    .collect(),
+            )
+            .unwrap();
+        assert_eq!(loaded.iter().map(|l| l.bytes).sum::<u64>(), 3 * MIB);
+        let mut back = vec![0u8; pattern.len()];
+        fresh
+            .memory()
+            .read_slice(&mut back, GuestAddress(0x10000))
+            .unwrap();
+        assert!(back == pattern, "the loaded run differs from the saved one");
+
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&files[0])
+            .unwrap();
+        f.seek(SeekFrom::Start(2 * MIB)).unwrap();
+        std::io::Write::write_all(&mut f, &[0]).unwrap();
+        drop(f);
+        let (_, fresh) = memory("cells-direct-bad");
+        let err = fresh
+            .load_cells(
+                &p,
+                files
+                    .iter()
+                    .zip(0u32..)
+                    .map(|(f, c)| (c, open(f)))
+                    .collect(),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                CellIoError::Record {
+                    cell: 0,
+                    source: ContainerError::RecordChecksum { .. }
+                }
+            ),
+            "{err:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

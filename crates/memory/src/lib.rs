@@ -66,6 +66,7 @@ pub mod cells;
 pub mod dirty;
 pub mod host;
 pub mod layout;
+pub mod load;
 pub mod policy;
 pub mod prefault;
 mod report;
@@ -88,6 +89,7 @@ pub use cells::{CellIoError, CellLoaded, CellSaved};
 pub use dirty::{DirtyBitmap, DirtyRuns, DIRTY_PAGE_BYTES};
 pub use host::{Admission, AdmissionError, HostState};
 pub use layout::{GuestLayout, LayoutError, LayoutRegion, MMIO_HOLE_END, MMIO_HOLE_START};
+pub use load::CellSource;
 pub use policy::PolicyOverride;
 pub use prefault::{
     PrefaultError, PrefaultMethod, PrefaultOptions, PrefaultStats, Progress, ProgressHook,
@@ -459,7 +461,7 @@ impl GuestMemory {
     /// Loads every cell of `plan` (the plan this memory was made for) from its memory file,
     /// `(cell, reader)` for each, by one worker per cell pinned to the PUs of the cell's
     /// node(s), so the pages are written where the new plan put them ([`cells::load_cells`]).
-    pub fn load_cells<R: std::io::Read + Send>(
+    pub fn load_cells<R: load::CellSource>(
         &self,
         plan: &Plan,
         files: Vec<(u32, R)>,

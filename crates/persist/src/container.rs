@@ -39,6 +39,9 @@ use crc::{Crc, Table, CRC_64_XZ};
 
 use crate::auth::RecordMac;
 
+mod parts;
+pub use parts::RecordParts;
+
 /// The first eight bytes of every container.
 pub const MAGIC: [u8; 8] = *b"VMHOSTPF";
 /// The format version this crate writes (5: XXH64 record checksums in files; 4: record tags
@@ -573,6 +576,15 @@ impl<W: Write> Writer<W> {
     }
 }
 
+/// A record's head as read: where it starts, its bytes, and what they say.
+struct RecordHead {
+    start: u64,
+    head: [u8; RECORD_HEADER],
+    kind: RecordKind,
+    flags: u16,
+    len: u32,
+}
+
 /// Reads a container: the header at creation, then records until the end record.
 pub struct Reader<R: Read> {
     input: R,
@@ -585,6 +597,9 @@ pub struct Reader<R: Read> {
     ended: bool,
     /// A payload buffer given back ([`Reader::recycle`]) for the next record.
     spare: Vec<u8>,
+    /// A record read in parts was begun and not finished ([`RecordParts`]): the input is
+    /// inside it, and no further record can be read.
+    unfinished: bool,
 }
 
 impl<R: Read> Reader<R> {
@@ -626,6 +641,7 @@ impl<R: Read> Reader<R> {
             mac,
             ended: false,
             spare: Vec::new(),
+            unfinished: false,
         };
         r.header = r.read_header()?;
         Ok(r)
@@ -772,11 +788,13 @@ impl<R: Read> Reader<R> {
         Ok(())
     }
 
-    /// The next record, or `None` after the end record (whose count is checked). Unknown
-    /// optional records are returned too: the caller skips the kinds it does not use.
-    pub fn next_record(&mut self) -> Result<Option<Record>, ContainerError> {
-        if self.ended {
-            return Ok(None);
+    /// Reads a record's head (kind, flags, payload length), refusing a length over
+    /// [`MAX_PAYLOAD`].
+    fn read_head(&mut self) -> Result<RecordHead, ContainerError> {
+        if self.unfinished {
+            return Err(ContainerError::Usage(
+                "a record read in parts was not finished",
+            ));
         }
         let start = self.offset;
         let mut head = [0u8; RECORD_HEADER];
@@ -794,6 +812,28 @@ impl<R: Read> Reader<R> {
                 len,
             });
         }
+        Ok(RecordHead {
+            start,
+            head,
+            kind,
+            flags,
+            len,
+        })
+    }
+
+    /// The next record, or `None` after the end record (whose count is checked). Unknown
+    /// optional records are returned too: the caller skips the kinds it does not use.
+    pub fn next_record(&mut self) -> Result<Option<Record>, ContainerError> {
+        if self.ended {
+            return Ok(None);
+        }
+        let RecordHead {
+            start,
+            head,
+            kind,
+            flags,
+            len,
+        } = self.read_head()?;
         let what = || format!("a {kind} record");
         let payload = self.take_payload(len, &what)?;
         let mut sum = [0u8; 8];

@@ -204,11 +204,31 @@ pub fn decode_run<'a>(
     geometry: &CellGeometry,
 ) -> Result<PageRun<'a>, PageError> {
     let len = payload.len();
-    if len < RUN_HEADER {
-        let why = "shorter than its 20-byte header";
-        return Err(PageError::Malformed { len, why });
-    }
-    let (cell, page_size) = (le_u32(payload, 0), le_u32(payload, 4));
+    let head = payload
+        .get(..RUN_HEADER)
+        .and_then(|h| <&[u8; RUN_HEADER]>::try_from(h).ok())
+        .ok_or(PageError::Malformed {
+            len,
+            why: "shorter than its 20-byte header",
+        })?;
+    let offset = decode_run_header(head, len, geometry)?;
+    Ok(PageRun {
+        offset,
+        bytes: &payload[RUN_HEADER..],
+    })
+}
+
+/// Checks the 20-byte header of a pages record of `payload_len` bytes (for a reader that
+/// places the pages itself, [`crate::container::RecordParts`]) against the cell `geometry`
+/// describes, as [`decode_run`] does; returns the offset in the cell of its
+/// `payload_len - RUN_HEADER` bytes of pages.
+pub fn decode_run_header(
+    head: &[u8; RUN_HEADER],
+    payload_len: usize,
+    geometry: &CellGeometry,
+) -> Result<u64, PageError> {
+    let len = payload_len;
+    let (cell, page_size) = (le_u32(head, 0), le_u32(head, 4));
     if cell != geometry.cell || page_size != geometry.page_size {
         return Err(PageError::Geometry {
             cell,
@@ -218,16 +238,16 @@ pub fn decode_run<'a>(
         });
     }
     let mut off = [0u8; 8];
-    off.copy_from_slice(&payload[8..16]);
+    off.copy_from_slice(&head[8..16]);
     let offset = u64::from_le_bytes(off);
-    let count = le_u32(payload, 16);
-    let bytes = &payload[RUN_HEADER..];
-    if count == 0 || bytes.len() as u64 != u64::from(count) * u64::from(page_size) {
+    let count = le_u32(head, 16);
+    let bytes = len.saturating_sub(RUN_HEADER);
+    if len < RUN_HEADER || count == 0 || bytes as u64 != u64::from(count) * u64::from(page_size) {
         let why = "its page count does not match its length";
         return Err(PageError::Malformed { len, why });
     }
-    check_run(geometry, offset, bytes.len())?;
-    Ok(PageRun { offset, bytes })
+    check_run(geometry, offset, bytes)?;
+    Ok(offset)
 }
 
 /// What [`write_pages`] wrote.
