@@ -683,12 +683,9 @@ mod tests {
             std::fs::write(&path, w.finish().unwrap()).unwrap();
             files.push(path);
         }
-        let open = |path: &std::path::Path| {
-            BufReader::with_capacity(23, std::fs::File::open(path).unwrap())
-        };
-        let (_, fresh) = memory("cells-direct-dst");
-        let loaded = fresh
-            .load_cells(
+        let load = |into: &GuestMemory| {
+            let open = |f| BufReader::with_capacity(23, std::fs::File::open(f).unwrap());
+            into.load_cells(
                 &p,
                 files
                     .iter()
@@ -696,7 +693,9 @@ mod tests {
                     .map(|(f, c)| (c, open(f)))
                     .collect(),
             )
-            .unwrap();
+        };
+        let (_, fresh) = memory("cells-direct-dst");
+        let loaded = load(&fresh).unwrap();
         assert_eq!(loaded.iter().map(|l| l.bytes).sum::<u64>(), 3 * MIB);
         let mut back = vec![0u8; pattern.len()];
         fresh
@@ -713,16 +712,7 @@ mod tests {
         std::io::Write::write_all(&mut f, &[0]).unwrap();
         drop(f);
         let (_, fresh) = memory("cells-direct-bad");
-        let err = fresh
-            .load_cells(
-                &p,
-                files
-                    .iter()
-                    .zip(0u32..)
-                    .map(|(f, c)| (c, open(f)))
-                    .collect(),
-            )
-            .unwrap_err();
+        let err = load(&fresh).unwrap_err();
         assert!(
             matches!(
                 &err,

@@ -46,31 +46,25 @@ fn io_error(e: GuestMemoryError) -> io::Error {
     }
 }
 
-impl CellSource for File {
-    fn read_into(
-        &mut self,
-        region: &GuestRegionMmap,
-        at: MemoryRegionAddress,
-        len: usize,
-    ) -> io::Result<()> {
-        region
-            .read_exact_volatile_from(at, self, len)
-            .map_err(io_error)
-    }
+/// Sources vm-memory reads into guest RAM itself (its `ReadVolatile`).
+macro_rules! read_volatile_source {
+    ($($source:ty),*) => {$(
+        impl CellSource for $source {
+            fn read_into(
+                &mut self,
+                region: &GuestRegionMmap,
+                at: MemoryRegionAddress,
+                len: usize,
+            ) -> io::Result<()> {
+                region
+                    .read_exact_volatile_from(at, self, len)
+                    .map_err(io_error)
+            }
+        }
+    )*};
 }
 
-impl CellSource for &[u8] {
-    fn read_into(
-        &mut self,
-        region: &GuestRegionMmap,
-        at: MemoryRegionAddress,
-        len: usize,
-    ) -> io::Result<()> {
-        region
-            .read_exact_volatile_from(at, self, len)
-            .map_err(io_error)
-    }
-}
+read_volatile_source!(File, &[u8]);
 
 /// What the buffer holds first, then straight from the file.
 impl CellSource for BufReader<File> {

@@ -859,22 +859,9 @@ impl<R: Read> Reader<R> {
                 computed,
             });
         }
-        if flags & !FLAG_MANDATORY != 0 {
-            return Err(ContainerError::BadFlags {
-                offset: start,
-                kind,
-                flags,
-            });
-        }
-        let mandatory = flags & FLAG_MANDATORY != 0;
+        let mandatory = self.check_flags(start, kind, flags)?;
         if kind == RecordKind::END {
             return self.end(start, mandatory, &payload).map(|()| None);
-        }
-        if mandatory && self.known.as_ref().is_some_and(|k| !k.contains(&kind)) {
-            return Err(ContainerError::UnknownMandatory {
-                offset: start,
-                kind,
-            });
         }
         self.records += 1;
         Ok(Some(Record {
@@ -883,6 +870,32 @@ impl<R: Read> Reader<R> {
             payload,
             offset: start,
         }))
+    }
+
+    /// Whether a record of `kind` with `flags` is mandatory; refuses flags this version does
+    /// not define and a mandatory kind the reader does not know (the end record is known).
+    fn check_flags(
+        &self,
+        start: u64,
+        kind: RecordKind,
+        flags: u16,
+    ) -> Result<bool, ContainerError> {
+        if flags & !FLAG_MANDATORY != 0 {
+            return Err(ContainerError::BadFlags {
+                offset: start,
+                kind,
+                flags,
+            });
+        }
+        let mandatory = flags & FLAG_MANDATORY != 0;
+        let unknown = self.known.as_ref().is_some_and(|k| !k.contains(&kind));
+        if mandatory && kind != RecordKind::END && unknown {
+            return Err(ContainerError::UnknownMandatory {
+                offset: start,
+                kind,
+            });
+        }
+        Ok(mandatory)
     }
 
     fn end(&mut self, offset: u64, mandatory: bool, payload: &[u8]) -> Result<(), ContainerError> {

@@ -10,8 +10,7 @@ use crc::{Digest, Table};
 use xxhash_rust::xxh64::Xxh64;
 
 use super::{
-    record_checksum_name, ContainerError, Reader, RecordHead, RecordKind, CRC, FLAG_MANDATORY,
-    XXH64_FROM,
+    record_checksum_name, ContainerError, Reader, RecordHead, RecordKind, CRC, XXH64_FROM,
 };
 
 /// The record checksum of a format version, computed as the bytes arrive.
@@ -85,23 +84,7 @@ impl<R: Read> Reader<R> {
             flags,
             len,
         } = self.read_head()?;
-        if flags & !FLAG_MANDATORY != 0 {
-            return Err(ContainerError::BadFlags {
-                offset: start,
-                kind,
-                flags,
-            });
-        }
-        let mandatory = flags & FLAG_MANDATORY != 0;
-        if kind != RecordKind::END
-            && mandatory
-            && self.known.as_ref().is_some_and(|k| !k.contains(&kind))
-        {
-            return Err(ContainerError::UnknownMandatory {
-                offset: start,
-                kind,
-            });
-        }
+        let mandatory = self.check_flags(start, kind, flags)?;
         let sum = Sum::new(self.header.version, &head);
         self.unfinished = true;
         let mut parts = RecordParts {
