@@ -109,6 +109,10 @@ write_run_script() {
     # VMHOST_BENCH_SMAPS=1: the peers benchmark prints where each VMM is resident at /init.
     [[ "${VMHOST_BENCH_SMAPS:-}" == 1 ]] \
         && rounds+=$'\n'"VMHOST_BENCH_SMAPS=1; export VMHOST_BENCH_SMAPS"
+    # VMHOST_BENCH_TEXT_PAGES=1: the peers benchmark profiles instead: the pages of vmhost's
+    # binary each boot touched by /init, for scripts/text-order.py --emulated-pages.
+    [[ "${VMHOST_BENCH_TEXT_PAGES:-}" == 1 ]] \
+        && rounds+=$'\n'"VMHOST_BENCH_TEXT_PAGES=1; export VMHOST_BENCH_TEXT_PAGES"
     # 1 GiB pages: boot.sh reserves one per node of the 2-node host on the kernel command line
     # (with nokaslr, so the kernel image never takes node 0's only free 1 GiB range); should a
     # node still have none, try once more, while its memory is still unfragmented. Only in

@@ -31,6 +31,7 @@ mod peers_bench;
 mod pod_tests;
 mod snapshot_tests;
 mod static_keys;
+mod text_pages;
 mod topology_tests;
 mod vm;
 mod vsock_af;

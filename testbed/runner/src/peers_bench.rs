@@ -431,6 +431,9 @@ fn boot(
             if to_init.is_some() && std::env::var_os("VMHOST_BENCH_SMAPS").is_some() {
                 println!("     {what} at /init: {}", resident_by_mapping(pid));
             }
+            if to_init.is_some() && crate::text_pages::wanted() && json {
+                print_text_pages(s, first_child(pid).unwrap_or(pid), what);
+            }
         }
         let limit = to_init.map_or(TO_INIT_LIMIT, |(t, _)| {
             Duration::from_secs_f64(t) + EXIT_LIMIT
@@ -543,6 +546,9 @@ pub fn rounds() -> usize {
 pub fn linux_boot_vs_peers(env: &Env) -> Outcome {
     let s = setup(env)?;
     host::set_2m_pools(&[160, 0])?;
+    if crate::text_pages::wanted() {
+        return profile_text_pages(&s);
+    }
     let mut vmms = vec![Vmm::Vmhost, Vmm::VmhostBackground, Vmm::VmhostSplit];
     if s.peers.contains_key("ch") {
         vmms.push(Vmm::CloudHypervisor);
@@ -573,6 +579,34 @@ pub fn linux_boot_vs_peers(env: &Env) -> Outcome {
     report(&vmms, &runs, rounds);
     timeline_lines(&timelines);
     Ok(())
+}
+
+/// `VMHOST_BENCH_TEXT_PAGES=1`: no benchmark; with the kernel's fault-around at one page,
+/// each vmhost mode boots (with `--json`) three times and prints the pages of its binary it has
+/// mapped at `/init` (`crate::text_pages`), for `scripts/text-order.py --emulated-pages`.
+fn profile_text_pages(s: &Setup) -> Outcome {
+    let was = crate::text_pages::set_fault_around(4096)?;
+    let exits = ExitCounter::attach()?;
+    let first = FirstExit::start()?;
+    let mut result = Ok(());
+    for _ in 0..3 {
+        for v in [Vmm::Vmhost, Vmm::VmhostBackground, Vmm::VmhostSplit] {
+            if let Err(e) = boot(s, v, &exits, &first, true) {
+                result = Err(e);
+            }
+        }
+    }
+    crate::text_pages::set_fault_around(was)?;
+    result
+}
+
+/// Prints the pages of the vmhost binary process `pid` has mapped, one line per mapping.
+fn print_text_pages(s: &Setup, pid: u32, what: &str) {
+    let exe = std::fs::canonicalize(&s.a.vmhost_release).unwrap_or(s.a.vmhost_release.clone());
+    match crate::text_pages::dump(pid, &exe) {
+        Ok(lines) => lines.iter().for_each(|l| println!("     {what} {l}")),
+        Err(e) => println!("     {what}: no text pages: {e}"),
+    }
 }
 
 /// Prints the per-VMM medians, the ratios with their intervals and verdicts, and the exits.
