@@ -790,7 +790,11 @@ impl<R: Read> Reader<R> {
 
     /// Reads a record's head (kind, flags, payload length), refusing a length over
     /// [`MAX_PAYLOAD`].
-    fn read_head(&mut self) -> Result<RecordHead, ContainerError> {
+    /// `None` after the end record.
+    fn read_head(&mut self) -> Result<Option<RecordHead>, ContainerError> {
+        if self.ended {
+            return Ok(None);
+        }
         if self.unfinished {
             return Err(ContainerError::Usage(
                 "a record read in parts was not finished",
@@ -812,28 +816,28 @@ impl<R: Read> Reader<R> {
                 len,
             });
         }
-        Ok(RecordHead {
+        Ok(Some(RecordHead {
             start,
             head,
             kind,
             flags,
             len,
-        })
+        }))
     }
 
     /// The next record, or `None` after the end record (whose count is checked). Unknown
     /// optional records are returned too: the caller skips the kinds it does not use.
     pub fn next_record(&mut self) -> Result<Option<Record>, ContainerError> {
-        if self.ended {
-            return Ok(None);
-        }
-        let RecordHead {
+        let Some(RecordHead {
             start,
             head,
             kind,
             flags,
             len,
-        } = self.read_head()?;
+        }) = self.read_head()?
+        else {
+            return Ok(None);
+        };
         let what = || format!("a {kind} record");
         let payload = self.take_payload(len, &what)?;
         let mut sum = [0u8; 8];

@@ -9,9 +9,7 @@ use std::io::{self, Read};
 use crc::{Digest, Table};
 use xxhash_rust::xxh64::Xxh64;
 
-use super::{
-    record_checksum_name, ContainerError, Reader, RecordHead, RecordKind, CRC, XXH64_FROM,
-};
+use super::{record_checksum_name, ContainerError, Reader, RecordKind, CRC, XXH64_FROM};
 
 /// The record checksum of a format version, computed as the bytes arrive.
 enum Sum {
@@ -74,18 +72,12 @@ impl<R: Read> Reader<R> {
                 "an authenticated stream's records are read whole",
             ));
         }
-        if self.ended {
+        let Some(h) = self.read_head()? else {
             return Ok(None);
-        }
-        let RecordHead {
-            start,
-            head,
-            kind,
-            flags,
-            len,
-        } = self.read_head()?;
-        let mandatory = self.check_flags(start, kind, flags)?;
-        let sum = Sum::new(self.header.version, &head);
+        };
+        let (start, kind, len) = (h.start, h.kind, h.len);
+        let mandatory = self.check_flags(start, kind, h.flags)?;
+        let sum = Sum::new(self.header.version, &h.head);
         self.unfinished = true;
         let mut parts = RecordParts {
             reader: self,
