@@ -2,11 +2,13 @@
 //! Invariants: never a panic; a run that decodes lies inside the cell, on page boundaries;
 //! a container of this format or the one before it is read; one of this format that reads
 //! whole (header, records, end record, nothing after) is written again byte for byte by the
-//! writer, and a run that decodes encodes to the same payload.
+//! writer, and a run that decodes encodes to the same payload; a container read in parts (a
+//! restore's loader, `Reader::next_parts`) reads the same records, or fails, as one read whole.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use vmhost_persist::container::{Reader, RecordKind, Writer, FORMAT_VERSION};
+use std::io::Read;
 use vmhost_persist::pages::{decode_run, CellGeometry};
 
 const KNOWN: &[RecordKind] = &[RecordKind::SPEC, RecordKind::PLAN, RecordKind::PAGES];
@@ -34,8 +36,51 @@ fn check_run(payload: &[u8]) {
     }
 }
 
+/// Every record of a container (kind, whether mandatory, payload) read whole, or `None` when
+/// it does not read to its end with nothing after it.
+fn read_whole(data: &[u8]) -> Option<Vec<(RecordKind, bool, Vec<u8>)>> {
+    let mut reader = Reader::new(data, KNOWN).ok()?;
+    let mut out = Vec::new();
+    while let Some(rec) = reader.next_record().ok()? {
+        out.push((rec.kind, rec.mandatory, rec.payload));
+    }
+    reader.expect_eof().ok()?;
+    Some(out)
+}
+
+/// The same, read in parts as a restore's loader reads a memory file: the first 20 bytes
+/// summed as read, the rest read past the checksum in pieces of 1000 and handed back.
+fn read_in_parts(data: &[u8]) -> Option<Vec<(RecordKind, bool, Vec<u8>)>> {
+    let mut reader = Reader::new(data, KNOWN).ok()?;
+    let mut out = Vec::new();
+    while let Some(mut rec) = reader.next_parts().ok()? {
+        let mut payload = vec![0u8; rec.len() as usize];
+        let (head, rest) = payload.split_at_mut(rest_at(rec.len()));
+        rec.read_exact(head).ok()?;
+        for piece in rest.chunks_mut(1000) {
+            rec.read_unsummed(piece.len(), |input| input.read_exact(piece))
+                .ok()?;
+            rec.sum(piece).ok()?;
+        }
+        let (kind, mandatory) = (rec.kind(), rec.mandatory());
+        rec.finish().ok()?;
+        out.push((kind, mandatory, payload));
+    }
+    reader.expect_eof().ok()?;
+    Some(out)
+}
+
+fn rest_at(len: u32) -> usize {
+    (len as usize).min(20)
+}
+
 fuzz_target!(|data: &[u8]| {
     check_run(data);
+    assert_eq!(
+        read_whole(data),
+        read_in_parts(data),
+        "read in parts, the container reads otherwise than whole"
+    );
     let Ok(mut reader) = Reader::new(data, KNOWN) else {
         return;
     };
