@@ -72,16 +72,40 @@ pub fn crc64(bytes: &[u8]) -> u64 {
 /// The checksum of a record of format `version` whose bytes from its kind to the end of its
 /// payload are `head` then `payload` (an unauthenticated record's; see the module docs).
 pub fn record_checksum(version: u32, head: &[u8], payload: &[u8]) -> u64 {
-    if version >= XXH64_FROM {
-        let mut h = xxhash_rust::xxh64::Xxh64::new(0);
-        h.update(head);
-        h.update(payload);
-        h.digest()
-    } else {
-        let mut crc = CRC.digest();
-        crc.update(head);
-        crc.update(payload);
-        crc.finalize()
+    let mut sum = Sum::new(version, head);
+    sum.update(payload);
+    sum.finish()
+}
+
+/// The record checksum of a format version, computed as the bytes arrive.
+enum Sum {
+    Xxh64(Box<xxhash_rust::xxh64::Xxh64>),
+    Crc(crc::Digest<'static, u64, Table<16>>),
+}
+
+impl Sum {
+    fn new(version: u32, head: &[u8]) -> Self {
+        let mut sum = if version >= XXH64_FROM {
+            Sum::Xxh64(Box::new(xxhash_rust::xxh64::Xxh64::new(0)))
+        } else {
+            Sum::Crc(CRC.digest())
+        };
+        sum.update(head);
+        sum
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Sum::Xxh64(h) => h.update(bytes),
+            Sum::Crc(d) => d.update(bytes),
+        }
+    }
+
+    fn finish(self) -> u64 {
+        match self {
+            Sum::Xxh64(h) => h.digest(),
+            Sum::Crc(d) => d.finalize(),
+        }
     }
 }
 

@@ -6,42 +6,7 @@
 
 use std::io::{self, Read};
 
-use crc::{Digest, Table};
-use xxhash_rust::xxh64::Xxh64;
-
-use super::{record_checksum_name, ContainerError, Reader, RecordKind, CRC, XXH64_FROM};
-
-/// The record checksum of a format version, computed as the bytes arrive.
-enum Sum {
-    Xxh64(Box<Xxh64>),
-    Crc(Digest<'static, u64, Table<16>>),
-}
-
-impl Sum {
-    fn new(version: u32, head: &[u8]) -> Self {
-        let mut sum = if version >= XXH64_FROM {
-            Sum::Xxh64(Box::new(Xxh64::new(0)))
-        } else {
-            Sum::Crc(CRC.digest())
-        };
-        sum.update(head);
-        sum
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        match self {
-            Sum::Xxh64(h) => h.update(bytes),
-            Sum::Crc(d) => d.update(bytes),
-        }
-    }
-
-    fn finish(self) -> u64 {
-        match self {
-            Sum::Xxh64(h) => h.digest(),
-            Sum::Crc(d) => d.finalize(),
-        }
-    }
-}
+use super::{record_checksum_name, ContainerError, Reader, RecordKind, Sum};
 
 /// A record of a file being read in parts ([`Reader::next_parts`]). Its payload is read in
 /// order, by [`RecordParts::read_exact`] or [`RecordParts::read_unsummed`] (then
