@@ -122,6 +122,22 @@ fn guest_value(lines: &[BTreeMap<String, String>], key: &str) -> Option<String> 
     lines.iter().find_map(|l| l.get(key).cloned())
 }
 
+/// Up to `n` console lines after the first line that is `marker`, for failure messages: what
+/// the guest's kernel printed on its way down (`reboot: Power down` before its ACPI S5 write),
+/// which the output's tail, vmhost's report, leaves out.
+fn after_line(serial: &str, marker: &str, n: usize) -> String {
+    let after: Vec<&str> = serial
+        .lines()
+        .skip_while(|l| l.trim_end() != marker)
+        .skip(1)
+        .take(n)
+        .collect();
+    match after.is_empty() {
+        true => format!("(no line after {marker:?})"),
+        false => after.join(" | "),
+    }
+}
+
 /// The serial log's tail, for failure messages.
 pub(crate) fn tail(serial: &str) -> String {
     let lines: Vec<&str> = serial.lines().collect();
@@ -344,7 +360,8 @@ pub fn vmlinux_two_cells_acpi_shutdown(env: &Env) -> Outcome {
     ensure!(
         code == 0 && serial.contains("GUEST power button pressed") && serial.contains("PoweredOff"),
         "after PUT /vm/shutdown: exit {code}, want 0 with the guest powering off itself; the \
-         guest's last GUEST lines: {}; the output's tail: {}; stderr: {}",
+         guest's last GUEST lines: {}; the console after the power button: {}; the output's \
+         tail: {}; stderr: {}",
         serial
             .lines()
             .filter(|l| l.starts_with("GUEST"))
@@ -352,6 +369,7 @@ pub fn vmlinux_two_cells_acpi_shutdown(env: &Env) -> Outcome {
             .take(3)
             .collect::<Vec<_>>()
             .join(" | "),
+        after_line(&serial, "GUEST power button pressed", 16),
         tail(&serial),
         vm.stderr()
     );
@@ -596,7 +614,23 @@ pub fn vmlinux_from_9p_msize_256k(env: &Env) -> Outcome {
 
 #[cfg(test)]
 mod tests {
-    use super::tail;
+    use super::{after_line, tail};
+
+    #[test]
+    fn the_console_after_the_power_button_is_quoted_up_to_n_lines() {
+        let serial = "GUEST-WAITING x\nGUEST power button pressed\n[ 9.1] reboot: Power down\nVM report\nmore\n";
+        assert_eq!(
+            after_line(serial, "GUEST power button pressed", 2),
+            "[ 9.1] reboot: Power down | VM report"
+        );
+        assert!(after_line(
+            "GUEST power button pressed\n",
+            "GUEST power button pressed",
+            2
+        )
+        .starts_with("(no line after"));
+        assert!(after_line("other\n", "GUEST power button pressed", 2).starts_with("(no line"));
+    }
 
     #[test]
     fn a_guest_oops_is_quoted_beside_the_tail() {
