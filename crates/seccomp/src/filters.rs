@@ -74,6 +74,10 @@ const IOC_READ: u64 = 2;
 
 /// `KVM_RUN`.
 pub const KVM_RUN: u64 = ioc(0, KVMIO, 0x80, 0);
+/// `KVM_KVMCLOCK_CTRL`: a vCPU resumed after a pause tells its guest's kvmclock it was
+/// stopped, so the guest's soft-lockup and RCU-stall detectors do not take the pause for a
+/// hang.
+pub const KVM_KVMCLOCK_CTRL: u64 = ioc(0, KVMIO, 0xad, 0);
 /// `KVM_GET_REGS` (`struct kvm_regs`, 144 bytes): the RIP of a fault or internal error.
 pub const KVM_GET_REGS: u64 = ioc(IOC_READ, KVMIO, 0x81, 144);
 /// `KVM_TRANSLATE` (`struct kvm_translation`, 24 bytes): the code bytes at an internal error.
@@ -229,6 +233,8 @@ const VCPU: &[&[(i64, Rule)]] = &[
             KVM_GET_REGS,
             KVM_TRANSLATE,
             KVM_GET_VCPU_EVENTS,
+            // Resumed after a pause: the guest's kvmclock told it was stopped.
+            KVM_KVMCLOCK_CTRL,
             // A capture: the vCPU thread saves its own state while parked.
             KVM_VCPU_STATE_GETS[0],
             KVM_VCPU_STATE_GETS[1],

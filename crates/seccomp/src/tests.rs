@@ -17,6 +17,7 @@ fn every_kind_compiles_in_every_mode() {
 fn the_ioctl_numbers_are_linux_s() {
     // From <linux/kvm.h> and <asm-generic/ioctls.h>, as strace prints them.
     assert_eq!(filters::KVM_RUN, 0xae80);
+    assert_eq!(filters::KVM_KVMCLOCK_CTRL, 0xaead);
     assert_eq!(filters::KVM_GET_REGS, 0x8090_ae81);
     assert_eq!(filters::KVM_TRANSLATE, 0xc018_ae85);
     assert_eq!(filters::KVM_GET_VCPU_EVENTS, 0x8040_ae9f);

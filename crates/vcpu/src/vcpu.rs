@@ -371,6 +371,20 @@ fn set_start_state(cfg: &VcpuConfig, ctx: &VcpuContext, fd: &VcpuFd) -> Result<(
     Ok(())
 }
 
+/// After a pause, before the vCPU runs again: `KVM_KVMCLOCK_CTRL` sets the "guest stopped"
+/// flag in the guest's kvmclock page, which Linux's soft-lockup and RCU-stall detectors check
+/// before they report a CPU stuck. Without it a guest paused for longer than their thresholds
+/// (20 s and 21 s by default) reports a soft lockup and an RCU stall when it resumes, since
+/// its clock ran on while it was paused. KVM refuses it (`EINVAL`) for a guest that has not
+/// enabled kvmclock (the built-in payloads): nothing to tell.
+fn tell_guest_it_was_paused(fd: &VcpuFd, vcpu: usize) {
+    match fd.kvmclock_ctrl() {
+        Ok(()) => {}
+        Err(e) if e.errno() == libc::EINVAL => {}
+        Err(e) => tracing::warn!(vcpu, error = %e, "KVM_KVMCLOCK_CTRL after a pause failed"),
+    }
+}
+
 /// Exits counted for the report.
 #[derive(Default)]
 struct Stats {
@@ -410,6 +424,9 @@ fn run_loop(
                 // store sets it again, and is seen below or makes KVM_RUN return at once.
                 // SAFETY: `ie` points into this vCPU's kvm_run mapping, live while `fd` is.
                 unsafe { (*ie).store(0, Ordering::SeqCst) };
+                if !ctx.control.stop_requested() {
+                    tell_guest_it_was_paused(fd, vcpu);
+                }
             }
         }
         if ctx.control.stop_requested() {
