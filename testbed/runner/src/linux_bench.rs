@@ -236,9 +236,9 @@ fn scrub(a: &Assets, env: &Env, spec: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Times vmhost and QEMU from spawn to the guest's `/init`, same kernel, initramfs, vCPUs and
-/// memory, in the same emulated host; prints both, the ratio and the 0.8 target.
-pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
+/// The guest's assets ([`assets`]), failing when the benchmarks' QEMU or release vmhost is
+/// missing (`testbed/run.sh bench` copies them in).
+pub(crate) fn bench_assets(env: &Env) -> Result<Assets, String> {
     let a = assets(env)?;
     for p in [&a.qemu, &a.vmhost_release] {
         ensure!(
@@ -247,6 +247,13 @@ pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
             p.display()
         );
     }
+    Ok(a)
+}
+
+/// Times vmhost and QEMU from spawn to the guest's `/init`, same kernel, initramfs, vCPUs and
+/// memory, in the same emulated host; prints both, the ratio and the 0.8 target.
+pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
+    let a = bench_assets(env)?;
     host::set_2m_pools(&[128, 0])?;
     let spec = env.spec(
         "linbench",

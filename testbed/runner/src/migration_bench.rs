@@ -38,7 +38,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::linux_tests::{assets, linux_spec, Assets, CMDLINE};
+use crate::linux_bench::bench_assets;
+use crate::linux_tests::{linux_spec, Assets, CMDLINE};
 use crate::vm::{api_call, run_command_for, Env};
 use crate::{ensure, host, Outcome};
 use vmhost_testsupport::stats;
@@ -1193,14 +1194,7 @@ fn write_key(env: &Env) -> Result<PathBuf, String> {
 
 /// Live migration, vmhost next to QEMU, idle and dirtying guests; then restore vs a read.
 pub fn migration_vs_qemu(env: &Env) -> Outcome {
-    let a = assets(env)?;
-    for p in [&a.qemu, &a.vmhost_release] {
-        ensure!(
-            p.exists(),
-            "benchmark asset {} missing (testbed/run.sh bench copies it)",
-            p.display()
-        );
-    }
+    let a = bench_assets(env)?;
     let s = Setup {
         key: write_key(env)?,
         a,

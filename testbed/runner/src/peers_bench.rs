@@ -47,8 +47,8 @@ use vmhost_testsupport::stats::{bootstrap_ci, median, verdict, RESAMPLES};
 use crate::first_exit::FirstExit;
 use crate::host;
 use crate::kvm_exits::ExitCounter;
-use crate::linux_bench::{json_report, monotonic_ns, phases_ms, PHASES};
-use crate::linux_tests::{assets, linux_spec, Assets, CMDLINE};
+use crate::linux_bench::{bench_assets, json_report, monotonic_ns, phases_ms, PHASES};
+use crate::linux_tests::{linux_spec, Assets, CMDLINE};
 use crate::vm::Env;
 use crate::{ensure, Outcome};
 
@@ -498,14 +498,7 @@ pub fn peer_bundles(a: &Assets) -> BTreeMap<&'static str, PathBuf> {
 }
 
 fn setup(env: &Env) -> Result<Setup, String> {
-    let a = assets(env)?;
-    for p in [&a.qemu, &a.vmhost_release] {
-        ensure!(
-            p.exists(),
-            "benchmark asset {} missing (testbed/run.sh bench copies it)",
-            p.display()
-        );
-    }
+    let a = bench_assets(env)?;
     let text = linux_spec(
         "peerboot",
         (1, 2),
