@@ -1095,12 +1095,24 @@ fn against(ratios: &[f64], target: f64) -> String {
     )
 }
 
+/// One figure of both VMMs side by side (`digits` decimals): `vmhost median [min-max], QEMU
+/// median [min-max]; ratio of medians R, median per-pair ratio P`.
+fn side_by_side(v: &[Sample], q: &[Sample], f: fn(&Sample) -> f64, digits: usize) -> String {
+    let of = |s: &[Sample]| s.iter().map(f).collect::<Vec<_>>();
+    format!(
+        "vmhost {}, QEMU {}; ratio of medians {:.2}, median per-pair ratio {:.2}",
+        show(&of(v), digits),
+        show(&of(q), digits),
+        spread(&of(v)).0 / spread(&of(q)).0,
+        pair_ratio(v, q, f)
+    )
+}
+
 /// Prints one workload's figures, both VMMs side by side, and the issue's targets.
 fn report_workload(name: &str, v: &[Sample], q: &[Sample]) {
     let col = |s: &[Sample], f: fn(&Sample) -> f64, d: usize| {
         show(&s.iter().map(f).collect::<Vec<_>>(), d)
     };
-    let med = |s: &[Sample], f: fn(&Sample) -> f64| spread(&s.iter().map(f).collect::<Vec<_>>()).0;
     let gave_up: Vec<f64> = v.iter().filter_map(|s| s.gave_up).collect();
     println!(
         "     {name}: vmhost converged at --max-downtime {MAX_DOWNTIME_MS} in {} of {} runs; \
@@ -1119,12 +1131,9 @@ fn report_workload(name: &str, v: &[Sample], q: &[Sample]) {
     let total = |s: &Sample| s.total_s;
     println!(
         "     {name}: downtime seen from outside (longest beat gap), ms, median [min-max] of \
-         {}: vmhost {}, QEMU {}; ratio of medians {:.2}, median per-pair ratio {:.2}",
+         {}: {}",
         v.len(),
-        col(v, gap, 0),
-        col(q, gap, 0),
-        med(v, gap) / med(q, gap),
-        pair_ratio(v, q, gap)
+        side_by_side(v, q, gap, 0)
     );
     println!(
         "     {name}: own downtime, ms: vmhost (pause to commit) {}, QEMU (query-migrate) {}",
@@ -1132,12 +1141,8 @@ fn report_workload(name: &str, v: &[Sample], q: &[Sample]) {
         col(q, |s| s.own_downtime_ms, 0)
     );
     println!(
-        "     {name}: total time (own reports), s: vmhost {}, QEMU {}; ratio of medians {:.2}, \
-         median per-pair ratio {:.2}",
-        col(v, total, 2),
-        col(q, total, 2),
-        med(v, total) / med(q, total),
-        pair_ratio(v, q, total)
+        "     {name}: total time (own reports), s: {}",
+        side_by_side(v, q, total, 2)
     );
     println!(
         "     {name}: MiB sent: vmhost {}, QEMU {}; rounds: vmhost {}, QEMU dirty syncs {}",
