@@ -613,6 +613,54 @@ fn vmhost_attempt(
     })
 }
 
+/// Migrates the source `src` (its API socket `src_sock`) at [`MAX_DOWNTIME_MS`] and, when
+/// pre-copy does not converge there, again to a new target at [`FALLBACK_DOWNTIME_MS`]: the
+/// attempt that succeeded, and when the first gave up, its last estimate of the downtime, ms.
+fn migrate_or_fall_back(
+    s: &Setup,
+    src_sock: &Path,
+    src: &mut Proc,
+) -> Result<(Attempt, Option<f64>), String> {
+    let mut at = vmhost_attempt(
+        s,
+        src_sock,
+        src.child.id(),
+        MAX_DOWNTIME_MS,
+        FIRST_TIMEOUT_S,
+    )
+    .map_err(|e| format!("{e}; {}", src.state()))?;
+    if at.ok {
+        return Ok((at, None));
+    }
+    let why = rounds_summary(&at.report);
+    ensure!(
+        at.report["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("did not converge")),
+        "ctl migrate: {why}; {}; {}",
+        src.tail(),
+        at.dst.tail()
+    );
+    let code = at.dst.wait_exit(JOB_LIMIT)?;
+    println!("       vmhost at {MAX_DOWNTIME_MS} ms: {why}; the target: {code}");
+    let gave_up = Some(last_estimate(&at.report));
+    at = vmhost_attempt(
+        s,
+        src_sock,
+        src.child.id(),
+        FALLBACK_DOWNTIME_MS,
+        FALLBACK_TIMEOUT_S,
+    )?;
+    ensure!(
+        at.ok,
+        "ctl migrate --max-downtime {FALLBACK_DOWNTIME_MS}: {}; {}; {}",
+        rounds_summary(&at.report),
+        src.tail(),
+        at.dst.tail()
+    );
+    Ok((at, gave_up))
+}
+
 /// One vmhost migration of a freshly booted guest doing `action`: source → `vmhost receive`,
 /// at [`MAX_DOWNTIME_MS`]; when pre-copy does not converge there (the source gives up after
 /// [`FIRST_TIMEOUT_S`] and runs on), again to a new target at [`FALLBACK_DOWNTIME_MS`].
@@ -626,43 +674,7 @@ fn vmhost_run(s: &Setup, action: &str) -> Result<Sample, String> {
         api_call(&src_sock, "PUT", "/vm/resume").map(drop)
     })?;
     println!("       vmhost: {in_place}");
-    let mut at = vmhost_attempt(
-        s,
-        &src_sock,
-        src.child.id(),
-        MAX_DOWNTIME_MS,
-        FIRST_TIMEOUT_S,
-    )
-    .map_err(|e| format!("{e}; {}", src.state()))?;
-    let mut gave_up = None;
-    if !at.ok {
-        let why = rounds_summary(&at.report);
-        ensure!(
-            at.report["error"]
-                .as_str()
-                .is_some_and(|e| e.contains("did not converge")),
-            "ctl migrate: {why}; {}; {}",
-            src.tail(),
-            at.dst.tail()
-        );
-        let code = at.dst.wait_exit(JOB_LIMIT)?;
-        println!("       vmhost at {MAX_DOWNTIME_MS} ms: {why}; the target: {code}");
-        gave_up = Some(last_estimate(&at.report));
-        at = vmhost_attempt(
-            s,
-            &src_sock,
-            src.child.id(),
-            FALLBACK_DOWNTIME_MS,
-            FALLBACK_TIMEOUT_S,
-        )?;
-        ensure!(
-            at.ok,
-            "ctl migrate --max-downtime {FALLBACK_DOWNTIME_MS}: {}; {}; {}",
-            rounds_summary(&at.report),
-            src.tail(),
-            at.dst.tail()
-        );
-    }
+    let (mut at, gave_up) = migrate_or_fall_back(s, &src_sock, &mut src)?;
     if let Err(e) = at.dst.wait_beats(AFTER_BEATS, JOB_LIMIT) {
         // What the target's VM and threads were doing, for the log.
         let dst_sock = s.env.work.join("migdst.sock");
