@@ -38,7 +38,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -392,17 +392,9 @@ fn read_stdout(
     out
 }
 
-/// Runs one VMM: times its guest to `GUEST-INIT` and to its first VM exit, follows its peak
-/// RSS, waits for it to exit and reads the exits it caused; with `json` (vmhost only) adds
-/// `--json` and reads its timeline.
-fn boot(
-    s: &Setup,
-    v: Vmm,
-    exits: &ExitCounter,
-    first: &FirstExit,
-    json: bool,
-) -> Result<Run, String> {
-    let what = v.label();
+/// The command that boots `v` (with `--json` when `json`): stdout piped, stderr written to
+/// `<work>/peer-bench.err`, whose path comes with it.
+fn boot_command(s: &Setup, v: Vmm, json: bool) -> Result<(Command, PathBuf), String> {
     let err_path = s.work.join("peer-bench.err");
     let err = std::fs::File::create(&err_path).map_err(|e| format!("create stderr: {e}"))?;
     let mut cmd = command(s, v);
@@ -410,18 +402,30 @@ fn boot(
         cmd.arg("--json");
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(err);
-    if scrubbing() {
-        scrub_pool()?;
-    }
-    exits.clear()?;
-    first.clear()?;
-    let spawn_ns = monotonic_ns();
-    let t0 = Instant::now();
-    let mut child = cmd.spawn().map_err(|e| format!("spawn {what}: {e}"))?;
+    Ok((cmd, err_path))
+}
+
+/// What [`follow`] saw of a VMM: how it ended (`None`: it hung and was stopped), its peaks,
+/// and (seconds to `GUEST-INIT`, the uptime on that line) when that line came while it ran.
+struct Followed {
+    status: Option<ExitStatus>,
+    peaks: Peaks,
+    to_init: Option<(f64, Option<f64>)>,
+}
+
+/// Polls the VMM `child`, spawned at `t0`, every 20 ms until it exits: its peaks and, when
+/// `GUEST-INIT` comes (on `rx`), the resident pages (`VMHOST_BENCH_SMAPS`) and text pages
+/// (`VMHOST_BENCH_TEXT_PAGES`, with `json`) asked for. Stops it when it runs past
+/// [`TO_INIT_LIMIT`] without `/init`, or past [`EXIT_LIMIT`] after it.
+fn follow(
+    s: &Setup,
+    what: &str,
+    json: bool,
+    child: &mut Child,
+    t0: Instant,
+    rx: &mpsc::Receiver<(f64, Option<f64>)>,
+) -> Result<Followed, String> {
     let pid = child.id();
-    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || read_stdout(stdout, t0, tx));
     let mut peaks = Peaks::default();
     let mut to_init = None;
     let status = loop {
@@ -446,14 +450,29 @@ fn boot(
         }
     };
     if status.is_none() {
-        stop(&mut child, what);
+        stop(child, what);
     }
-    let counts = exits.read()?;
-    let first_exit = first.first_ns()?.saturating_sub(spawn_ns) as f64 / 1e9;
-    let out = reader.join().unwrap_or_default();
+    Ok(Followed {
+        status,
+        peaks,
+        to_init,
+    })
+}
+
+/// Once the VMM has ended and its stdout `out` is read: the seconds to `GUEST-INIT` and the
+/// guest's uptime on that line. Fails, with its last lines and its stderr (`err_path`), when
+/// no such line came or the VMM did not exit cleanly after it.
+fn init_seen(
+    what: &str,
+    f: &Followed,
+    rx: &mpsc::Receiver<(f64, Option<f64>)>,
+    out: &Output,
+    err_path: &Path,
+) -> Result<(f64, f64), String> {
+    let status = f.status;
     let tail = &out.tail;
-    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-    let (to_init, uptime) = to_init.or_else(|| rx.try_recv().ok()).ok_or_else(|| {
+    let stderr = std::fs::read_to_string(err_path).unwrap_or_default();
+    let (to_init, uptime) = f.to_init.or_else(|| rx.try_recv().ok()).ok_or_else(|| {
         format!("{what}: no GUEST-INIT (exit {status:?}); last lines {tail:?}; stderr {stderr}")
     })?;
     let uptime = uptime.ok_or_else(|| format!("{what}: no uptime on the GUEST-INIT line"))?;
@@ -461,11 +480,43 @@ fn boot(
         status.is_some_and(|st| st.success()),
         "{what}: exit {status:?} after the guest's /init; last lines {tail:?}; stderr {stderr}"
     );
+    Ok((to_init, uptime))
+}
+
+/// Runs one VMM: times its guest to `GUEST-INIT` and to its first VM exit, follows its peak
+/// RSS, waits for it to exit and reads the exits it caused; with `json` (vmhost only) adds
+/// `--json` and reads its timeline.
+fn boot(
+    s: &Setup,
+    v: Vmm,
+    exits: &ExitCounter,
+    first: &FirstExit,
+    json: bool,
+) -> Result<Run, String> {
+    let what = v.label();
+    let (mut cmd, err_path) = boot_command(s, v, json)?;
+    if scrubbing() {
+        scrub_pool()?;
+    }
+    exits.clear()?;
+    first.clear()?;
+    let spawn_ns = monotonic_ns();
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| format!("spawn {what}: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || read_stdout(stdout, t0, tx));
+    let followed = follow(s, what, json, &mut child, t0, &rx)?;
+    let counts = exits.read()?;
+    let first_exit = first.first_ns()?.saturating_sub(spawn_ns) as f64 / 1e9;
+    let out = reader.join().unwrap_or_default();
+    let (to_init, uptime) = init_seen(what, &followed, &rx, &out, &err_path)?;
     let phases = if json {
         phases_ms(&json_report(&out.json)?, spawn_ns)?
     } else {
         Vec::new()
     };
+    let peaks = followed.peaks;
     Ok(Run {
         to_init,
         first_exit,
