@@ -12,7 +12,7 @@
 //! and five more pairs time each boot after [`scrub`] (informational).
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -236,9 +236,9 @@ fn scrub(a: &Assets, env: &Env, spec: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Times vmhost and QEMU from spawn to the guest's `/init`, same kernel, initramfs, vCPUs and
-/// memory, in the same emulated host; prints both, the ratio and the 0.8 target.
-pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
+/// The guest's assets ([`assets`]), failing when the benchmarks' QEMU or release vmhost is
+/// missing (`testbed/run.sh bench` copies them in).
+pub(crate) fn bench_assets(env: &Env) -> Result<Assets, String> {
     let a = assets(env)?;
     for p in [&a.qemu, &a.vmhost_release] {
         ensure!(
@@ -247,6 +247,36 @@ pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
             p.display()
         );
     }
+    Ok(a)
+}
+
+/// What every boot of the benchmark needs: the assets, the environment and vmhost's spec.
+struct Bench<'a> {
+    a: Assets,
+    env: &'a Env,
+    spec: PathBuf,
+}
+
+impl Bench<'_> {
+    /// The release vmhost booting the spec with `--prefault prefault`.
+    fn vmhost(&self, prefault: &str) -> Command {
+        let mut c = Command::new(&self.a.vmhost_release);
+        c.arg("--run-dir")
+            .arg(&self.env.run_dir)
+            .args(["--prefault", prefault, "--config"])
+            .arg(&self.spec);
+        c
+    }
+
+    /// QEMU booting the same guest to its power-off.
+    fn qemu(&self) -> Command {
+        qemu_command(&self.a, &self.a.initrd, "poweroff")
+    }
+}
+
+/// The benchmark's assets, its 2 MiB pool on node 0 and vmhost's spec (2 vCPUs, 256 MiB).
+fn bench(env: &Env) -> Result<Bench<'_>, String> {
+    let a = bench_assets(env)?;
     host::set_2m_pools(&[128, 0])?;
     let spec = env.spec(
         "linbench",
@@ -260,48 +290,67 @@ pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
             "poweroff",
         ),
     )?;
-    let qemu = || qemu_command(&a, &a.initrd, "poweroff");
-    let (mut vm, mut bg, mut qm) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut vk, mut qk, mut marker) = (Vec::new(), Vec::new(), Vec::new());
-    let vmhost = |prefault: &str| {
-        let mut c = Command::new(&a.vmhost_release);
-        c.arg("--run-dir")
-            .arg(&env.run_dir)
-            .args(["--prefault", prefault, "--config"])
-            .arg(&spec);
-        c
-    };
+    Ok(Bench { a, env, spec })
+}
+
+/// The timed runs' seconds: spawn → `/init` of vmhost (`vm`), vmhost with background prefault
+/// (`bg`) and QEMU (`qm`); the guest kernel's uptime at `/init` under vmhost (`vk`) and QEMU
+/// (`qk`); vmhost's port-0x80 marker after its run start (`marker`).
+#[derive(Default)]
+struct Timed {
+    vm: Vec<f64>,
+    bg: Vec<f64>,
+    qm: Vec<f64>,
+    vk: Vec<f64>,
+    qk: Vec<f64>,
+    marker: Vec<f64>,
+}
+
+/// [`RUNS`] rounds of vmhost, vmhost with background prefault and QEMU, in that order.
+fn timed_runs(b: &Bench) -> Result<Timed, String> {
+    let mut t = Timed::default();
     for _ in 0..RUNS {
-        let b = time_to_init(vmhost("before-start"), "vmhost")?;
+        let run = time_to_init(b.vmhost("before-start"), "vmhost")?;
         // vmhost's own timestamp of the guest's debug-port marker, on the run's clock.
-        marker.extend(after(&b.out, "user space at "));
-        vm.push(b.to_init);
-        vk.push(b.kernel);
-        let b = time_to_init(vmhost("background"), "vmhost --prefault background")?;
+        t.marker.extend(after(&run.out, "user space at "));
+        t.vm.push(run.to_init);
+        t.vk.push(run.kernel);
+        let run = time_to_init(b.vmhost("background"), "vmhost --prefault background")?;
         ensure!(
-            b.out.contains("guest RAM prefaulted in the background"),
+            run.out.contains("guest RAM prefaulted in the background"),
             "vmhost --prefault background did not report its prefault"
         );
-        bg.push(b.to_init);
-        let b = time_to_init(qemu(), "qemu")?;
-        qm.push(b.to_init);
-        qk.push(b.kernel);
+        t.bg.push(run.to_init);
+        let run = time_to_init(b.qemu(), "qemu")?;
+        t.qm.push(run.to_init);
+        t.qk.push(run.kernel);
     }
-    // After the timed runs, so that its phases are those of a boot like them (see `scrub`).
-    let phases = vmhost_phases(vmhost("before-start"))?;
-    // The same pairs again, each boot after `scrub`: informational, not the target's figure.
+    Ok(t)
+}
+
+/// The same pairs again, each boot after [`scrub`]: (vmhost's, QEMU's) seconds to `/init`.
+fn scrubbed_runs(b: &Bench) -> Result<(Vec<f64>, Vec<f64>), String> {
     let (mut vs, mut qs) = (Vec::new(), Vec::new());
     for _ in 0..RUNS {
-        scrub(&a, env, &spec)?;
-        vs.push(time_to_init(vmhost("before-start"), "vmhost after a scrub")?.to_init);
-        scrub(&a, env, &spec)?;
-        qs.push(time_to_init(qemu(), "qemu after a scrub")?.to_init);
+        scrub(&b.a, b.env, &b.spec)?;
+        vs.push(time_to_init(b.vmhost("before-start"), "vmhost after a scrub")?.to_init);
+        scrub(&b.a, b.env, &b.spec)?;
+        qs.push(time_to_init(b.qemu(), "qemu after a scrub")?.to_init);
     }
-    ensure!(
-        marker.len() == RUNS,
-        "vmhost reported the guest's user-space marker in {} of {RUNS} runs",
-        marker.len()
-    );
+    Ok((vs, qs))
+}
+
+/// Prints the medians, the ratios, vmhost's `--json` phases, the scrubbed pairs and the target.
+fn print_boot_times(t: Timed, phases: &str, scrubbed: (Vec<f64>, Vec<f64>)) {
+    let Timed {
+        mut vm,
+        mut bg,
+        mut qm,
+        mut vk,
+        mut qk,
+        mut marker,
+    } = t;
+    let (mut vs, mut qs) = scrubbed;
     // Each vmhost run next to the QEMU run right after it: the machine's load drifts slowly.
     let paired: Vec<f64> = vm.iter().zip(&qm).map(|(v, q)| v / q).collect();
     let (v, q) = (median(&mut vm), median(&mut qm));
@@ -338,6 +387,23 @@ pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
         met(ratio),
         met(bg_ratio)
     );
+}
+
+/// Times vmhost and QEMU from spawn to the guest's `/init`, same kernel, initramfs, vCPUs and
+/// memory, in the same emulated host; prints both, the ratio and the 0.8 target.
+pub fn boot_time_vs_qemu(env: &Env) -> Outcome {
+    let b = bench(env)?;
+    let timed = timed_runs(&b)?;
+    // After the timed runs, so that its phases are those of a boot like them (see `scrub`).
+    let phases = vmhost_phases(b.vmhost("before-start"))?;
+    // The same pairs again, each boot after `scrub`: informational, not the target's figure.
+    let scrubbed = scrubbed_runs(&b)?;
+    ensure!(
+        timed.marker.len() == RUNS,
+        "vmhost reported the guest's user-space marker in {} of {RUNS} runs",
+        timed.marker.len()
+    );
+    print_boot_times(timed, &phases, scrubbed);
     Ok(())
 }
 

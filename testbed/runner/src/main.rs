@@ -479,6 +479,112 @@ fn run_one(env: &vm::Env, test: fn(&vm::Env) -> Outcome) -> Outcome {
     }
 }
 
+/// The KVM flight recorder only when asked for (`VMHOST_TESTBED_FLIGHT=1`, passed in by
+/// testbed/run.sh; never in the benchmarks, whose VM exits it would slow). Off by default as a
+/// precaution: a tracepoint in KVM's exit path is the code the emulated CPU gets wrong
+/// (flight.rs). Exits with a `FAIL testbed_setup` line when it cannot start.
+fn start_flight(suite: Option<&str>) -> Option<flight::Flight> {
+    match (flight::wanted(), suite) {
+        (true, Some(suite)) if suite != "bench" => {
+            Some(flight::Flight::start().unwrap_or_else(|e| {
+                println!("FAIL testbed_setup: starting the KVM flight recorder: {e}");
+                std::process::exit(1);
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// The kernel's static keys held for the run, and the tests' environment; exits with a
+/// `FAIL testbed_setup` line when either cannot be had.
+fn hold_keys_and_env(vmhost: &str) -> (static_keys::StaticKeyPin, vm::Env) {
+    let keys = match static_keys::hold() {
+        Ok(keys) => keys,
+        Err(e) => {
+            println!("FAIL testbed_setup: holding the kernel's static keys: {e}");
+            std::process::exit(1);
+        }
+    };
+    let env = match vm::Env::new(vmhost) {
+        Ok(env) => env,
+        Err(e) => {
+            println!("FAIL testbed_setup: {e}");
+            println!("0 passed, 1 failed");
+            std::process::exit(1);
+        }
+    };
+    (keys, env)
+}
+
+/// A run of the tests stopped on the emulated CPU's fault ([`stop_on_emulated_cpu_fault`]
+/// said so): the runner exits with status 3.
+struct Stopped;
+
+/// Runs `tests` in order, each with its `RUN` and result lines; (passed, failed), or
+/// [`Stopped`] at a test that failed with the emulated CPU's fault.
+fn run_tests(
+    tests: &[&'static Test],
+    env: &vm::Env,
+    flight: &Option<flight::Flight>,
+) -> Result<(usize, usize), Stopped> {
+    let abort = abort_after();
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in tests {
+        if abort.is_some_and(|n| passed + failed >= n) {
+            println!("testbed: VMHOST_TESTBED_ABORT_AFTER: aborting the runner (harness check)");
+            std::process::abort();
+        }
+        println!("RUN  {name}");
+        vm::set_step(&format!("test {name}"));
+        let start = Instant::now();
+        let outcome = run_one(env, *test);
+        if let Err(why) = &outcome {
+            let fault = emulated_cpu_fault(why)
+                .map(|line| format!("a Linux guest triple-faulted ({line})"))
+                .or_else(host_double_fault);
+            if let Some(fault) = fault {
+                stop_on_emulated_cpu_fault(
+                    name,
+                    start.elapsed().as_secs_f64(),
+                    why,
+                    &fault,
+                    flight,
+                );
+                return Err(Stopped);
+            }
+        }
+        report(name, start.elapsed().as_secs_f64(), &outcome);
+        if outcome.is_ok() {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    Ok((passed, failed))
+}
+
+/// Prints the summary line, lets the static keys go and exits: 0 only when every one of the
+/// `selected` tests reported and passed, and some test passed in this boot or an earlier one.
+fn finish(
+    selected: usize,
+    (passed, failed): (usize, usize),
+    skipped: usize,
+    keys: static_keys::StaticKeyPin,
+) -> ! {
+    println!("{passed} passed, {failed} failed, {skipped} passed in an earlier boot");
+    drop(keys);
+    // Every selected test must have reported; none selected at all is a failure too.
+    let complete = passed + failed == selected && passed + skipped > 0;
+    if !complete {
+        println!(
+            "FAIL testbed_runner: {} tests were to run, {} reported, {skipped} passed earlier",
+            selected,
+            passed + failed
+        );
+    }
+    std::process::exit(i32::from(failed > 0 || !complete));
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let args = parse_args(&args);
@@ -490,81 +596,16 @@ fn main() {
         return;
     }
     watchdog::start();
-    // The KVM flight recorder only when asked for (`VMHOST_TESTBED_FLIGHT=1`, passed in by
-    // testbed/run.sh; never in the benchmarks, whose VM exits it would slow). Off by default
-    // as a precaution: a tracepoint in KVM's exit path is the code the emulated CPU gets wrong
-    // (flight.rs).
-    let flight = match (flight::wanted(), args.suite.as_deref()) {
-        (true, Some(suite)) if suite != "bench" => {
-            Some(flight::Flight::start().unwrap_or_else(|e| {
-                println!("FAIL testbed_setup: starting the KVM flight recorder: {e}");
-                std::process::exit(1);
-            }))
-        }
-        _ => None,
-    };
-    let keys = match static_keys::hold() {
-        Ok(keys) => keys,
-        Err(e) => {
-            println!("FAIL testbed_setup: holding the kernel's static keys: {e}");
-            std::process::exit(1);
-        }
-    };
-    let env = match vm::Env::new(&args.vmhost) {
-        Ok(env) => env,
-        Err(e) => {
-            println!("FAIL testbed_setup: {e}");
-            println!("0 passed, 1 failed");
-            std::process::exit(1);
-        }
-    };
-    let abort = abort_after();
-    let (mut passed, mut failed) = (0, 0);
-    for (name, test) in &tests {
-        if abort.is_some_and(|n| passed + failed >= n) {
-            println!("testbed: VMHOST_TESTBED_ABORT_AFTER: aborting the runner (harness check)");
-            std::process::abort();
-        }
-        println!("RUN  {name}");
-        vm::set_step(&format!("test {name}"));
-        let start = Instant::now();
-        let outcome = run_one(&env, *test);
-        if let Err(why) = &outcome {
-            let fault = emulated_cpu_fault(why)
-                .map(|line| format!("a Linux guest triple-faulted ({line})"))
-                .or_else(host_double_fault);
-            if let Some(fault) = fault {
-                stop_on_emulated_cpu_fault(
-                    name,
-                    start.elapsed().as_secs_f64(),
-                    why,
-                    &fault,
-                    &flight,
-                );
-                drop(keys);
-                drop(flight);
-                std::process::exit(3);
-            }
-        }
-        report(name, start.elapsed().as_secs_f64(), &outcome);
-        if outcome.is_ok() {
-            passed += 1;
-        } else {
-            failed += 1;
+    let flight = start_flight(args.suite.as_deref());
+    let (keys, env) = hold_keys_and_env(&args.vmhost);
+    match run_tests(&tests, &env, &flight) {
+        Ok(tally) => finish(tests.len(), tally, skipped, keys),
+        Err(Stopped) => {
+            drop(keys);
+            drop(flight);
+            std::process::exit(3);
         }
     }
-    println!("{passed} passed, {failed} failed, {skipped} passed in an earlier boot");
-    drop(keys);
-    // Every selected test must have reported; none selected at all is a failure too.
-    let complete = passed + failed == tests.len() && passed + skipped > 0;
-    if !complete {
-        println!(
-            "FAIL testbed_runner: {} tests were to run, {} reported, {skipped} passed earlier",
-            tests.len(),
-            passed + failed
-        );
-    }
-    std::process::exit(i32::from(failed > 0 || !complete));
 }
 
 #[cfg(test)]

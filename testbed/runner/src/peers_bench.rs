@@ -34,23 +34,26 @@
 //! The peers are the bundles `testbed/build-guest.sh` makes from `VMHOST_BENCH_CH` and
 //! `VMHOST_BENCH_FC` (binary, shared libraries, loader); a missing one is reported in one line
 //! saying how to get it, and the rest run.
+//!
+//! The figures' lines after the rounds are [`report`](mod@report)'s.
+
+mod report;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-use vmhost_testsupport::stats::{bootstrap_ci, median, verdict, RESAMPLES};
 
 use crate::first_exit::FirstExit;
 use crate::host;
 use crate::kvm_exits::ExitCounter;
-use crate::linux_bench::{json_report, monotonic_ns, phases_ms, PHASES};
-use crate::linux_tests::{assets, linux_spec, Assets, CMDLINE};
+use crate::linux_bench::{bench_assets, json_report, monotonic_ns, phases_ms};
+use crate::linux_tests::{linux_spec, Assets, CMDLINE};
 use crate::vm::Env;
 use crate::{ensure, Outcome};
+use report::{report, timeline_lines};
 
 /// Is every boot preceded by [`scrub_pool`]? Yes unless `VMHOST_BENCH_SCRUB=0`.
 fn scrubbing() -> bool {
@@ -153,7 +156,7 @@ struct Run {
     /// Seconds from the spawn to the guest's first VM exit: the VMM's own start.
     first_exit: f64,
     /// vmhost's `--json` timeline, for a run with `--json`: each step's milliseconds after
-    /// the spawn ([`PHASES`]).
+    /// the spawn ([`PHASES`](crate::linux_bench::PHASES)).
     phases: Vec<f64>,
     /// The guest kernel's own uptime on the `GUEST-INIT` line, seconds.
     uptime: f64,
@@ -392,17 +395,9 @@ fn read_stdout(
     out
 }
 
-/// Runs one VMM: times its guest to `GUEST-INIT` and to its first VM exit, follows its peak
-/// RSS, waits for it to exit and reads the exits it caused; with `json` (vmhost only) adds
-/// `--json` and reads its timeline.
-fn boot(
-    s: &Setup,
-    v: Vmm,
-    exits: &ExitCounter,
-    first: &FirstExit,
-    json: bool,
-) -> Result<Run, String> {
-    let what = v.label();
+/// The command that boots `v` (with `--json` when `json`): stdout piped, stderr written to
+/// `<work>/peer-bench.err`, whose path comes with it.
+fn boot_command(s: &Setup, v: Vmm, json: bool) -> Result<(Command, PathBuf), String> {
     let err_path = s.work.join("peer-bench.err");
     let err = std::fs::File::create(&err_path).map_err(|e| format!("create stderr: {e}"))?;
     let mut cmd = command(s, v);
@@ -410,18 +405,30 @@ fn boot(
         cmd.arg("--json");
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(err);
-    if scrubbing() {
-        scrub_pool()?;
-    }
-    exits.clear()?;
-    first.clear()?;
-    let spawn_ns = monotonic_ns();
-    let t0 = Instant::now();
-    let mut child = cmd.spawn().map_err(|e| format!("spawn {what}: {e}"))?;
+    Ok((cmd, err_path))
+}
+
+/// What [`follow`] saw of a VMM: how it ended (`None`: it hung and was stopped), its peaks,
+/// and (seconds to `GUEST-INIT`, the uptime on that line) when that line came while it ran.
+struct Followed {
+    status: Option<ExitStatus>,
+    peaks: Peaks,
+    to_init: Option<(f64, Option<f64>)>,
+}
+
+/// Polls the VMM `child`, spawned at `t0`, every 20 ms until it exits: its peaks and, when
+/// `GUEST-INIT` comes (on `rx`), the resident pages (`VMHOST_BENCH_SMAPS`) and text pages
+/// (`VMHOST_BENCH_TEXT_PAGES`, with `json`) asked for. Stops it when it runs past
+/// [`TO_INIT_LIMIT`] without `/init`, or past [`EXIT_LIMIT`] after it.
+fn follow(
+    s: &Setup,
+    what: &str,
+    json: bool,
+    child: &mut Child,
+    t0: Instant,
+    rx: &mpsc::Receiver<(f64, Option<f64>)>,
+) -> Result<Followed, String> {
     let pid = child.id();
-    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || read_stdout(stdout, t0, tx));
     let mut peaks = Peaks::default();
     let mut to_init = None;
     let status = loop {
@@ -446,14 +453,29 @@ fn boot(
         }
     };
     if status.is_none() {
-        stop(&mut child, what);
+        stop(child, what);
     }
-    let counts = exits.read()?;
-    let first_exit = first.first_ns()?.saturating_sub(spawn_ns) as f64 / 1e9;
-    let out = reader.join().unwrap_or_default();
+    Ok(Followed {
+        status,
+        peaks,
+        to_init,
+    })
+}
+
+/// Once the VMM has ended and its stdout `out` is read: the seconds to `GUEST-INIT` and the
+/// guest's uptime on that line. Fails, with its last lines and its stderr (`err_path`), when
+/// no such line came or the VMM did not exit cleanly after it.
+fn init_seen(
+    what: &str,
+    f: &Followed,
+    rx: &mpsc::Receiver<(f64, Option<f64>)>,
+    out: &Output,
+    err_path: &Path,
+) -> Result<(f64, f64), String> {
+    let status = f.status;
     let tail = &out.tail;
-    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-    let (to_init, uptime) = to_init.or_else(|| rx.try_recv().ok()).ok_or_else(|| {
+    let stderr = std::fs::read_to_string(err_path).unwrap_or_default();
+    let (to_init, uptime) = f.to_init.or_else(|| rx.try_recv().ok()).ok_or_else(|| {
         format!("{what}: no GUEST-INIT (exit {status:?}); last lines {tail:?}; stderr {stderr}")
     })?;
     let uptime = uptime.ok_or_else(|| format!("{what}: no uptime on the GUEST-INIT line"))?;
@@ -461,11 +483,43 @@ fn boot(
         status.is_some_and(|st| st.success()),
         "{what}: exit {status:?} after the guest's /init; last lines {tail:?}; stderr {stderr}"
     );
+    Ok((to_init, uptime))
+}
+
+/// Runs one VMM: times its guest to `GUEST-INIT` and to its first VM exit, follows its peak
+/// RSS, waits for it to exit and reads the exits it caused; with `json` (vmhost only) adds
+/// `--json` and reads its timeline.
+fn boot(
+    s: &Setup,
+    v: Vmm,
+    exits: &ExitCounter,
+    first: &FirstExit,
+    json: bool,
+) -> Result<Run, String> {
+    let what = v.label();
+    let (mut cmd, err_path) = boot_command(s, v, json)?;
+    if scrubbing() {
+        scrub_pool()?;
+    }
+    exits.clear()?;
+    first.clear()?;
+    let spawn_ns = monotonic_ns();
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| format!("spawn {what}: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || read_stdout(stdout, t0, tx));
+    let followed = follow(s, what, json, &mut child, t0, &rx)?;
+    let counts = exits.read()?;
+    let first_exit = first.first_ns()?.saturating_sub(spawn_ns) as f64 / 1e9;
+    let out = reader.join().unwrap_or_default();
+    let (to_init, uptime) = init_seen(what, &followed, &rx, &out, &err_path)?;
     let phases = if json {
         phases_ms(&json_report(&out.json)?, spawn_ns)?
     } else {
         Vec::new()
     };
+    let peaks = followed.peaks;
     Ok(Run {
         to_init,
         first_exit,
@@ -498,14 +552,7 @@ pub fn peer_bundles(a: &Assets) -> BTreeMap<&'static str, PathBuf> {
 }
 
 fn setup(env: &Env) -> Result<Setup, String> {
-    let a = assets(env)?;
-    for p in [&a.qemu, &a.vmhost_release] {
-        ensure!(
-            p.exists(),
-            "benchmark asset {} missing (testbed/run.sh bench copies it)",
-            p.display()
-        );
-    }
+    let a = bench_assets(env)?;
     let text = linux_spec(
         "peerboot",
         (1, 2),
@@ -606,218 +653,5 @@ fn print_text_pages(s: &Setup, pid: u32, what: &str) {
     match crate::text_pages::dump(pid, &exe) {
         Ok(lines) => lines.iter().for_each(|l| println!("     {what} {l}")),
         Err(e) => println!("     {what}: no text pages: {e}"),
-    }
-}
-
-/// Prints the per-VMM medians, the ratios with their intervals and verdicts, and the exits.
-fn report(vmms: &[Vmm], runs: &[Vec<Run>], rounds: usize) {
-    println!(
-        "     {rounds} rounds, order rotated every round; 2 vCPUs, 256 MiB of 2 MiB hugepages; \
-         spawn -> GUEST-INIT on the serial console; 95 % bootstrap CI ({RESAMPLES} resamples) \
-         of the median of per-round ratios; {}",
-        if scrubbing() {
-            "every boot after a scrub of the hugepage pool's stale translations"
-        } else {
-            "no scrub (VMHOST_BENCH_SCRUB=0): each VMM pays for the stale pages earlier guests left"
-        }
-    );
-    for (v, r) in vmms.iter().zip(runs) {
-        let t: Vec<f64> = r.iter().map(|x| x.to_init).collect();
-        let up: Vec<f64> = r.iter().map(|x| x.uptime).collect();
-        let m: Vec<f64> = r.iter().map(|x| x.hwm_mib).collect();
-        let parent: Vec<f64> = r.iter().filter_map(|x| x.parent_hwm_mib).collect();
-        let sup = if parent.is_empty() {
-            String::new()
-        } else {
-            format!(" (its supervisor process: {:.2} MiB)", median(&parent))
-        };
-        let anon: Vec<f64> = r.iter().map(|x| x.parts_mib.0).collect();
-        let file: Vec<f64> = r.iter().map(|x| x.parts_mib.1).collect();
-        let mapped: Vec<f64> = r.iter().map(|x| x.mapped_mib).collect();
-        println!(
-            "     {:<28} to /init {:>6.2} s {t:.2?}; guest uptime at /init {:.2} s; peak RSS \
-             beyond guest RAM (VmHWM) {:.2} MiB {m:.2?}{sup}; at its largest VmRSS: anon \
-             {:.2} MiB {anon:.2?}, files and shmem {:.2} MiB {file:.2?}; peak mapped \
-             (smaps_rollup Rss) {:.2} MiB {mapped:.2?}",
-            v.label(),
-            median(&t),
-            median(&up),
-            median(&m),
-            median(&anon),
-            median(&file),
-            median(&mapped),
-        );
-    }
-    let at = |v: Vmm| vmms.iter().position(|x| *x == v);
-    for ours in [Vmm::Vmhost, Vmm::VmhostBackground, Vmm::VmhostSplit] {
-        for peer in [Vmm::CloudHypervisor, Vmm::Firecracker, Vmm::Qemu] {
-            let (Some(a), Some(b)) = (at(ours), at(peer)) else {
-                continue;
-            };
-            let target = if peer == Vmm::Qemu {
-                BOOT_TARGET_QEMU
-            } else {
-                BOOT_TARGET_PEER
-            };
-            ratio_line(
-                &format!("boot {} / {}", ours.label(), peer.label()),
-                &runs[a],
-                &runs[b],
-                |r| r.to_init,
-                target,
-            );
-        }
-    }
-    rss_lines(vmms, runs);
-    split_lines(vmms, runs);
-    exit_lines(vmms, runs);
-}
-
-/// Where each VMM's time to `/init` goes: spawn → the guest's first VM exit (the VMM's own
-/// start), from there to the guest kernel's clock (`/init`'s time minus its uptime: the
-/// guest's earliest boot, and the VMM's work while the guest already runs), then the guest's
-/// uptime; and the VMM start per pair.
-fn split_lines(vmms: &[Vmm], runs: &[Vec<Run>]) {
-    println!(
-        "     where the time to /init goes (medians): spawn -> the guest's first VM exit (the \
-         VMM's own start) -> the guest kernel's clock (/init minus its uptime) -> /init"
-    );
-    for (v, r) in vmms.iter().zip(runs) {
-        let start: Vec<f64> = r.iter().map(|x| x.first_exit).collect();
-        let early: Vec<f64> = r
-            .iter()
-            .map(|x| x.to_init - x.uptime - x.first_exit)
-            .collect();
-        let up: Vec<f64> = r.iter().map(|x| x.uptime).collect();
-        println!(
-            "     {:<28} VMM start {:.3} s {start:.3?}; guest before its clock {:.3} s; guest \
-             uptime {:.2} s",
-            v.label(),
-            median(&start),
-            median(&early),
-            median(&up)
-        );
-    }
-    let at = |v: Vmm| vmms.iter().position(|x| *x == v);
-    for ours in [Vmm::Vmhost, Vmm::VmhostBackground, Vmm::VmhostSplit] {
-        for peer in [Vmm::CloudHypervisor, Vmm::Firecracker] {
-            let (Some(a), Some(b)) = (at(ours), at(peer)) else {
-                continue;
-            };
-            let ratios: Vec<f64> = runs[a]
-                .iter()
-                .zip(&runs[b])
-                .map(|(x, y)| x.first_exit / y.first_exit)
-                .collect();
-            let ci = bootstrap_ci(&ratios);
-            println!(
-                "     {:<52} {:.3} [{:.3}, {:.3}]",
-                format!("VMM start {} / {}", ours.label(), peer.label()),
-                median(&ratios),
-                ci.0,
-                ci.1
-            );
-        }
-    }
-}
-
-/// One ratio: the median of the per-round ratios `f(ours) / f(peer)`, its interval and its
-/// verdict against `target` (at or below).
-fn ratio_line(what: &str, ours: &[Run], peer: &[Run], f: impl Fn(&Run) -> f64, target: f64) {
-    let ratios: Vec<f64> = ours.iter().zip(peer).map(|(a, b)| f(a) / f(b)).collect();
-    let ci = bootstrap_ci(&ratios);
-    println!(
-        "     {what:<52} {:.3} [{:.3}, {:.3}]  target <= {target}: {}",
-        median(&ratios),
-        ci.0,
-        ci.1,
-        verdict(ci, target)
-    );
-}
-
-/// One figure of a run.
-type RunFigure = fn(&Run) -> f64;
-
-/// vmhost's peak RSS against 3.5 MiB and against each peer's (per-round ratios): by the
-/// kernel's counters (`VmHWM`) and by its page tables (the largest `smaps_rollup` `Rss`).
-fn rss_lines(vmms: &[Vmm], runs: &[Vec<Run>]) {
-    let Some(ours) = vmms.iter().position(|v| *v == Vmm::Vmhost) else {
-        return;
-    };
-    let measures: [(&str, &str, RunFigure); 2] = [
-        ("peak RSS beyond guest RAM", "peak RSS", |r| r.hwm_mib),
-        ("peak mapped beyond guest RAM", "peak mapped", |r| {
-            r.mapped_mib
-        }),
-    ];
-    for (what, short, of) in measures {
-        let m: Vec<f64> = runs[ours].iter().map(of).collect();
-        let ci = bootstrap_ci(&m);
-        println!(
-            "     {:<52} {:.2} MiB [{:.2}, {:.2}]  target <= {RSS_TARGET_MIB} MiB: {}",
-            format!("{what}, vmhost"),
-            median(&m),
-            ci.0,
-            ci.1,
-            verdict(ci, RSS_TARGET_MIB)
-        );
-        for (i, peer) in vmms.iter().enumerate() {
-            if matches!(peer, Vmm::CloudHypervisor | Vmm::Firecracker | Vmm::Qemu) {
-                let name = format!("{short} vmhost / {}", peer.label());
-                ratio_line(&name, &runs[ours], &runs[i], of, 1.0);
-            }
-        }
-    }
-}
-
-/// vmhost's `--json` boots: the split and the timeline of each.
-fn timeline_lines(timelines: &[(Vmm, Run)]) {
-    for (v, r) in timelines {
-        let steps: Vec<String> = PHASES
-            .iter()
-            .zip(&r.phases)
-            .map(|((_, name), ms)| format!("{name} {ms:.0}"))
-            .collect();
-        println!(
-            "     one more {} boot with --json: VMM start {:.3} s, /init at {:.2} s; its \
-             timeline, ms after the spawn: {}",
-            v.label(),
-            r.first_exit,
-            r.to_init,
-            steps.join(", ")
-        );
-    }
-}
-
-/// Per VMM the median count of each exit reason over the rounds, and of their total.
-fn exit_lines(vmms: &[Vmm], runs: &[Vec<Run>]) {
-    println!("     VM exits per boot (kvm_exit, spawn -> VMM exit; median of the rounds):");
-    for (v, r) in vmms.iter().zip(runs) {
-        let mut reasons: Vec<&String> = r.iter().flat_map(|x| x.exits.keys()).collect();
-        reasons.sort();
-        reasons.dedup();
-        let total: Vec<f64> = r
-            .iter()
-            .map(|x| x.exits.values().sum::<u64>() as f64)
-            .collect();
-        let mut per: Vec<(f64, &String)> = reasons
-            .into_iter()
-            .map(|reason| {
-                let c: Vec<f64> = r
-                    .iter()
-                    .map(|x| x.exits.get(reason).copied().unwrap_or(0) as f64)
-                    .collect();
-                (median(&c), reason)
-            })
-            .filter(|(c, _)| *c > 0.0)
-            .collect();
-        per.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let list: Vec<String> = per.iter().map(|(c, n)| format!("{n} {c:.0}")).collect();
-        println!(
-            "     {:<28} total {:.0}: {}",
-            v.label(),
-            median(&total),
-            list.join(", ")
-        );
     }
 }
