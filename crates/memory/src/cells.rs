@@ -16,10 +16,10 @@ use std::io::Write;
 use std::time::Instant;
 
 use serde::Serialize;
-use vm_memory::{Bytes, MemoryRegionAddress};
+use vm_memory::{Bytes, GuestMemoryRegion, MemoryRegionAddress};
 use vmhost_persist::container::{ContainerError, Writer};
 use vmhost_persist::pages::{
-    decode_run, is_zero_page, max_run_pages, write_pages, CellGeometry, PageError, MAX_PAGE_SIZE,
+    decode_run, max_run_pages, write_pages, CellGeometry, PageError, MAX_PAGE_SIZE,
 };
 use vmhost_plan::Plan;
 
@@ -265,21 +265,21 @@ fn save_cell_with<W: Write>(
             let base = r.layout.file_offset + at as u64;
             let copy = Instant::now();
             let resident = resident(r, at, n, page)?;
+            // Per 4 KiB page of the chunk: left out (not resident, or all zero where it lies).
+            let per = page / 4096;
+            let mut left_out = vec![true; n / 4096];
             for (i, _) in resident.iter().enumerate().filter(|(_, res)| **res) {
-                let dst = &mut buf[i * page..(i + 1) * page];
-                r.region
-                    .read_slice(dst, MemoryRegionAddress((at + i * page) as u64))
-                    .map_err(|source| CellIoError::Copy {
-                        cell,
-                        offset: r.layout.file_offset + (at + i * page) as u64,
-                        len: page as u64,
-                        source,
-                    })?;
+                copy_nonzero(
+                    r,
+                    at + i * page,
+                    &mut buf[i * page..(i + 1) * page],
+                    &mut left_out[i * per..(i + 1) * per],
+                )?;
             }
             saved.copy_seconds += copy.elapsed().as_secs_f64();
             let stats = write_pages(out, &geometry, base, &buf[..n], |off, p| {
-                let i = usize::try_from((off - base) / page as u64).unwrap_or(usize::MAX);
-                !resident.get(i).copied().unwrap_or(false) || is_zero_page(p) || skip(off, p)
+                let i = usize::try_from((off - base) / u64::from(small)).unwrap_or(usize::MAX);
+                left_out.get(i).copied().unwrap_or(true) || skip(off, p)
             })
             .map_err(|source| CellIoError::Pages { cell, source })?;
             saved.pages += stats.pages;
@@ -290,6 +290,42 @@ fn save_cell_with<W: Write>(
     saved.bytes = saved.pages * u64::from(small);
     saved.seconds = start.elapsed().as_secs_f64();
     Ok(saved)
+}
+
+/// Copies the 4 KiB pages of `dst.len()` bytes at `at` in region `r` that are not all zero into
+/// `dst`, testing each where it lies ([`sys::is_zero_volatile`]): a zero page is neither
+/// copied nor sent, so an idle guest's zero pages are read once instead of copied out and read
+/// again. `left_out[k]` is set for each zero page and cleared for each copied one. In a live
+/// migration's first round a page the guest writes after its test is in the dirty log, and is
+/// sent in the next round, like any page written after it was copied.
+fn copy_nonzero(
+    r: &MappedRegion,
+    at: usize,
+    dst: &mut [u8],
+    left_out: &mut [bool],
+) -> Result<(), CellIoError> {
+    let small: usize = 4096; // DIRTY_PAGE_BYTES
+    let copy_error = |off: usize, source| CellIoError::Copy {
+        cell: r.layout.cell,
+        offset: r.layout.file_offset + off as u64,
+        len: small as u64,
+        source,
+    };
+    for (k, (page, out)) in dst.chunks_exact_mut(small).zip(left_out).enumerate() {
+        let off = at + k * small;
+        let addr = MemoryRegionAddress(off as u64);
+        let slice = r
+            .region
+            .get_slice(addr, small)
+            .map_err(|e| copy_error(off, e))?;
+        *out = sys::is_zero_volatile(&slice);
+        if !*out {
+            r.region
+                .read_slice(page, addr)
+                .map_err(|e| copy_error(off, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Which pages of `page` bytes of `len` bytes at `at` in region `r` are resident.

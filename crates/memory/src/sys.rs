@@ -1,6 +1,7 @@
 //! Thin wrappers over the raw system calls guest memory needs and `libc` does not wrap, or
 //! wraps only unsafely: `mbind`, `get_mempolicy`, `move_pages`, `memfd_create`, `madvise`,
-//! and `statfs`. CPU affinity comes from `vmhost_topology::affinity` (re-exported here).
+//! and `statfs`; and the zero test of guest RAM in place ([`is_zero_volatile`]). CPU affinity
+//! comes from `vmhost_topology::affinity` (re-exported here).
 //!
 //! This module owns every `unsafe` system call of the crate. Each wrapper returns
 //! [`std::io::Error`] from `errno`; callers add the context (cell, node, address) in their own
@@ -301,9 +302,75 @@ pub fn base_page_size() -> u64 {
     u64::try_from(size).unwrap_or(4096)
 }
 
+/// Whether every byte of `slice` (guest RAM, which a running guest may be writing meanwhile) is
+/// zero: read with volatile 64-bit loads, 64 bytes at a time with an early exit per block, as
+/// `vmhost_persist::pages::is_zero_page` tests a buffer. No Rust reference to guest RAM is
+/// made, and nothing is copied out: a save tests its pages here and copies only those that are
+/// not zero. A slice not 8-byte aligned (never a guest page) is read a byte at a time.
+pub fn is_zero_volatile<B: vm_memory::bitmap::BitmapSlice>(
+    slice: &vm_memory::VolatileSlice<'_, B>,
+) -> bool {
+    const WORD: usize = std::mem::size_of::<u64>();
+    let guard = slice.ptr_guard();
+    let base = guard.as_ptr();
+    let len = slice.len();
+    let words = match base.align_offset(WORD) {
+        0 => len / WORD,
+        _ => 0,
+    };
+    let mut i = 0;
+    while i < words {
+        let block = (words - i).min(8);
+        let mut or = 0u64;
+        for k in i..i + block {
+            // SAFETY: `base` is the start of `slice`, which vm-memory keeps mapped and
+            // readable for `len` bytes while `guard` lives; word `k` < `words` = `len / 8`
+            // ends inside it, and `base` is 8-byte aligned (checked above). A volatile read
+            // makes no reference: a guest writing the word meanwhile changes only the value.
+            or |= unsafe { std::ptr::read_volatile(base.add(k * WORD).cast::<u64>()) };
+        }
+        if or != 0 {
+            return false;
+        }
+        i += block;
+    }
+    (words * WORD..len).all(|k| {
+        // SAFETY: as above, byte `k` < `len` of the slice.
+        unsafe { std::ptr::read_volatile(base.add(k)) == 0 }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every set bit of every byte is seen, in the 64-byte blocks, the last partial block and
+    /// the bytes after the last word, whether the slice is 8-byte aligned or not.
+    #[test]
+    fn the_zero_test_in_place_sees_every_byte_aligned_or_not() {
+        let mut buf = vec![0u8; 4096 + 32];
+        let aligned = buf.as_ptr().align_offset(8);
+        let bytes = &mut buf[aligned..];
+        for (skew, len) in [(0, 4096), (0, 4096 + 5), (3, 4096), (1, 67)] {
+            {
+                let page = &mut bytes[skew..skew + len];
+                assert!(is_zero_volatile(&vm_memory::VolatileSlice::from(
+                    &mut *page
+                )));
+            }
+            for at in 0..len {
+                for bit in [0x01u8, 0x80] {
+                    bytes[skew + at] = bit;
+                    let page = &mut bytes[skew..skew + len];
+                    assert!(
+                        !is_zero_volatile(&vm_memory::VolatileSlice::from(page)),
+                        "skew {skew}, len {len}, byte {at}, bit {bit:#x}"
+                    );
+                    bytes[skew + at] = 0;
+                }
+            }
+        }
+    }
 
     /// A private anonymous mapping owned by the test, unmapped on drop.
     struct Map(*mut u8, usize);
