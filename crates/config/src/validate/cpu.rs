@@ -65,9 +65,41 @@ impl CpuSpec {
     }
 }
 
+/// The CPU settings: the guest topology, the placement rules and the realtime vCPUs.
 pub(super) fn check_cpu(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> CpuSpec {
     let default = Default::default();
     let cpu = raw.cpu.as_ref().unwrap_or(&default);
+    let (topology, topology_given) = guest_topology(c, raw, cpu, res);
+    let numa_passthrough = cpu
+        .numa
+        .as_ref()
+        .is_some_and(|n| n.guest_mapping_passthrough);
+    check_placement(c, cpu, res, numa_passthrough);
+    let realtime_vcpus = cpu
+        .realtime
+        .as_ref()
+        .and_then(|rt| check_realtime(c, cpu, rt, topology.vcpus()));
+    CpuSpec {
+        topology,
+        topology_given,
+        dedicated_cpu_placement: cpu.dedicated_cpu_placement,
+        isolate_emulator_thread: cpu.isolate_emulator_thread,
+        numa_passthrough,
+        model: cpu.model.clone(),
+        emulator_even_parity: cpu.emulator_thread_complete_to_even_parity,
+        realtime_vcpus,
+    }
+}
+
+/// The guest topology, and whether `cpu.{sockets,cores,threads}` gave it (a factor left out
+/// is 1); else KubeVirt's from the CPU resources ([`topology_from_resources`]). At most
+/// [`MAX_VCPUS`] vCPUs ([`cap_vcpus`]).
+fn guest_topology(
+    c: &mut Checker<'_>,
+    raw: &RawSpec,
+    cpu: &RawCpu,
+    res: &Resources,
+) -> (CpuTopology, bool) {
     let factors = [cpu.sockets, cpu.cores, cpu.threads].map(|f| f.unwrap_or(0));
     let topology_given = factors.iter().any(|&f| f > 0);
     let topology = if topology_given {
@@ -78,33 +110,49 @@ pub(super) fn check_cpu(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> 
             threads: t,
         }
     } else {
-        if raw.cpu.is_some()
-            && [cpu.sockets, cpu.cores, cpu.threads]
-                .iter()
-                .any(Option::is_some)
-        {
-            c.fail(
-                "cpu.sockets",
-                0,
-                "sockets × cores × threads must be at least 1",
-                "set cpu.sockets, cpu.cores and cpu.threads to 1 or more",
-            );
-        }
-        // KubeVirt: the CPU limit, else the request, rounded up; at least 1; as sockets.
-        let millis = res
-            .limits
-            .cpu_millis
-            .or(res.requests.cpu_millis)
-            .unwrap_or(1000);
-        let n = u32::try_from(millis.div_ceil(1000))
-            .unwrap_or(u32::MAX)
-            .max(1);
-        CpuTopology {
-            sockets: n,
-            cores: 1,
-            threads: 1,
-        }
+        topology_from_resources(c, raw, cpu, res)
     };
+    (cap_vcpus(c, topology, topology_given), topology_given)
+}
+
+/// Without a topology (factors written only as 0 are refused): one socket per CPU of the CPU
+/// limit, else of the request, rounded up (one without either).
+fn topology_from_resources(
+    c: &mut Checker<'_>,
+    raw: &RawSpec,
+    cpu: &RawCpu,
+    res: &Resources,
+) -> CpuTopology {
+    if raw.cpu.is_some()
+        && [cpu.sockets, cpu.cores, cpu.threads]
+            .iter()
+            .any(Option::is_some)
+    {
+        c.fail(
+            "cpu.sockets",
+            0,
+            "sockets × cores × threads must be at least 1",
+            "set cpu.sockets, cpu.cores and cpu.threads to 1 or more",
+        );
+    }
+    // KubeVirt: the CPU limit, else the request, rounded up; at least 1; as sockets.
+    let millis = res
+        .limits
+        .cpu_millis
+        .or(res.requests.cpu_millis)
+        .unwrap_or(1000);
+    let n = u32::try_from(millis.div_ceil(1000))
+        .unwrap_or(u32::MAX)
+        .max(1);
+    CpuTopology {
+        sockets: n,
+        cores: 1,
+        threads: 1,
+    }
+}
+
+/// `topology`, or one vCPU in its place when it has more than [`MAX_VCPUS`] (a broken rule).
+fn cap_vcpus(c: &mut Checker<'_>, topology: CpuTopology, topology_given: bool) -> CpuTopology {
     let vcpus =
         u64::from(topology.sockets) * u64::from(topology.cores) * u64::from(topology.threads);
     let mut topology = topology;
@@ -125,10 +173,12 @@ pub(super) fn check_cpu(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> 
             threads: 1,
         };
     }
-    let numa_passthrough = cpu
-        .numa
-        .as_ref()
-        .is_some_and(|n| n.guest_mapping_passthrough);
+    topology
+}
+
+/// An isolated emulator thread and NUMA passthrough need dedicated CPU placement, and
+/// dedicated placement needs whole CPUs.
+fn check_placement(c: &mut Checker<'_>, cpu: &RawCpu, res: &Resources, numa_passthrough: bool) {
     if cpu.isolate_emulator_thread && !cpu.dedicated_cpu_placement {
         c.fail(
             "cpu.isolate_emulator_thread",
@@ -156,20 +206,6 @@ pub(super) fn check_cpu(c: &mut Checker<'_>, raw: &RawSpec, res: &Resources) -> 
                 );
             }
         }
-    }
-    let realtime_vcpus = cpu
-        .realtime
-        .as_ref()
-        .and_then(|rt| check_realtime(c, cpu, rt, topology.vcpus()));
-    CpuSpec {
-        topology,
-        topology_given,
-        dedicated_cpu_placement: cpu.dedicated_cpu_placement,
-        isolate_emulator_thread: cpu.isolate_emulator_thread,
-        numa_passthrough,
-        model: cpu.model.clone(),
-        emulator_even_parity: cpu.emulator_thread_complete_to_even_parity,
-        realtime_vcpus,
     }
 }
 

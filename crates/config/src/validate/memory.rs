@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{Checker, Resources};
 use crate::quantity::format_bytes;
-use crate::spec::RawSpec;
+use crate::spec::{RawHugepages, RawSpec};
 
 /// Page sizes the host architecture has (x86_64: 2 MiB and 1 GiB).
 pub const ARCH_PAGE_SIZES: [u64; 2] = [2 << 20, 1 << 30];
@@ -54,6 +54,8 @@ impl MemorySpec {
     }
 }
 
+/// Guest memory: its size (`memory.guest`, else the memory limit, else the request), the
+/// added overhead and the hugepage backing; `None` when the size is missing or unreadable.
 pub(super) fn check_memory(
     c: &mut Checker<'_>,
     raw: &RawSpec,
@@ -77,38 +79,7 @@ pub(super) fn check_memory(
             )
         })
         .unwrap_or(0);
-    let hugepages = m.hugepages.as_ref().and_then(|h| {
-        let size = h
-            .page_size
-            .to_bytes()
-            .filter(|s| ARCH_PAGE_SIZES.contains(s));
-        if size.is_none() {
-            c.fail(
-                "memory.hugepages.page_size",
-                &h.page_size,
-                "is not a hugepage size of x86_64",
-                "use \"2Mi\" or \"1Gi\"",
-            );
-        }
-        let fallback_to_normal_pages = match h.fallback.as_deref() {
-            None | Some("refuse") => false,
-            Some("normal-pages") => true,
-            Some(other) => {
-                c.fail(
-                    "memory.hugepages.fallback",
-                    other,
-                    "is not a fallback vmhost knows",
-                    "use \"refuse\" (the default) or \"normal-pages\"",
-                );
-                false
-            }
-        };
-        size.map(|page_size_bytes| HugepageSpec {
-            page_size_bytes,
-            hugetlbfs: h.hugetlbfs.clone(),
-            fallback_to_normal_pages,
-        })
-    });
+    let hugepages = m.hugepages.as_ref().and_then(|h| check_hugepages(c, h));
     let Some(guest) = guest else {
         c.fail(
             "memory.guest",
@@ -118,6 +89,60 @@ pub(super) fn check_memory(
         );
         return None;
     };
+    check_guest_size(c, guest, explicit, res, hugepages.as_ref());
+    // Like KubeVirt, any byte count is accepted without hugepages; the guest gets whole 4 KiB
+    // pages (MemorySpec::guest_ram_bytes) and the overhead uses the exact quantity.
+    Some(MemorySpec {
+        guest_bytes: guest,
+        hugepages,
+        added_overhead_bytes: added,
+    })
+}
+
+/// `memory.hugepages`: a page size of the architecture and a fallback vmhost knows; `None`
+/// when the page size is not one.
+fn check_hugepages(c: &mut Checker<'_>, h: &RawHugepages) -> Option<HugepageSpec> {
+    let size = h
+        .page_size
+        .to_bytes()
+        .filter(|s| ARCH_PAGE_SIZES.contains(s));
+    if size.is_none() {
+        c.fail(
+            "memory.hugepages.page_size",
+            &h.page_size,
+            "is not a hugepage size of x86_64",
+            "use \"2Mi\" or \"1Gi\"",
+        );
+    }
+    let fallback_to_normal_pages = match h.fallback.as_deref() {
+        None | Some("refuse") => false,
+        Some("normal-pages") => true,
+        Some(other) => {
+            c.fail(
+                "memory.hugepages.fallback",
+                other,
+                "is not a fallback vmhost knows",
+                "use \"refuse\" (the default) or \"normal-pages\"",
+            );
+            false
+        }
+    };
+    size.map(|page_size_bytes| HugepageSpec {
+        page_size_bytes,
+        hugetlbfs: h.hugetlbfs.clone(),
+        fallback_to_normal_pages,
+    })
+}
+
+/// The guest's size: positive, within the memory limit when `memory.guest` gives it
+/// (`explicit`), and whole hugepages.
+fn check_guest_size(
+    c: &mut Checker<'_>,
+    guest: u64,
+    explicit: Option<u64>,
+    res: &Resources,
+    hugepages: Option<&HugepageSpec>,
+) {
     let field = if explicit.is_some() {
         "memory.guest"
     } else {
@@ -144,7 +169,7 @@ pub(super) fn check_memory(
             );
         }
     }
-    if let Some(h) = &hugepages {
+    if let Some(h) = hugepages {
         if guest % h.page_size_bytes != 0 {
             let up = guest.div_ceil(h.page_size_bytes) * h.page_size_bytes;
             c.fail(
@@ -158,11 +183,4 @@ pub(super) fn check_memory(
             );
         }
     }
-    // Like KubeVirt, any byte count is accepted without hugepages; the guest gets whole 4 KiB
-    // pages (MemorySpec::guest_ram_bytes) and the overhead uses the exact quantity.
-    Some(MemorySpec {
-        guest_bytes: guest,
-        hugepages,
-        added_overhead_bytes: added,
-    })
 }
