@@ -131,52 +131,33 @@ pub fn run(
     // A migration target: the guest's state is here; the source is paused until the commit.
     let resume =
         matches!(start, Start::Incoming(_)).then(|| Arc::new(crate::timeline::StepClock::start()));
-    let mark = |step| resume.as_deref().map(|r| r.mark(step));
-    let audited_early = early.is_some();
-    let (background, audit) = settle_memory(
-        &mut memory,
-        plan,
+    let (background, audit) = settle(
+        (plan, admission, opts),
+        (&mut memory, early),
         &enforcement,
-        admission,
-        early,
-        opts,
+        &start,
         &mut timeline,
+        resume.as_deref(),
     )?;
-    mark(if audited_early {
-        "cgroup narrowed"
-    } else {
-        "ledger and audit"
-    });
-    if let (Start::Restore { steps, .. }, false) = (&start, opts.json) {
-        steps.mark("ledger and audit");
-        let (total, steps) = steps.steps();
-        eprintln!(
-            "vmhost: restore: memory ready {total:.1} ms after the snapshot's check: {steps}"
-        );
-    }
-    let started: Arc<Mutex<(Vec<ThreadPlacement>, u64)>> = Arc::default();
-    let final_audit = background.is_none().then(|| audit.clone());
-    let (mut options, after_start) = vm_options(plan, opts, final_audit, &started, resume.clone());
-    options.handle = Some(handle.clone());
-    let regions = memory.regions().to_vec();
-    let restoring = matches!(start, Start::Restore { .. });
-    let (mut vm, incoming) = create_vm(plan, memory, options, start, shell)?;
-    timeline.vm_created_ns = now_ns();
-    if restoring && !opts.json {
-        eprintln!("vmhost: restore: {}", crate::restore::timing(&timeline));
-    }
-    mark("VM built");
-    let arrival = incoming
-        .map(|inc| commit(inc, &handle, plan, &audit, admission, opts))
-        .transpose()?;
-    if arrival.is_some() {
-        mark("commit");
-    }
+    let Built {
+        started,
+        after_start,
+        regions,
+        mut vm,
+        arrival,
+    } = build_vm(
+        (plan, admission, opts),
+        (memory, shell, start),
+        (&background, &audit),
+        &handle,
+        &mut timeline,
+        &resume,
+    )?;
     after_start.set(once_running(plan, arrival, background.clone()));
     if api.is_none() {
         let view = ApiView::new(spec, plan, &audit, &handle, regions);
         api = serve_api(view, enforcement.as_ref(), opts)?;
-        mark("API");
+        mark_resume(resume.as_deref(), "API");
     }
     signals.attach(vm.stop_handle());
     if let Some(bg) = &background {
@@ -195,6 +176,96 @@ pub fn run(
         started,
     };
     finish(plan, opts, ended, background.as_ref(), timeline)
+}
+
+/// Marks the end of `step` of a migration target's resume (nothing for other starts).
+fn mark_resume(resume: Option<&crate::timeline::StepClock>, step: &'static str) {
+    if let Some(r) = resume {
+        r.mark(step);
+    }
+}
+
+/// Guest RAM settled ([`settle_memory`]): the background prefault started or the cgroup
+/// narrowed, the ledger told and the residency audited; then the step marked, and a restore's
+/// time to its memory ready told.
+fn settle(
+    (plan, admission, opts): (&Plan, &crate::vms::Admission, &RunOptions),
+    (memory, early): (&mut GuestMemory, Option<Audit>),
+    enforcement: &Option<Arc<Enforcement>>,
+    start: &Start,
+    timeline: &mut Timeline,
+    resume: Option<&crate::timeline::StepClock>,
+) -> Result<(Option<Background>, Audit)> {
+    let audited_early = early.is_some();
+    let (background, audit) =
+        settle_memory(memory, plan, enforcement, admission, early, opts, timeline)?;
+    mark_resume(
+        resume,
+        if audited_early {
+            "cgroup narrowed"
+        } else {
+            "ledger and audit"
+        },
+    );
+    if let (Start::Restore { steps, .. }, false) = (start, opts.json) {
+        steps.mark("ledger and audit");
+        let (total, steps) = steps.steps();
+        eprintln!(
+            "vmhost: restore: memory ready {total:.1} ms after the snapshot's check: {steps}"
+        );
+    }
+    Ok((background, audit))
+}
+
+/// The VM ([`build_vm`]) and what the run keeps beside it.
+struct Built {
+    /// Where the threads were and when the vCPUs became runnable, from the start hook.
+    started: Arc<Mutex<(Vec<ThreadPlacement>, u64)>>,
+    /// The work to run once the guest runs, to be set ([`once_running`]).
+    after_start: AfterStart,
+    /// Guest RAM's regions, for the control API.
+    regions: Vec<vmhost_memory::MappedRegion>,
+    vm: Vm,
+    /// A migration target's arrival, committed.
+    arrival: Option<crate::migrate::target::Arrival>,
+}
+
+/// The VM built on the ready memory ([`create_vm`]: booted, or continued from the snapshot's
+/// or the migration's state), with its options ([`vm_options`]) and the handle; then a
+/// migration target's commit ([`commit`]).
+fn build_vm(
+    (plan, admission, opts): (&Plan, &crate::vms::Admission, &RunOptions),
+    (memory, shell, start): (GuestMemory, Option<VmShell>, Start),
+    (background, audit): (&Option<Background>, &Audit),
+    handle: &VmHandle,
+    timeline: &mut Timeline,
+    resume: &Option<Arc<crate::timeline::StepClock>>,
+) -> Result<Built> {
+    let started: Arc<Mutex<(Vec<ThreadPlacement>, u64)>> = Arc::default();
+    let final_audit = background.is_none().then(|| audit.clone());
+    let (mut options, after_start) = vm_options(plan, opts, final_audit, &started, resume.clone());
+    options.handle = Some(handle.clone());
+    let regions = memory.regions().to_vec();
+    let restoring = matches!(start, Start::Restore { .. });
+    let (vm, incoming) = create_vm(plan, memory, options, start, shell)?;
+    timeline.vm_created_ns = now_ns();
+    if restoring && !opts.json {
+        eprintln!("vmhost: restore: {}", crate::restore::timing(timeline));
+    }
+    mark_resume(resume.as_deref(), "VM built");
+    let arrival = incoming
+        .map(|inc| commit(inc, handle, plan, audit, admission, opts))
+        .transpose()?;
+    if arrival.is_some() {
+        mark_resume(resume.as_deref(), "commit");
+    }
+    Ok(Built {
+        started,
+        after_start,
+        regions,
+        vm,
+        arrival,
+    })
 }
 
 /// What runs on the main thread once the guest runs: a background prefault's workers let go,

@@ -11,7 +11,9 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use tracing::warn;
-use vmhost_config::{DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec, VsockBackend};
+use vmhost_config::{
+    DeviceSpec, DiskCache, DiskSource, DiskSpec, InterfaceSpec, VsockBackend, VsockSpec,
+};
 
 use crate::block::{Block, BlockConfig, BlockError};
 use crate::device::VirtioDevice;
@@ -155,37 +157,8 @@ impl HostDevices {
     ) -> Result<(), HostError> {
         for disk in &spec.disks {
             let path = self.disk_image(disk, vm, run_dir)?;
-            let config = BlockConfig {
-                path: path.clone(),
-                read_only: disk.read_only,
-                cache: match disk.cache {
-                    DiskCache::None => CacheMode::None,
-                    DiskCache::Writeback => CacheMode::Writeback,
-                    DiskCache::Auto => CacheMode::Auto,
-                },
-                serial: disk.serial.clone(),
-            };
-            let mut block = Block::new(&config).map_err(|source| HostError::Block {
-                disk: disk.name.clone(),
-                source,
-            })?;
-            block.set_run_scratch(self.scratch.contains(&path));
-            let describe = format!(
-                "disk {}: {} ({}, cache {})",
-                disk.name,
-                path.display(),
-                if disk.read_only {
-                    "read-only"
-                } else {
-                    "read-write"
-                },
-                block.cache_mode()
-            );
-            self.devices.push(PreparedDevice {
-                device: Box::new(block),
-                backend: None,
-                describe,
-            });
+            let run_scratch = self.scratch.contains(&path);
+            self.devices.push(open_block(disk, &path, run_scratch)?);
         }
         for iface in &spec.interfaces {
             let (net, describe) = open_nic(iface)?;
@@ -203,40 +176,8 @@ impl HostDevices {
                 describe: "rng: getrandom".into(),
             });
         }
-        if let Some(v) = spec
-            .vsock
-            .as_ref()
-            .filter(|v| v.backend == VsockBackend::Vhost)
-        {
-            let vhost =
-                VhostVsock::new(v.cid).map_err(|source| HostError::Vhost { cid: v.cid, source })?;
-            let fd = vhost.poll_fd();
-            self.devices.push(PreparedDevice {
-                device: Box::new(vhost),
-                backend: Some((fd, crate::vsock::RX)),
-                describe: format!(
-                    "vsock: guest CID {} on the kernel's vhost-vsock (host side AF_VSOCK)",
-                    v.cid
-                ),
-            });
-        } else if let Some(v) = &spec.vsock {
-            // The device owns the socket and removes it when it is dropped (VM stop).
-            let path = v.socket_in(run_dir, vm);
-            let vsock = Vsock::new(v.cid, &path).map_err(|source| HostError::Vsock {
-                path: path.clone(),
-                source,
-            })?;
-            let fd = vsock.poll_fd();
-            self.devices.push(PreparedDevice {
-                device: Box::new(vsock),
-                backend: Some((fd, crate::vsock::RX)),
-                describe: format!(
-                    "vsock: guest CID {}, Unix socket {} (host ports: {}_<port>)",
-                    v.cid,
-                    path.display(),
-                    path.display()
-                ),
-            });
+        if let Some(v) = &spec.vsock {
+            self.devices.push(open_vsock(v, vm, run_dir)?);
         }
         Ok(())
     }
@@ -329,6 +270,81 @@ fn open_nic(iface: &InterfaceSpec) -> Result<(Net, String), HostError> {
         iface.mac
     );
     Ok((Net::with_offloads(tap.into_file(), iface.mac.0), describe))
+}
+
+/// A disk's image at `path` opened as a virtio-blk device; `run_scratch`: the image was made
+/// for this run (an empty disk, a seed).
+fn open_block(
+    disk: &DiskSpec,
+    path: &Path,
+    run_scratch: bool,
+) -> Result<PreparedDevice, HostError> {
+    let config = BlockConfig {
+        path: path.to_path_buf(),
+        read_only: disk.read_only,
+        cache: match disk.cache {
+            DiskCache::None => CacheMode::None,
+            DiskCache::Writeback => CacheMode::Writeback,
+            DiskCache::Auto => CacheMode::Auto,
+        },
+        serial: disk.serial.clone(),
+    };
+    let mut block = Block::new(&config).map_err(|source| HostError::Block {
+        disk: disk.name.clone(),
+        source,
+    })?;
+    block.set_run_scratch(run_scratch);
+    let describe = format!(
+        "disk {}: {} ({}, cache {})",
+        disk.name,
+        path.display(),
+        if disk.read_only {
+            "read-only"
+        } else {
+            "read-write"
+        },
+        block.cache_mode()
+    );
+    Ok(PreparedDevice {
+        device: Box::new(block),
+        backend: None,
+        describe,
+    })
+}
+
+/// The vsock device: on the kernel's vhost-vsock, or on a Unix socket (its path from the spec
+/// or `<run_dir>/<vm>.vsock`).
+fn open_vsock(v: &VsockSpec, vm: &str, run_dir: &Path) -> Result<PreparedDevice, HostError> {
+    if v.backend == VsockBackend::Vhost {
+        let vhost =
+            VhostVsock::new(v.cid).map_err(|source| HostError::Vhost { cid: v.cid, source })?;
+        let fd = vhost.poll_fd();
+        return Ok(PreparedDevice {
+            device: Box::new(vhost),
+            backend: Some((fd, crate::vsock::RX)),
+            describe: format!(
+                "vsock: guest CID {} on the kernel's vhost-vsock (host side AF_VSOCK)",
+                v.cid
+            ),
+        });
+    }
+    // The device owns the socket and removes it when it is dropped (VM stop).
+    let path = v.socket_in(run_dir, vm);
+    let vsock = Vsock::new(v.cid, &path).map_err(|source| HostError::Vsock {
+        path: path.clone(),
+        source,
+    })?;
+    let fd = vsock.poll_fd();
+    Ok(PreparedDevice {
+        device: Box::new(vsock),
+        backend: Some((fd, crate::vsock::RX)),
+        describe: format!(
+            "vsock: guest CID {}, Unix socket {} (host ports: {}_<port>)",
+            v.cid,
+            path.display(),
+            path.display()
+        ),
+    })
 }
 
 /// Creates `path` (it must not exist) as a sparse file of `bytes`.

@@ -233,6 +233,22 @@ struct Shared {
 }
 
 impl Shared {
+    /// The state of a run over `total` bytes: nothing done, no failure, and the progress bar
+    /// and hook `opts` asks for.
+    fn new(total: u64, opts: &PrefaultOptions) -> Self {
+        Shared {
+            stop: AtomicBool::new(false),
+            cancel: opts.cancel.clone(),
+            use_touch: AtomicBool::new(false),
+            done: AtomicU64::new(0),
+            total,
+            bar: progress_bar(total, opts),
+            hook: opts.on_progress.clone(),
+            method: opts.method,
+            first_error: Mutex::new(None),
+        }
+    }
+
     /// True when the workers must stop: a failure, or a cancel (recorded as the failure).
     fn stopping(&self) -> bool {
         if self.stop.load(Ordering::Relaxed) {
@@ -389,7 +405,33 @@ pub fn prefault(
     targets: &[CellTarget<'_>],
     opts: &PrefaultOptions,
 ) -> Result<PrefaultStats, PrefaultError> {
-    let plans: Vec<(Vec<Chunk>, usize)> = targets
+    let plans = plan_workers(targets, opts);
+    let total: u64 = targets
+        .iter()
+        .flat_map(|t| t.regions)
+        .map(|r| r.len() as u64)
+        .sum();
+    let shared = Shared::new(total, opts);
+    run_workers(&shared, targets, &plans);
+    if let Some(bar) = &shared.bar {
+        bar.finish_and_clear();
+    }
+    if let Some(err) = shared.first_error.into_inner().ok().flatten() {
+        return Err(err);
+    }
+    let method = match opts.method {
+        PrefaultMethod::Auto if shared.use_touch.load(Ordering::Relaxed) => PrefaultMethod::Touch,
+        PrefaultMethod::Auto => PrefaultMethod::PopulateWrite,
+        m => m,
+    };
+    let cells = cell_stats(targets, &plans);
+    Ok(PrefaultStats { method, cells })
+}
+
+/// Each target's chunks and the number of its workers: `threads_per_cell`, else one per CPU
+/// of the target; at least one, and no more than it has chunks.
+fn plan_workers(targets: &[CellTarget<'_>], opts: &PrefaultOptions) -> Vec<(Vec<Chunk>, usize)> {
+    targets
         .iter()
         .map(|t| {
             let chunks = chunks_of(t.regions, opts.chunk_bytes);
@@ -399,30 +441,23 @@ pub fn prefault(
             let threads = threads.clamp(1, chunks.len().max(1));
             (chunks, threads)
         })
-        .collect();
-    let total: u64 = targets
-        .iter()
-        .flat_map(|t| t.regions)
-        .map(|r| r.len() as u64)
-        .sum();
-    let shared = Shared {
-        stop: AtomicBool::new(false),
-        cancel: opts.cancel.clone(),
-        use_touch: AtomicBool::new(false),
-        done: AtomicU64::new(0),
-        total,
-        bar: progress_bar(total, opts),
-        hook: opts.on_progress.clone(),
-        method: opts.method,
-        first_error: Mutex::new(None),
-    };
+        .collect()
+}
+
+/// The CPU worker `i` of a target is pinned to: its CPUs round robin; `None` when it has none.
+fn worker_cpu(cpus: &[u32], i: usize) -> Option<u32> {
+    (!cpus.is_empty()).then(|| cpus[i % cpus.len()])
+}
+
+/// Starts every target's workers (`plans`, from [`plan_workers`]) and joins them all; a worker
+/// that cannot start or that panics fails the run ([`Shared::fail`]).
+fn run_workers(shared: &Shared, targets: &[CellTarget<'_>], plans: &[(Vec<Chunk>, usize)]) {
     let counters: Vec<AtomicUsize> = targets.iter().map(|_| AtomicUsize::new(0)).collect();
     std::thread::scope(|scope| {
         let mut handles = Vec::new();
-        for ((target, (chunks, threads)), next) in targets.iter().zip(&plans).zip(&counters) {
+        for ((target, (chunks, threads)), next) in targets.iter().zip(plans).zip(&counters) {
             for i in 0..*threads {
-                let cpu = (!target.cpus.is_empty()).then(|| target.cpus[i % target.cpus.len()]);
-                let shared = &shared;
+                let cpu = worker_cpu(target.cpus, i);
                 let spawned = std::thread::Builder::new()
                     .name(format!("prefault-c{}-{i}", target.cell))
                     .spawn_scoped(scope, move || worker(shared, target, chunks, next, cpu));
@@ -441,32 +476,22 @@ pub fn prefault(
             }
         }
     });
-    if let Some(bar) = &shared.bar {
-        bar.finish_and_clear();
-    }
-    if let Some(err) = shared.first_error.into_inner().ok().flatten() {
-        return Err(err);
-    }
-    let method = match opts.method {
-        PrefaultMethod::Auto if shared.use_touch.load(Ordering::Relaxed) => PrefaultMethod::Touch,
-        PrefaultMethod::Auto => PrefaultMethod::PopulateWrite,
-        m => m,
-    };
-    let cells = targets
+}
+
+/// What was done for each target: its workers, their CPUs and its bytes.
+fn cell_stats(targets: &[CellTarget<'_>], plans: &[(Vec<Chunk>, usize)]) -> Vec<CellPrefault> {
+    targets
         .iter()
-        .zip(&plans)
+        .zip(plans)
         .map(|(t, (_, threads))| CellPrefault {
             cell: t.cell,
             threads: *threads,
-            cpus: if t.cpus.is_empty() {
-                Vec::new()
-            } else {
-                (0..*threads).map(|i| t.cpus[i % t.cpus.len()]).collect()
-            },
+            cpus: (0..*threads)
+                .filter_map(|i| worker_cpu(t.cpus, i))
+                .collect(),
             bytes: t.regions.iter().map(|r| r.len() as u64).sum(),
         })
-        .collect();
-    Ok(PrefaultStats { method, cells })
+        .collect()
 }
 
 #[cfg(test)]

@@ -24,126 +24,24 @@
 //! version this vmhost reads.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, BufWriter, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use sha2::{Digest, Sha256};
-use xxhash_rust::xxh3::Xxh3;
-
-use crate::container::{ContainerError, Header, Reader, Record, RecordKind, Writer};
+use crate::container::{ContainerError, Header, Reader, RecordKind, Writer};
 use crate::pages::PageError;
+
+mod manifest;
+mod verify;
+
+use manifest::{check_complete, decode_manifest, encode_manifest, Hasher};
+pub use manifest::{FileDigest, FileName, ManifestEntry};
+use verify::{check_listing, verify_container, verify_listed};
 
 /// The name of the state file.
 pub const STATE_FILE: &str = "state";
 /// The most memory cells a snapshot holds.
 pub const MAX_CELLS: u32 = 1024;
-
-/// A file of the snapshot other than `state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FileName {
-    /// `spec`.
-    Spec,
-    /// `plan`.
-    Plan,
-    /// `memory-cell<N>`.
-    MemoryCell(u32),
-}
-
-impl std::fmt::Display for FileName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FileName::Spec => f.write_str("spec"),
-            FileName::Plan => f.write_str("plan"),
-            FileName::MemoryCell(n) => write!(f, "memory-cell{n}"),
-        }
-    }
-}
-
-impl FileName {
-    /// Parses a file name as written by [`Display`](std::fmt::Display) (no other spelling).
-    pub fn parse(name: &str) -> Option<FileName> {
-        match name {
-            "spec" => Some(FileName::Spec),
-            "plan" => Some(FileName::Plan),
-            _ => {
-                let n = name.strip_prefix("memory-cell")?;
-                let cell: u32 = n.parse().ok()?;
-                (cell < MAX_CELLS && n == cell.to_string()).then_some(FileName::MemoryCell(cell))
-            }
-        }
-    }
-}
-
-/// A manifest entry: a file and what its bytes must be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ManifestEntry {
-    /// The file.
-    pub name: FileName,
-    /// Its length in bytes.
-    pub len: u64,
-    /// The digest of its bytes.
-    pub digest: FileDigest,
-}
-
-/// The digest of a snapshot file's bytes, as its manifest lists it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileDigest {
-    /// XXH3-128, canonical (big-endian) bytes, as `xxhsum -H2` prints them. Written now.
-    Xxh3([u8; 16]),
-    /// SHA-256: the manifests of snapshots written before XXH3 (still read).
-    Sha256([u8; 32]),
-}
-
-impl FileDigest {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            FileDigest::Xxh3(b) => b,
-            FileDigest::Sha256(b) => b,
-        }
-    }
-}
-
-impl std::fmt::Display for FileDigest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = match self {
-            FileDigest::Xxh3(_) => "XXH3-128",
-            FileDigest::Sha256(_) => "SHA-256",
-        };
-        write!(f, "{name} {}", hex(self.bytes()))
-    }
-}
-
-/// A digest being computed, of the kind a manifest asks for.
-enum Hasher {
-    Xxh3(Box<Xxh3>),
-    Sha256(Sha256),
-}
-
-impl Hasher {
-    /// A hasher of the kind of `like` (its value is not used).
-    fn like(like: &FileDigest) -> Hasher {
-        match like {
-            FileDigest::Xxh3(_) => Hasher::Xxh3(Box::default()),
-            FileDigest::Sha256(_) => Hasher::Sha256(Sha256::new()),
-        }
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        match self {
-            Hasher::Xxh3(h) => h.update(bytes),
-            Hasher::Sha256(h) => h.update(bytes),
-        }
-    }
-
-    fn finish(self) -> FileDigest {
-        match self {
-            Hasher::Xxh3(h) => FileDigest::Xxh3(h.digest128().to_be_bytes()),
-            Hasher::Sha256(h) => FileDigest::Sha256(h.finalize().into()),
-        }
-    }
-}
 
 /// An error from the code that fills a file with records.
 #[derive(Debug, thiserror::Error)]
@@ -256,10 +154,6 @@ pub struct ChecksumFile {
     out: BufWriter<File>,
     hash: Hasher,
     len: u64,
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Write for ChecksumFile {
@@ -432,230 +326,6 @@ impl SnapshotWriter {
             })?;
         Ok(self.dir)
     }
-}
-
-/// Checks that `files` holds spec, plan and memory cells 0..n, each once.
-fn check_complete(files: &[ManifestEntry]) -> Result<(), String> {
-    for (i, f) in files.iter().enumerate() {
-        if files[..i].iter().any(|g| g.name == f.name) {
-            return Err(format!("{} is listed twice", f.name));
-        }
-    }
-    for need in [FileName::Spec, FileName::Plan, FileName::MemoryCell(0)] {
-        if !files.iter().any(|f| f.name == need) {
-            return Err(format!("{need} is missing"));
-        }
-    }
-    let cells = files
-        .iter()
-        .filter(|f| matches!(f.name, FileName::MemoryCell(_)))
-        .count();
-    for n in 0..cells {
-        let name = FileName::MemoryCell(u32::try_from(n).unwrap_or(u32::MAX));
-        if !files.iter().any(|f| f.name == name) {
-            return Err(format!(
-                "{name} is missing (cells are numbered from 0 without gaps)"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// `count u32 | (name length u8 | name | length u64 | digest) × count`, the digest XXH3-128
-/// (16 bytes) in a [`RecordKind::MANIFEST_XXH3`], SHA-256 (32 bytes) in a
-/// [`RecordKind::MANIFEST`]; every entry's of the same kind.
-fn encode_manifest(files: &[ManifestEntry]) -> Vec<u8> {
-    let mut out = Vec::new();
-    // At most 2 + MAX_CELLS entries: SnapshotWriter::write_file and decode_manifest.
-    let count = u32::try_from(files.len()).unwrap_or(u32::MAX);
-    out.extend_from_slice(&count.to_le_bytes());
-    for f in files {
-        let name = f.name.to_string();
-        // File names are at most 21 bytes ("memory-cell" and a u32).
-        out.push(u8::try_from(name.len()).unwrap_or(u8::MAX));
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(&f.len.to_le_bytes());
-        out.extend_from_slice(f.digest.bytes());
-    }
-    out
-}
-
-/// Decodes the manifest record `kind` ([`RecordKind::MANIFEST_XXH3`] or
-/// [`RecordKind::MANIFEST`]).
-fn decode_manifest(kind: RecordKind, payload: &[u8]) -> Result<Vec<ManifestEntry>, String> {
-    let mut rest = payload;
-    let mut take = |n: usize| -> Result<&[u8], String> {
-        if rest.len() < n {
-            return Err(format!("it ends {} bytes early", n - rest.len()));
-        }
-        let (head, tail) = rest.split_at(n);
-        rest = tail;
-        Ok(head)
-    };
-    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
-    let count = u32::from_le_bytes(take(4)?.try_into().unwrap_or_default());
-    if count > MAX_CELLS + 2 {
-        return Err(format!("it lists {count} files; at most {}", MAX_CELLS + 2));
-    }
-    let mut files = Vec::new();
-    for _ in 0..count {
-        let len = usize::from(take(1)?[0]);
-        let raw = take(len)?;
-        let name = std::str::from_utf8(raw)
-            .ok()
-            .and_then(FileName::parse)
-            .ok_or_else(|| {
-                format!(
-                    "it lists an unknown file {:?}",
-                    String::from_utf8_lossy(raw)
-                )
-            })?;
-        let len = u64_at(take(8)?);
-        let digest = if kind == RecordKind::MANIFEST_XXH3 {
-            let mut d = [0u8; 16];
-            d.copy_from_slice(take(16)?);
-            FileDigest::Xxh3(d)
-        } else {
-            let mut d = [0u8; 32];
-            d.copy_from_slice(take(32)?);
-            FileDigest::Sha256(d)
-        };
-        files.push(ManifestEntry { name, len, digest });
-    }
-    if !rest.is_empty() {
-        return Err("bytes follow its last entry".to_string());
-    }
-    check_complete(&files)?;
-    Ok(files)
-}
-
-/// Reads a whole container file, checking every record; returns its first record.
-fn verify_container(path: &Path) -> Result<Option<Record>, DirError> {
-    let damaged = |source| DirError::Damaged {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut reader = Reader::any_kind(BufReader::new(open_regular(path)?)).map_err(damaged)?;
-    let first = reader.next_record().map_err(damaged)?;
-    while reader.next_record().map_err(damaged)?.is_some() {}
-    reader.expect_eof().map_err(damaged)?;
-    Ok(first)
-}
-
-/// Checks every listed file against its manifest entry ([`Snapshot::open`]), on up to one
-/// thread per CPU; the first failing file in manifest order is the error. Memory files are
-/// checked for their length and type only unless `memory_digests`.
-fn verify_listed(
-    dir: &Path,
-    files: &[ManifestEntry],
-    memory_digests: bool,
-) -> Result<(), DirError> {
-    let workers = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(files.len())
-        .max(1);
-    let next = AtomicUsize::new(0);
-    let results: Vec<(usize, Result<(), DirError>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut out = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(f) = files.get(i) else { break out };
-                        let path = dir.join(f.name.to_string());
-                        let memory = matches!(f.name, FileName::MemoryCell(_));
-                        out.push((
-                            i,
-                            if memory && !memory_digests {
-                                verify_length(&path, f)
-                            } else {
-                                verify_entry(&path, f)
-                            },
-                        ));
-                    }
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_default())
-            .collect()
-    });
-    let mut results = results;
-    results.sort_by_key(|(i, _)| *i);
-    if results.len() != files.len() {
-        // A worker panicked: its files are unchecked.
-        return Err(DirError::Manifest {
-            path: dir.join(STATE_FILE),
-            why: "a file could not be checked (its checker failed)".into(),
-        });
-    }
-    results.into_iter().try_for_each(|(_, r)| r)
-}
-
-/// One listed file: a raw pass for its length and digest; on a mismatch, the container read
-/// record by record (a damaged record is named), else the mismatch.
-fn verify_entry(path: &Path, f: &ManifestEntry) -> Result<(), DirError> {
-    let (len, digest) = hash_file(path, Hasher::like(&f.digest))?;
-    if (len, digest) == (f.len, f.digest) {
-        return Ok(());
-    }
-    verify_container(path)?;
-    Err(DirError::Mismatch {
-        path: path.to_path_buf(),
-        len,
-        digest,
-        want_len: f.len,
-        want_digest: f.digest,
-    })
-}
-
-/// One listed file whose bytes its reader checks record by record: a regular file, not a
-/// link, of the manifest's length.
-fn verify_length(path: &Path, f: &ManifestEntry) -> Result<(), DirError> {
-    let file = open_regular(path)?;
-    let len = file
-        .metadata()
-        .map_err(|source| DirError::Open {
-            path: path.to_path_buf(),
-            source,
-        })?
-        .len();
-    if len != f.len {
-        return Err(DirError::WrongLength {
-            path: path.to_path_buf(),
-            len,
-            want_len: f.len,
-        });
-    }
-    Ok(())
-}
-
-/// The length and digest (of `hash`'s kind) of the regular file at `path`.
-fn hash_file(path: &Path, mut hash: Hasher) -> Result<(u64, FileDigest), DirError> {
-    let mut file = open_regular(path)?;
-    let mut len = 0u64;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                hash.update(&buf[..n]);
-                len += n as u64;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(source) => {
-                let path = path.to_path_buf();
-                let source = ContainerError::Read {
-                    offset: len,
-                    source,
-                };
-                return Err(DirError::Damaged { path, source });
-            }
-        }
-    }
-    Ok((len, hash.finish()))
 }
 
 /// A snapshot directory whose files have all been checked.
@@ -839,42 +509,9 @@ pub fn remove_unfinished(dir: &Path) -> io::Result<()> {
     fs::remove_dir(dir)
 }
 
-/// Checks that `dir` holds exactly `state` and the listed files.
-fn check_listing(dir: &Path, files: &[ManifestEntry]) -> Result<(), DirError> {
-    let open_err = |source| DirError::Open {
-        path: dir.to_path_buf(),
-        source,
-    };
-    let mut seen = 0;
-    for entry in fs::read_dir(dir).map_err(open_err)? {
-        let name = entry.map_err(open_err)?.file_name();
-        let name = name.to_string_lossy();
-        let listed = FileName::parse(&name).is_some_and(|n| files.iter().any(|f| f.name == n));
-        if name != STATE_FILE && !listed {
-            let why = format!("it holds {name:?}, which the manifest does not list");
-            return Err(DirError::Incomplete {
-                dir: dir.to_path_buf(),
-                why,
-            });
-        }
-        seen += usize::from(listed);
-    }
-    if seen != files.len() {
-        let missing = files
-            .iter()
-            .find(|f| !dir.join(f.name.to_string()).exists())
-            .map_or_else(|| "a listed file".to_string(), |f| f.name.to_string());
-        let why = format!("{missing} is missing");
-        return Err(DirError::Incomplete {
-            dir: dir.to_path_buf(),
-            why,
-        });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::verify::hash_file;
     use super::*;
 
     /// The digest of `bytes` as a snapshot file's manifest entry would list it.

@@ -71,15 +71,7 @@ struct Tally {
 
 /// Body of the `vmhost-emu` thread.
 pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport, VmError> {
-    if !input.emulator_cpus.is_empty() {
-        if let Err(source) = sys::pin_current_thread(&input.emulator_cpus) {
-            input.ctx.control.mark_ended();
-            return Err(VmError::PinEmulator {
-                cpus: input.emulator_cpus.clone(),
-                source,
-            });
-        }
-    }
+    pin_emulator(&input.emulator_cpus, &input.ctx.control)?;
     let n = input.configs.len();
     let gate = Arc::clone(&input.ctx.gate);
     let emulator = Instant::now();
@@ -88,21 +80,12 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
     // Only the vCPU threads hold senders now: `recv` fails if they all die.
     let ctx = input.ctx;
     drop(ctx.events);
-    // Every vCPU thread pinned: the placement is read back while they create their vCPUs
-    // and load their state (a migration target's pause holds both).
-    gate.wait_pinned(threads.len());
-    let placements = read_placements();
-    let placed = Instant::now();
-    let setup = wait_setup(&rx, threads.len());
-    let tsc_khz = match (spawn_error, setup) {
-        (None, Ok(tsc)) => tsc,
-        (Some(e), _) | (None, Err(e)) => {
-            gate.open(false);
-            join_all(threads);
-            ctx.control.mark_ended();
-            return Err(e);
-        }
-    };
+    let SetUp {
+        threads,
+        placements,
+        placed,
+        tsc_khz,
+    } = set_up(threads, spawn_error, &gate, &rx, &ctx.control)?;
     ctx.control.set_tsc_khz(tsc_khz);
     raise_restored_interrupts(&input.guest, &ctx.guest);
     let vcpu_setup_seconds = input.run_start.elapsed().as_secs_f64();
@@ -151,6 +134,65 @@ pub(crate) fn run(input: EmulatorInput, rx: Receiver<Event>) -> Result<RunReport
         vcpu_setup_seconds,
         startup_seconds,
         run_seconds,
+    })
+}
+
+/// Pins this thread to the emulator PUs (none: it is not pinned); a failure ends the run.
+fn pin_emulator(cpus: &[u32], control: &Control) -> Result<(), VmError> {
+    if !cpus.is_empty() {
+        if let Err(source) = sys::pin_current_thread(cpus) {
+            control.mark_ended();
+            return Err(VmError::PinEmulator {
+                cpus: cpus.to_vec(),
+                source,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The vCPU threads, pinned and their vCPUs set up ([`set_up`]).
+struct SetUp {
+    threads: Vec<JoinHandle<()>>,
+    /// Every thread's placement, read back once the vCPU threads were pinned.
+    placements: Vec<crate::ThreadPlacement>,
+    /// When it was read.
+    placed: Instant,
+    /// The guest TSC rate the vCPUs report.
+    tsc_khz: u32,
+}
+
+/// Waits for every vCPU thread to be pinned, reads the placement back while they create their
+/// vCPUs and load their state, then waits for their setup. When a thread did not start
+/// (`spawn_error`) or a setup failed, the gate opens for the threads to end, they are joined
+/// and the run ends with the error.
+fn set_up(
+    threads: Vec<JoinHandle<()>>,
+    spawn_error: Option<VmError>,
+    gate: &Gate,
+    rx: &Receiver<Event>,
+    control: &Control,
+) -> Result<SetUp, VmError> {
+    // Every vCPU thread pinned: the placement is read back while they create their vCPUs
+    // and load their state (a migration target's pause holds both).
+    gate.wait_pinned(threads.len());
+    let placements = read_placements();
+    let placed = Instant::now();
+    let setup = wait_setup(rx, threads.len());
+    let tsc_khz = match (spawn_error, setup) {
+        (None, Ok(tsc)) => tsc,
+        (Some(e), _) | (None, Err(e)) => {
+            gate.open(false);
+            join_all(threads);
+            control.mark_ended();
+            return Err(e);
+        }
+    };
+    Ok(SetUp {
+        threads,
+        placements,
+        placed,
+        tsc_khz,
     })
 }
 
