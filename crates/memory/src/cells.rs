@@ -305,24 +305,24 @@ fn copy_nonzero(
     left_out: &mut [bool],
 ) -> Result<(), CellIoError> {
     let small: usize = 4096; // DIRTY_PAGE_BYTES
-    let copy_error = |off: usize, source| CellIoError::Copy {
+    let len = dst.len();
+    let copy_error = |source| CellIoError::Copy {
         cell: r.layout.cell,
-        offset: r.layout.file_offset + off as u64,
-        len: small as u64,
+        offset: r.layout.file_offset + at as u64,
+        len: len as u64,
         source,
     };
+    let whole = r
+        .region
+        .get_slice(MemoryRegionAddress(at as u64), len)
+        .map_err(copy_error)?;
     for (k, (page, out)) in dst.chunks_exact_mut(small).zip(left_out).enumerate() {
-        let off = at + k * small;
-        let addr = MemoryRegionAddress(off as u64);
-        let slice = r
-            .region
-            .get_slice(addr, small)
-            .map_err(|e| copy_error(off, e))?;
+        let slice = whole
+            .subslice(k * small, small)
+            .map_err(|e| copy_error(e.into()))?;
         *out = sys::is_zero_volatile(&slice);
         if !*out {
-            r.region
-                .read_slice(page, addr)
-                .map_err(|e| copy_error(off, e))?;
+            slice.copy_to(page);
         }
     }
     Ok(())
