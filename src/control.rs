@@ -14,9 +14,6 @@ use vmhost_memory::Audit;
 use vmhost_plan::{Backing, Plan};
 use vmhost_vcpu::{thread_placements, StopHandle, ThreadPlacement, VmHandle, VmState};
 
-/// How long a Linux guest has to power off after `PUT /vm/shutdown` pressed its power button.
-pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// A running VM as the API sees it.
 pub struct Control {
     spec: VmSpec,
@@ -49,7 +46,8 @@ impl Control {
         // From the plan, not the handle: a migration target serves its API before its VM
         // (and the power button) exists.
         let grace = if matches!(plan.boot, vmhost_config::BootSpec::Kernel { .. }) {
-            Some(Mutex::new(start_grace_timer(stop.clone())?))
+            let within = spec.termination_grace;
+            Some(Mutex::new(start_grace_timer(stop.clone(), within)?))
         } else {
             None
         };
@@ -89,22 +87,23 @@ impl Control {
     }
 }
 
-/// Starts the `vmhost-grace` thread: each message starts a [`SHUTDOWN_GRACE`] wait after
-/// which the VM is stopped unless it stopped meanwhile; it ends with its sender.
-fn start_grace_timer(stop: StopHandle) -> std::io::Result<Sender<()>> {
+/// Starts the `vmhost-grace` thread: each message starts a wait of `grace` (the spec's
+/// `termination_grace_period_seconds`, 30 s unless written) after which the VM is stopped
+/// unless it stopped meanwhile; it ends with its sender.
+fn start_grace_timer(stop: StopHandle, grace: std::time::Duration) -> std::io::Result<Sender<()>> {
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     std::thread::Builder::new()
         .name("vmhost-grace".into())
         .spawn(move || {
             vmhost_seccomp::install_current_or_abort(vmhost_seccomp::ThreadKind::Grace);
             while rx.recv().is_ok() {
-                let deadline = Instant::now() + SHUTDOWN_GRACE;
+                let deadline = Instant::now() + grace;
                 while Instant::now() < deadline && !stop.stop_requested() {
                     std::thread::sleep(std::time::Duration::from_millis(100));
                 }
                 if !stop.stop_requested() {
                     tracing::warn!(
-                        grace = ?SHUTDOWN_GRACE,
+                        ?grace,
                         "the guest did not power off after the power button: stopping it"
                     );
                     stop.stop();
@@ -358,7 +357,7 @@ impl VmControl for Control {
     }
 
     /// A payload VM stops at once. A Linux guest is asked to power off through its ACPI power
-    /// button; if it is still running [`SHUTDOWN_GRACE`] later, it is stopped.
+    /// button; if it is still running the spec's termination grace later, it is stopped.
     fn shutdown(&self) -> Result<Value, ControlError> {
         if self.handle.state() == VmState::Stopped {
             return Err(ControlError::Conflict("the VM is already stopped".into()));
@@ -384,7 +383,7 @@ impl VmControl for Control {
         Ok(json!({
             "state": "powering_off",
             "via": "acpi_power_button",
-            "grace_seconds": SHUTDOWN_GRACE.as_secs(),
+            "grace_seconds": self.spec.termination_grace.as_secs(),
         }))
     }
 }

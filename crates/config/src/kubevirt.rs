@@ -183,6 +183,13 @@ pub fn map_manifest(doc: &Value) -> Result<Mapped, ConfigError> {
     if let Some(v) = parts.networks {
         spec.networks = devices::map_networks(&mut w, v)?;
     }
+    if let Some(v) = parts.termination_grace {
+        let path = "terminationGracePeriodSeconds";
+        let seconds = v
+            .as_u64()
+            .ok_or_else(|| w.err(path, format!("must be a non-negative integer, found {v:?}")))?;
+        spec.termination_grace_period_seconds = Some(seconds);
+    }
     Ok(Mapped {
         spec,
         domain_prefix: domain_prefix.to_string(),
@@ -257,6 +264,7 @@ struct VmiParts<'v> {
     domain: Option<&'v Mapping>,
     volumes: Option<&'v Value>,
     networks: Option<&'v Value>,
+    termination_grace: Option<&'v Value>,
     prefix: String,
 }
 
@@ -290,11 +298,18 @@ fn find_domain<'v>(
         prefix: w.prefix.clone(),
         ..VmiParts::default()
     };
-    for (key, v) in w.take(spec, "", &["domain", "volumes", "networks"]) {
+    let known = [
+        "domain",
+        "volumes",
+        "networks",
+        "terminationGracePeriodSeconds",
+    ];
+    for (key, v) in w.take(spec, "", &known) {
         match key {
             "domain" => parts.domain = Some(w.mapping(v, "domain")?),
             "volumes" => parts.volumes = Some(v),
-            _ => parts.networks = Some(v),
+            "networks" => parts.networks = Some(v),
+            _ => parts.termination_grace = Some(v),
         }
     }
     Ok(parts)

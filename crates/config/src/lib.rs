@@ -34,7 +34,8 @@ pub use quantity::{format_bytes, Quantity, QuantityError};
 pub use spec::RawSpec;
 pub use validate::{
     validate, BootSpec, CpuSpec, CpuTopology, Dialect, HugepageSpec, MemorySpec, Payload,
-    ResourceList, Resources, SpecError, VmSpec, ARCH_PAGE_SIZES, MAX_MEMORY_BYTES, MAX_VCPUS,
+    ResourceList, Resources, SpecError, VmSpec, ARCH_PAGE_SIZES, DEFAULT_TERMINATION_GRACE,
+    MAX_MEMORY_BYTES, MAX_TERMINATION_GRACE_SECONDS, MAX_VCPUS,
 };
 pub use vsock::{VsockBackend, VsockSpec};
 

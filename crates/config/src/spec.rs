@@ -41,6 +41,9 @@ pub struct RawSpec {
     pub io_threads_policy: Option<String>,
     /// I/O thread options (`spec.domain.ioThreads`).
     pub io_threads: Option<RawIoThreads>,
+    /// Seconds a guest with an ACPI power button has to power itself off after a shutdown
+    /// request before vmhost stops it (`spec.terminationGracePeriodSeconds`; default 30).
+    pub termination_grace_period_seconds: Option<u64>,
 }
 
 /// `io_threads` section (`spec.domain.ioThreads`).

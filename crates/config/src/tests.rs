@@ -241,15 +241,54 @@ fn kubevirt_vmi_maps_onto_the_spec() {
     assert!(s.cpu.numa_passthrough && s.cpu.isolate_emulator_thread);
     assert_eq!(s.memory.hugepages.unwrap().page_size_bytes, 1 << 30);
     assert!(!s.autoattach_graphics_device);
+    assert_eq!(s.termination_grace, std::time::Duration::ZERO);
     assert_eq!(l.warnings.len(), 1);
     let w = &l.warnings[0];
-    for f in [
-        "spec.terminationGracePeriodSeconds",
-        "spec.domain.devices.disks[0].bootOrder",
-    ] {
-        assert!(w.contains(f), "{w}");
-    }
+    assert!(w.contains("spec.domain.devices.disks[0].bootOrder"), "{w}");
+    assert!(!w.contains("terminationGracePeriodSeconds"), "{w}");
     assert!(!w.contains("metadata"), "{w}");
+}
+
+/// KubeVirt's `terminationGracePeriodSeconds` and the TOML field are the shutdown grace: 30 s
+/// unless written, at most a day; a refusal names the field as the user wrote it.
+#[test]
+fn the_termination_grace_is_read_defaulted_and_bounded() {
+    let toml = |extra: &str| {
+        from_toml_str(
+            &format!("{extra}[cpu]\ncores = 1\n[memory]\nguest = \"64Mi\"\n"),
+            "vm.toml",
+        )
+    };
+    let secs = |extra: &str| toml(extra).unwrap().spec.termination_grace.as_secs();
+    assert_eq!(secs(""), 30);
+    assert_eq!(secs("termination_grace_period_seconds = 5\n"), 5);
+    assert_eq!(secs("termination_grace_period_seconds = 86400\n"), 86_400);
+    let err = toml("termination_grace_period_seconds = 86401\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("termination_grace_period_seconds") && err.contains("86401"),
+        "{err}"
+    );
+    let yaml = |grace: &str| {
+        from_yaml_str(
+            &VMI.replace(
+                "terminationGracePeriodSeconds: 0",
+                &format!("terminationGracePeriodSeconds: {grace}"),
+            ),
+            "vmi.yaml",
+        )
+    };
+    assert_eq!(yaml("45").unwrap().spec.termination_grace.as_secs(), 45);
+    for bad in ["-1", "ten"] {
+        let err = yaml(bad).unwrap_err().to_string();
+        assert!(
+            err.contains("spec.terminationGracePeriodSeconds"),
+            "{bad}: {err}"
+        );
+    }
+    let err = yaml("90000").unwrap_err().to_string();
+    assert!(err.contains("spec.terminationGracePeriodSeconds"), "{err}");
 }
 
 #[test]

@@ -145,7 +145,17 @@ pub struct VmSpec {
     pub devices: DeviceSpec,
     /// Device I/O threads (`io_threads_policy`, `io_threads`, dedicated disks).
     pub io_threads: IoThreadsSpec,
+    /// How long a guest with an ACPI power button has to power itself off after a shutdown
+    /// request before vmhost stops it (`termination_grace_period_seconds`, KubeVirt's
+    /// `terminationGracePeriodSeconds`): [`DEFAULT_TERMINATION_GRACE`] unless written.
+    pub termination_grace: std::time::Duration,
 }
+
+/// KubeVirt's default `terminationGracePeriodSeconds`: 30 s.
+pub const DEFAULT_TERMINATION_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The longest `termination_grace_period_seconds` taken: one day.
+pub const MAX_TERMINATION_GRACE_SECONDS: u64 = 86_400;
 
 impl VmSpec {
     /// Number of vCPUs.
@@ -258,6 +268,7 @@ pub fn validate(raw: &RawSpec, dialect: &Dialect) -> Result<VmSpec, Vec<SpecErro
     let boot = check_boot(&mut c, raw);
     let devices = check_devices(&mut c, raw, &name);
     let io_threads = check_io_threads(&mut c, raw);
+    let termination_grace = check_termination_grace(&mut c, raw);
     if let Some(cg) = raw
         .resources
         .cgroup
@@ -304,8 +315,28 @@ pub fn validate(raw: &RawSpec, dialect: &Dialect) -> Result<VmSpec, Vec<SpecErro
             cgroup: raw.resources.cgroup.clone(),
             devices,
             io_threads,
+            termination_grace,
         }),
         _ => Err(c.errors),
+    }
+}
+
+/// `termination_grace_period_seconds`: at most a day (0: a shutdown request stops the VM at
+/// once, as KubeVirt's 0 does).
+fn check_termination_grace(c: &mut Checker<'_>, raw: &RawSpec) -> std::time::Duration {
+    match raw.termination_grace_period_seconds {
+        None => DEFAULT_TERMINATION_GRACE,
+        Some(s) if s <= MAX_TERMINATION_GRACE_SECONDS => std::time::Duration::from_secs(s),
+        Some(s) => {
+            c.fail_at(
+                "termination_grace_period_seconds",
+                true,
+                s,
+                "is longer than a day",
+                format!("write at most {MAX_TERMINATION_GRACE_SECONDS} seconds"),
+            );
+            DEFAULT_TERMINATION_GRACE
+        }
     }
 }
 

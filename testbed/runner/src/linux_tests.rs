@@ -316,14 +316,19 @@ pub fn vmlinux_two_cells_acpi_shutdown(env: &Env) -> Outcome {
     let a = assets(env)?;
     host::set_2m_pools(&[64, 64])?;
     let extra = "numa = { guest_mapping_passthrough = true }";
-    let toml = linux_spec(
-        "lin2cell",
-        (2, 2),
-        extra,
-        "256Mi",
-        &a.vmlinux,
-        &a.initrd,
-        "wait",
+    // The guest's power-off gets 120 s instead of the default 30: a nested guest here can
+    // stall for tens of seconds (docs/testing.md); it must still power itself off.
+    let toml = format!(
+        "termination_grace_period_seconds = 120\n{}",
+        linux_spec(
+            "lin2cell",
+            (2, 2),
+            extra,
+            "256Mi",
+            &a.vmlinux,
+            &a.initrd,
+            "wait",
+        )
     );
     let spec = env.spec("lin2cell", &toml)?;
     let plan = env.plan(&spec)?;
