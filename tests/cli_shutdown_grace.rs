@@ -68,21 +68,7 @@ fn run(d: &Path, grace: Option<u64>) -> (Option<i32>, String, serde_json::Value)
         use std::io::Read;
         e.read_to_string(&mut err).unwrap();
     }
-    (status.code(), without_colours(&err), answer)
-}
-
-/// `text` without its terminal colour sequences (`ESC [ … m`).
-fn without_colours(text: &str) -> String {
-    let mut out = String::new();
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            chars.by_ref().find(|&c| c == 'm');
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    (status.code(), common::plain(&err), answer)
 }
 
 #[test]

@@ -77,20 +77,6 @@ fn repeat(count: u32, body: &[u8]) -> Vec<u8> {
     code
 }
 
-/// `text` without ANSI colour sequences (`ESC [ ... m`).
-fn plain(text: &str) -> String {
-    let mut out = String::new();
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            chars.by_ref().find(|&c| c == 'm');
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// The `suppressed=N` count of a rate-limit line.
 fn suppressed(line: &str) -> Option<u64> {
     let rest = line.split("suppressed=").nth(1)?;
@@ -222,7 +208,7 @@ impl Run {
         std::thread::spawn(move || {
             let mut text = String::new();
             err.read_to_string(&mut text).unwrap();
-            plain(&text)
+            common::plain(&text)
         })
     }
 }

@@ -187,3 +187,17 @@ pub fn ticks_pass(sock: &Path, past: u64) -> u64 {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `text` without ANSI colour sequences (`ESC [ ... m`): vmhost's log lines as a test reads them.
+pub fn plain(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
