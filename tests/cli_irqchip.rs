@@ -136,21 +136,12 @@ fn run(d: &Path, irqchip: &str) {
         if pit { "a" } else { "no" }
     );
     assert_eq!(common::ctl(&sock, "shutdown").0, 0);
-    // Only a hang guard: the end is an event (the guest powers off), not a duration.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!(
-                "irqchip {irqchip}: the guest did not power off; its console: {:?}",
-                console()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let status = common::wait_exit(&mut child, 60, || {
+        format!(
+            "irqchip {irqchip}: the guest did not power off; its console: {:?}",
+            console()
+        )
+    });
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
         use std::io::Read;

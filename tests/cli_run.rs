@@ -423,18 +423,7 @@ fn sigterm_ends_vmhost_whose_guest_prints_into_an_unread_stdout() {
     }
     // SAFETY: kill only sends a signal to our child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    // Only a hang guard: the end is an event (the process exits), not a duration.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("vmhost did not end after SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let status = common::wait_exit(&mut child, 30, || "vmhost did not end after SIGTERM".into());
     let err = std::fs::read_to_string(d.join("stderr")).unwrap();
     assert_eq!(status.code(), Some(130), "{err}");
     // Who asked, a warning on stderr: the signal and this test's pid.

@@ -51,18 +51,9 @@ fn run(d: &Path, grace: Option<u64>) -> (Option<i32>, String, serde_json::Value)
     }
     let (code, answer) = common::ctl(&sock, "shutdown");
     assert_eq!(code, 0, "{answer}");
-    // Only a hang guard: the end is an event (vmhost stops the VM), not a duration.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("vmhost did not stop the guest that ignored its power button");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = common::wait_exit(&mut child, 90, || {
+        "vmhost did not stop the guest that ignored its power button".into()
+    });
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
         use std::io::Read;

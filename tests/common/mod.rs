@@ -201,3 +201,23 @@ pub fn plain(text: &str) -> String {
     }
     out
 }
+
+/// Waits for `child` to exit and returns its status; after `secs` it kills it and panics with
+/// `why()`. Only a hang guard: the end awaited is an event (the process exits), not a duration.
+pub fn wait_exit(
+    child: &mut std::process::Child,
+    secs: u64,
+    why: impl Fn() -> String,
+) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{}", why());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
